@@ -1,0 +1,84 @@
+"""Mask generation: AES-256-CTR keystream, produced and applied in place, chunk by chunk.
+
+The key is the full 256-bit secret derived by HKDF, so a mask has the seed's full entropy (unlike
+PRGs seeded from a folded 32-bit integer). Peak extra memory is one chunk, whatever d is.
+"""
+from __future__ import annotations
+
+import numpy as np
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+
+from secagg.ring import Ring
+
+CHUNK = 1 << 16  # uint32 words per keystream chunk (256 KiB): stays in L2 while it is added
+_ZERO_NONCE = bytes(16)
+
+
+def _keystream(key: bytes):
+    if len(key) != 32:
+        raise ValueError("mask keys are 32 bytes")
+    # One key is used for exactly one mask, so a fixed counter block is safe.
+    return Cipher(algorithms.AES(key), modes.CTR(_ZERO_NONCE)).encryptor()
+
+
+def _chunks(key: bytes, length: int):
+    """Yield (start, uint32 view) over the keystream, reusing one buffer."""
+    enc = _keystream(key)
+    buf = np.empty(min(CHUNK, max(length, 1)), dtype=np.uint32)
+    raw = memoryview(buf).cast("B")
+    zeros = bytes(raw.nbytes)
+    for start in range(0, length, buf.shape[0]):
+        n = min(buf.shape[0], length - start)
+        enc.update_into(zeros[: 4 * n], raw)
+        yield start, buf[:n]
+
+
+def apply_mask_(target: np.ndarray, key: bytes, ring: Ring, *, sign: int = 1) -> np.ndarray:
+    """target <- target + sign * PRG(key) (mod ring), in place. PRG output is uniform on the ring."""
+    if sign not in (1, -1):
+        raise ValueError("sign must be +1 or -1")
+    op = ring.add_ if sign == 1 else ring.sub_
+    if ring.is_power_of_two:
+        for start, ks in _chunks(key, target.shape[0]):
+            op(target[start : start + ks.shape[0]], ks)
+        return target
+    # Prime field: a uniform element of [0, p) by rejection from 31-bit words; p = 2^31 - 1 rejects
+    # one value in 2^31, so resampling is rare. Rejected words are redrawn from a second stream.
+    mask = field_mask(key, ring, target.shape[0])
+    op(target, mask)
+    return target
+
+
+def mask(key: bytes, ring: Ring, length: int) -> np.ndarray:
+    """The mask itself (allocates length words). Prefer apply_mask_ on hot paths."""
+    out = np.zeros(length, dtype=np.uint32)
+    return apply_mask_(out, key, ring)
+
+
+def field_mask(key: bytes, ring: Ring, length: int) -> np.ndarray:
+    """Uniform vector on F_p from the key, exact (rejection sampling, no modular bias)."""
+    if ring.is_power_of_two:
+        return mask(key, ring, length)
+    bits = int(ring.modulus - 1).bit_length()
+    word_mask = np.uint32((1 << bits) - 1)
+    out = np.empty(length, dtype=np.uint32)
+    for start, ks in _chunks(key, length):
+        np.bitwise_and(ks, word_mask, out=out[start : start + ks.shape[0]])
+    bad = np.flatnonzero(out >= ring.modulus)
+    counter = 0
+    while bad.size:
+        counter += 1
+        extra = np.empty(bad.size, dtype=np.uint32)
+        enc = Cipher(algorithms.AES(key), modes.CTR(counter.to_bytes(8, "big") + bytes(8))).encryptor()
+        enc.update_into(bytes(4 * bad.size), memoryview(extra).cast("B"))
+        extra &= word_mask
+        out[bad] = extra
+        bad = bad[extra >= ring.modulus]
+    return out
+
+
+def random_vector(ring: Ring, length: int) -> np.ndarray:
+    """A fresh uniform ring vector from the OS CSPRNG (via a one-time AES key)."""
+    import os
+
+    return field_mask(os.urandom(32), ring, length)

@@ -1,16 +1,31 @@
 """Protocols by name, so configs and CLIs can choose one with a string."""
 from __future__ import annotations
 
-from secagg.protocols.plain import PlainClient, PlainServer
+import importlib
 
-SERVERS: dict[str, type] = {"plain": PlainServer}
-CLIENTS: dict[str, type] = {"plain": PlainClient}
-
-
-def register(name: str, server_cls: type, client_cls: type) -> None:
-    SERVERS[name] = server_cls
-    CLIENTS[name] = client_cls
+_PROTOCOLS: dict[str, tuple[str, str, str]] = {
+    # name: (module, server class, client class)
+    "plain": ("secagg.protocols.plain", "PlainServer", "PlainClient"),
+    "secagg": ("secagg.protocols.secagg", "SecAggServer", "SecAggClient"),
+    "secagg+": ("secagg.protocols.secagg", "SecAggPlusServer", "SecAggPlusClient"),
+    "lightsecagg": ("secagg.protocols.lightsecagg", "LightSecAggServer", "LightSecAggClient"),
+}
 
 
 def names() -> list[str]:
-    return sorted(SERVERS)
+    return sorted(_PROTOCOLS)
+
+
+def _load(name: str, which: int) -> type:
+    if name not in _PROTOCOLS:
+        raise ValueError(f"unknown protocol '{name}'; choose one of {names()}")
+    module = importlib.import_module(_PROTOCOLS[name][0])
+    return getattr(module, _PROTOCOLS[name][which])
+
+
+def server_class(name: str) -> type:
+    return _load(name, 1)
+
+
+def client_class(name: str) -> type:
+    return _load(name, 2)

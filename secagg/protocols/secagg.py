@@ -1,0 +1,377 @@
+"""SecAgg (Bonawitz et al., CCS 2017) and SecAgg+ (Bell et al., CCS 2020), one state machine.
+
+Each client u masks its ring vector x_u as
+
+    y_u = x_u + PRG(b_u) + sum_{v in N(u), v alive at 'share'} sign(u, v) * PRG(s_uv)   (mod 2^32)
+
+with sign(u, v) = +1 if u < v else -1, s_uv = HKDF(X25519(s_sk_u, s_pk_v)) and b_u a fresh self-mask
+seed. b_u and s_sk_u are Shamir-shared (threshold t) among N(u) + {u}, sealed with AES-GCM under
+keys from a second X25519 pair. After the masked inputs arrive the server asks each survivor's
+neighbours for shares of b_u (survivors) or s_sk_u (clients that dropped after sharing), never both
+for one client, and removes the masks:
+
+    sum_{u in U3} x_u = sum y_u - sum PRG(b_u) - sum_{v dropped} sum_{u in N(v) & U3} sign(u, v) PRG(s_uv).
+
+SecAgg uses the complete graph; SecAgg+ a random Harary graph of degree ~2 log2 N.
+
+Threat model: honest-but-curious server (it may also drop or delay messages); any party may
+send malformed bytes. Stages: advertise -> share -> masked -> unmask. The consistency-check
+round of the malicious-server variant (signatures over the survivor set) is not implemented.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from secagg import crypto, shamir
+from secagg.crypto import DecryptionError, KeyPair
+from secagg.graph import complete_graph, default_degree, harary_graph, is_connected
+from secagg.messages import (
+    MAX_CLIENT_ID, AbortError, Array, Bytes, BytesMap, Int, IntList, Message, ProtocolError, Schema,
+)
+from secagg.prg import apply_mask_
+from secagg.protocols.base import ClientProtocol, InputFn, RoundResult, ServerProtocol
+from secagg.ring import RING_2_32, Ring
+
+MAX_LEN = 1 << 28
+MAX_PEERS = 1 << 16
+KEYS_BYTES = 2 * crypto.PUBLIC_KEY_BYTES              # c_pk || s_pk
+SHARE_PLAINTEXT = 2 * shamir.SECRET_BYTES             # share of b_u || share of s_sk_u
+SHARE_CIPHERTEXT = SHARE_PLAINTEXT + crypto.NONCE_BYTES + crypto.TAG_BYTES
+
+# ---- messages -----------------------------------------------------------------------------------
+ADVERTISE_REQUEST = Schema("advertise_request", {
+    "length": Int(1, MAX_LEN), "threshold": Int(1, MAX_PEERS),
+    "neighbours": IntList(MAX_PEERS, 1, MAX_CLIENT_ID),
+})
+ADVERTISE_KEYS = Schema("advertise_keys", {"keys": Bytes(KEYS_BYTES, exact=True)})
+SHARE_REQUEST = Schema("share_request", {"keys": BytesMap(MAX_PEERS, KEYS_BYTES, exact=True)})
+SHARES = Schema("shares", {"ciphertexts": BytesMap(MAX_PEERS, SHARE_CIPHERTEXT, exact=True)})
+MASKED_REQUEST = Schema("masked_request", {"ciphertexts": BytesMap(MAX_PEERS, SHARE_CIPHERTEXT, exact=True)})
+MASKED_INPUT = Schema("masked_input", {"vector": Array("uint32", MAX_LEN)})
+UNMASK_REQUEST = Schema("unmask_request", {"alive": IntList(MAX_PEERS, 1, MAX_CLIENT_ID)})
+UNMASK_SHARES = Schema("unmask_shares", {
+    "seed_shares": BytesMap(MAX_PEERS, shamir.SECRET_BYTES, exact=True),
+    "key_shares": BytesMap(MAX_PEERS, shamir.SECRET_BYTES, exact=True),
+})
+
+
+def _mask_info(round_id: int, u: int, v: int) -> bytes:
+    return crypto.context("pairwise-mask", round_id, min(u, v), max(u, v))
+
+
+def _share_key_info(round_id: int, u: int, v: int) -> bytes:
+    return crypto.context("share-key", round_id, min(u, v), max(u, v))
+
+
+def _share_aad(round_id: int, sender: int, receiver: int) -> bytes:
+    return crypto.context("share", round_id, sender, receiver)
+
+
+def _self_mask_key(round_id: int, client: int, seed: int) -> bytes:
+    return crypto.hkdf(shamir.to_bytes(seed), crypto.context("self-mask", round_id, client))
+
+
+def _sign(u: int, v: int) -> int:
+    return 1 if u < v else -1
+
+
+def threshold_for(neighbourhood: int, fraction: float) -> int:
+    """Shares needed out of a neighbourhood of this size (self included): floor(f * n) + 1."""
+    return min(neighbourhood, int(fraction * neighbourhood) + 1)
+
+
+# ---- server -------------------------------------------------------------------------------------
+class SecAggPlusServer(ServerProtocol):
+    """Server of SecAgg+ (random sparse graph); `SecAggServer` fixes the complete graph."""
+
+    name = "secagg+"
+    schemas = {"advertise": ADVERTISE_KEYS, "share": SHARES, "masked": MASKED_INPUT, "unmask": UNMASK_SHARES}
+
+    def __init__(
+        self, *, round_id: int, clients: Sequence[int], length: int, ring: Ring = RING_2_32,
+        degree: int | None = None, threshold_fraction: float = 0.5, min_clients: int = 2,
+    ) -> None:
+        super().__init__(round_id=round_id, clients=clients, length=length, ring=ring)
+        if not ring.is_power_of_two:
+            raise ValueError("SecAgg masks live in Z_{2^32}; use LightSecAgg for a prime field")
+        if not 0.0 <= threshold_fraction < 1.0:
+            raise ValueError("threshold_fraction must be in [0, 1)")
+        n = len(self.clients)
+        self.graph = self._make_graph(degree if degree is not None else default_degree(n))
+        k = max(len(v) for v in self.graph.values()) if n > 1 else 0
+        self.threshold = threshold_for(k + 1, threshold_fraction)
+        self.min_clients = max(min_clients, self.threshold)
+        self._keys: dict[int, bytes] = {}
+        self._ciphertexts: dict[int, dict[int, bytes]] = {}   # receiver -> sender -> ct
+        self._u2: frozenset[int] = frozenset()
+        self._u3: frozenset[int] = frozenset()
+        self._sum: np.ndarray | None = None
+        self._result: RoundResult | None = None
+
+    def _make_graph(self, degree: int) -> dict[int, frozenset[int]]:
+        return harary_graph(self.clients, degree)
+
+    # stage 0
+    def start(self) -> dict[int, Message]:
+        if len(self.clients) < self.min_clients:
+            raise AbortError(stage="advertise", survivors=len(self.clients), required=self.min_clients)
+        return self._enter("advertise", {
+            c: self._request("advertise_request", c, length=self.length, threshold=self.threshold,
+                             neighbours=tuple(sorted(self.graph[c])))
+            for c in self.clients
+        })
+
+    def check_reply(self, msg: Message) -> None:
+        if self.stage == "share":
+            expected = self.graph[msg.sender] & self._keys.keys()
+            if set(msg["ciphertexts"]) != expected:
+                raise ProtocolError(f"client {msg.sender} sent shares for the wrong set of neighbours")
+        elif self.stage == "masked":
+            if msg["vector"].shape[0] != self.length:
+                raise ProtocolError(f"masked input of length {msg['vector'].shape[0]}, expected {self.length}")
+        elif self.stage == "unmask":
+            alive, dropped = self._unmask_sets(msg.sender)
+            if set(msg["seed_shares"]) != alive | {msg.sender} or set(msg["key_shares"]) != dropped:
+                raise ProtocolError(f"client {msg.sender} returned shares for the wrong clients")
+            try:
+                for b in (*msg["seed_shares"].values(), *msg["key_shares"].values()):
+                    shamir.from_bytes(b)
+            except ValueError as exc:
+                raise ProtocolError(str(exc)) from exc
+
+    def on_stage_complete(self, replies: dict[int, Message]) -> dict[int, Message]:
+        return getattr(self, f"_after_{self.stage}")(replies)
+
+    def _viable(self, alive: set[int], stage: str) -> frozenset[int]:
+        """Drop clients whose live neighbourhood (self included) is below the threshold, repeatedly."""
+        alive = set(alive)
+        while True:
+            weak = {c for c in alive if len(self.graph[c] & alive) + 1 < self.threshold}
+            if not weak:
+                break
+            alive -= weak
+        if len(alive) < self.min_clients:
+            raise AbortError(stage=stage, survivors=len(alive), required=self.min_clients,
+                             detail=f"neighbourhood threshold {self.threshold}")
+        return frozenset(alive)
+
+    def _after_advertise(self, replies: dict[int, Message]) -> dict[int, Message]:
+        keys = {c: m["keys"] for c, m in replies.items()}
+        if len(set(keys.values())) != len(keys):
+            raise AbortError(stage="advertise", survivors=len(keys), required=self.min_clients,
+                             detail="two clients advertised the same public keys")
+        u1 = self._viable(set(keys), "advertise")
+        self._keys = {c: keys[c] for c in u1}
+        return self._enter("share", {
+            c: self._request("share_request", c, keys={v: self._keys[v] for v in self.graph[c] & u1})
+            for c in u1
+        })
+
+    def _after_share(self, replies: dict[int, Message]) -> dict[int, Message]:
+        u2 = self._viable(set(replies), "share")
+        self._u2 = u2
+        inbox: dict[int, dict[int, bytes]] = {c: {} for c in u2}
+        for sender in u2:
+            for receiver, ct in replies[sender]["ciphertexts"].items():
+                if receiver in u2:
+                    inbox[receiver][sender] = ct
+        self._ciphertexts = inbox
+        return self._enter("masked", {
+            c: self._request("masked_request", c, ciphertexts=inbox[c]) for c in u2
+        })
+
+    def _after_masked(self, replies: dict[int, Message]) -> dict[int, Message]:
+        u3 = frozenset(replies)
+        for c in u3:  # a survivor whose live neighbourhood is too small cannot be unmasked safely
+            if len(self.graph[c] & u3) + 1 < self.threshold:
+                raise AbortError(stage="masked", survivors=len(u3), required=self.min_clients,
+                                 detail=f"client {c} has fewer than {self.threshold} live share holders")
+        if len(u3) < self.min_clients:
+            raise AbortError(stage="masked", survivors=len(u3), required=self.min_clients)
+        if not is_connected(self.graph, u3):
+            raise AbortError(stage="masked", survivors=len(u3), required=self.min_clients,
+                             detail="survivors' masking graph is disconnected: partial sums would leak")
+        self._u3 = u3
+        acc = np.zeros(self.length, dtype=np.uint32)
+        for m in replies.values():
+            np.add(acc, m["vector"], out=acc)
+        self._sum = acc
+        self._ciphertexts = {}
+        return self._enter("unmask", {
+            c: self._request("unmask_request", c, alive=tuple(sorted(self._unmask_sets(c)[0])))
+            for c in u3
+        })
+
+    def _unmask_sets(self, c: int) -> tuple[frozenset[int], frozenset[int]]:
+        """(neighbours of c that survived, neighbours of c that shared but dropped before masking)."""
+        masked_with = self.graph[c] & self._u2
+        return masked_with & self._u3, masked_with - self._u3
+
+    def _after_unmask(self, replies: dict[int, Message]) -> dict[int, Message]:
+        responders = set(replies)
+        acc = self._sum
+        assert acc is not None
+        dropped = self._u2 - self._u3
+        seeds = self._reconstruct(replies, responders, self._u3, "seed_shares")
+        sks = self._reconstruct(replies, responders, dropped, "key_shares")
+        for u, seed in seeds.items():
+            apply_mask_(acc, _self_mask_key(self.round_id, u, seed), self.ring, sign=-1)
+        for v, sk in sks.items():
+            pair = KeyPair.from_private_bytes(shamir.to_bytes(sk))
+            for u in self.graph[v] & self._u3:
+                key = crypto.agree(pair, self._keys[u][crypto.PUBLIC_KEY_BYTES:], _mask_info(self.round_id, u, v))
+                # u added sign(u, v) * PRG(s_uv); take it back out.
+                apply_mask_(acc, key, self.ring, sign=-_sign(u, v))
+        self._result = RoundResult(acc, self._u3, dict(self._dropped))
+        self._sum = None
+        self.stage = "done"
+        return {}
+
+    def _reconstruct(self, replies: dict[int, Message], responders: set[int], owners: frozenset[int],
+                     field: str) -> dict[int, int]:
+        """Shamir-reconstruct one secret per owner, batching owners that share holders."""
+        by_holders: dict[tuple[int, ...], list[int]] = {}
+        for u in owners:
+            holders = sorted((self.graph[u] | {u}) & responders)
+            holders = [h for h in holders if u in replies[h][field]]
+            if len(holders) < self.threshold:
+                raise AbortError(stage="unmask", survivors=len(holders), required=self.threshold,
+                                 detail=f"not enough shares to unmask client {u}")
+            by_holders.setdefault(tuple(holders[: self.threshold]), []).append(u)
+        out: dict[int, int] = {}
+        for holders, us in by_holders.items():
+            shares = [[shamir.from_bytes(replies[h][field][u]) for h in holders] for u in us]
+            for u, secret in zip(us, shamir.combine(list(holders), shares)):
+                out[u] = secret
+        return out
+
+    def result(self) -> RoundResult:
+        if self._result is None:
+            raise RuntimeError("round not finished")
+        return self._result
+
+
+class SecAggServer(SecAggPlusServer):
+    """SecAgg: every client masks with every other (complete graph)."""
+
+    name = "secagg"
+
+    def __init__(self, *, round_id: int, clients: Sequence[int], length: int, ring: Ring = RING_2_32,
+                 threshold_fraction: float = 0.5, min_clients: int = 2) -> None:
+        super().__init__(round_id=round_id, clients=clients, length=length, ring=ring, degree=None,
+                         threshold_fraction=threshold_fraction, min_clients=min_clients)
+
+    def _make_graph(self, degree: int) -> dict[int, frozenset[int]]:
+        return complete_graph(self.clients)
+
+
+# ---- client -------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ClientPolicy:
+    """What a client accepts from the server before it reveals anything."""
+
+    min_threshold_fraction: float = 0.5
+    """Refuse a threshold t <= this fraction of the neighbourhood: a lower t would let a server that
+    lies about who dropped collect both a client's self-mask seed and its masking key."""
+    max_neighbours: int = 4096
+
+
+class SecAggPlusClient(ClientProtocol):
+    name = "secagg+"
+    schemas = {s.kind: s for s in (ADVERTISE_REQUEST, SHARE_REQUEST, MASKED_REQUEST, UNMASK_REQUEST)}
+
+    def __init__(self, *, client_id: int, round_id: int, input_fn: InputFn, max_length: int = MAX_LEN,
+                 policy: ClientPolicy = ClientPolicy()) -> None:
+        super().__init__(client_id=client_id, round_id=round_id, input_fn=input_fn, max_length=max_length)
+        self.policy = policy
+        self.ring = RING_2_32
+
+    def first_kind(self) -> str:
+        return "advertise_request"
+
+    def respond(self, msg: Message):
+        return getattr(self, f"_on_{msg.kind}")(msg)
+
+    def _on_advertise_request(self, msg: Message):
+        nbrs = frozenset(msg["neighbours"])
+        t = msg["threshold"]
+        if self.client_id in nbrs:
+            raise ProtocolError("neighbour list contains the client itself")
+        if len(nbrs) > self.policy.max_neighbours:
+            raise ProtocolError("too many neighbours")
+        if msg["length"] > self.max_length:
+            raise ProtocolError("requested vector length exceeds this client's limit")
+        size = len(nbrs) + 1
+        if t > size or t <= self.policy.min_threshold_fraction * size:
+            raise ProtocolError(f"threshold {t} unsafe for a neighbourhood of {size}")
+        self.length, self.threshold, self.neighbours = msg["length"], t, nbrs
+        # The masking key's private scalar is drawn from the Shamir field so it can be shared whole.
+        self.s_secret = shamir.random_element()
+        self.c_pair, self.s_pair = KeyPair.generate(), KeyPair.from_private_bytes(shamir.to_bytes(self.s_secret))
+        return self._reply("advertise_keys", keys=self.c_pair.public_bytes + self.s_pair.public_bytes), ("share_request",)
+
+    def _on_share_request(self, msg: Message):
+        keys: dict[int, bytes] = dict(msg["keys"])
+        if not set(keys) <= self.neighbours:
+            raise ProtocolError("share request names clients that are not neighbours")
+        if len(keys) + 1 < self.threshold:
+            raise ProtocolError(f"only {len(keys)} neighbours left, threshold {self.threshold}")
+        own = self.c_pair.public_bytes + self.s_pair.public_bytes
+        if own in keys.values() or len(set(keys.values())) != len(keys):
+            raise ProtocolError("repeated public keys")
+        self.seed = shamir.random_element()
+        holders = sorted(keys) + [self.client_id]
+        seed_sh, sk_sh = shamir.split([self.seed, self.s_secret], xs=holders, threshold=self.threshold)
+        self.own_shares = (seed_sh[-1], sk_sh[-1])
+        cts = {}
+        for v, sb, kb in zip(holders[:-1], seed_sh, sk_sh):
+            key = crypto.agree(self.c_pair, keys[v][: crypto.PUBLIC_KEY_BYTES],
+                               _share_key_info(self.round_id, self.client_id, v))
+            cts[v] = crypto.seal(key, shamir.to_bytes(sb) + shamir.to_bytes(kb),
+                                 _share_aad(self.round_id, self.client_id, v))
+        self.peer_keys = keys
+        return self._reply("shares", ciphertexts=cts), ("masked_request",)
+
+    def _on_masked_request(self, msg: Message):
+        cts: dict[int, bytes] = dict(msg["ciphertexts"])
+        if not set(cts) <= set(self.peer_keys):
+            raise ProtocolError("ciphertexts from clients whose keys were not announced")
+        if len(cts) + 1 < self.threshold:
+            raise ProtocolError(f"only {len(cts)} neighbours shared, threshold {self.threshold}")
+        held: dict[int, tuple[bytes, bytes]] = {}
+        for u, ct in cts.items():
+            key = crypto.agree(self.c_pair, self.peer_keys[u][: crypto.PUBLIC_KEY_BYTES],
+                               _share_key_info(self.round_id, self.client_id, u))
+            try:
+                plain = crypto.open_sealed(key, ct, _share_aad(self.round_id, u, self.client_id))
+            except DecryptionError as exc:
+                raise ProtocolError(f"share from client {u} failed authentication") from exc
+            held[u] = (plain[: shamir.SECRET_BYTES], plain[shamir.SECRET_BYTES:])
+        y = self._input(self.length, self.ring).copy()
+        apply_mask_(y, _self_mask_key(self.round_id, self.client_id, self.seed), self.ring)
+        for v in cts:
+            key = crypto.agree(self.s_pair, self.peer_keys[v][crypto.PUBLIC_KEY_BYTES:],
+                               _mask_info(self.round_id, self.client_id, v))
+            apply_mask_(y, key, self.ring, sign=_sign(self.client_id, v))
+        self.held, self.masked_with = held, frozenset(cts)
+        return self._reply("masked_input", vector=y), ("unmask_request",)
+
+    def _on_unmask_request(self, msg: Message):
+        alive = frozenset(msg["alive"])
+        if not alive <= self.masked_with:
+            raise ProtocolError("unmask request names clients this client did not mask with")
+        if len(alive) + 1 < self.threshold:
+            raise ProtocolError(f"only {len(alive)} neighbours alive, threshold {self.threshold}")
+        dropped = self.masked_with - alive
+        seed_shares = {u: self.held[u][0] for u in alive}
+        seed_shares[self.client_id] = shamir.to_bytes(self.own_shares[0])
+        key_shares = {v: self.held[v][1] for v in dropped}
+        self.held = {}
+        return self._reply("unmask_shares", seed_shares=seed_shares, key_shares=key_shares), ()
+
+
+class SecAggClient(SecAggPlusClient):
+    name = "secagg"

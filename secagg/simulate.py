@@ -18,8 +18,12 @@ def run_round(
     *,
     drop_at: Mapping[str, set[int]] | None = None,
     stage_times: dict[str, float] | None = None,
+    bytes_sent: dict[int, int] | None = None,
 ) -> RoundResult:
-    """Drive one round to completion. Raises AbortError if the protocol cannot finish."""
+    """Drive one round to completion. Raises AbortError if the protocol cannot finish.
+
+    `stage_times` collects seconds per stage; `bytes_sent` the payload bytes each client sent.
+    """
     drop_at = drop_at or {}
     gone: set[int] = set()
     requests = server.start()
@@ -32,6 +36,8 @@ def run_round(
                 continue
             reply = clients[cid].handle(req)
             if reply is not None:
+                if bytes_sent is not None:
+                    bytes_sent[cid] = bytes_sent.get(cid, 0) + reply.nbytes()
                 server.accept(reply)
         requests = server.advance()
         if stage_times is not None:

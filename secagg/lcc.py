@@ -1,0 +1,256 @@
+"""Lagrange coded computing (LCC) over F_p, p = 2^31 - 1: the mask code of LightSecAgg.
+
+Notation follows So et al. (LightSecAgg, MLSys 2022), after Yu et al. (LCC, AISTATS 2019):
+N coded pieces, U interpolation nodes (the target number of survivors), T-privacy.
+
+    encode:  a mask z in F_p^d is zero-padded to (U - T) * m, m = ceil(d / (U - T)), and cut into
+             U - T data pieces [z]_1 .. [z]_{U-T}; T uniformly random pieces [n]_{U-T+1} .. [n]_U
+             are appended. f is the polynomial of degree < U with f(alpha_k) = k-th piece, and the
+             coded piece for party j is  [~z]_j = f(beta_j) = sum_k l_k(beta_j) * piece_k,
+             where l_k is the Lagrange basis over alpha_1 .. alpha_U.
+    decode:  from f(beta_j) at any U distinct j (e.g. coded pieces of a SUM of masks, since the
+             code is linear) interpolate f and read off the data pieces f(alpha_1 .. alpha_{U-T}).
+    privacy: any T coded pieces are independent of the data pieces, because for any T betas the
+             T x T block of the encoding matrix on the noise columns is invertible (betas are
+             distinct from alphas).
+
+Points: beta_j = j (j = 1 .. N) and alpha_k = N + k (k = 1 .. U).
+
+Speed: the products (coefficient matrix) x (piece matrix) are done exactly in float64 BLAS.
+Coefficients are taken centred, |a| <= (p-1)/2 < 2^30, and every data word x < 2^31 is split into
+a low 16-bit and a high 15-bit limb; the high limb's coefficient is pre-multiplied by 2^16 (mod p)
+so that a single GEMM over the stacked limbs gives sum_k a_k x_k exactly whenever
+K * (2^30 - 1) * (2^16 - 1 + 2^15 - 1) < 2^53, i.e. K <= 85 rows per GEMM (`MAX_INNER`, asserted).
+Larger K is split into blocks whose reduced results are added mod p. The exact float64 result is
+reduced with the Mersenne identity 2^31 = 1 (mod p) in int64. Columns are processed in
+cache-sized blocks.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+
+from secagg.prg import random_vector
+from secagg.ring import FIELD_P31, MERSENNE_31
+
+P = MERSENNE_31
+_LIMB_BITS = 16
+_LO_MAX = (1 << _LIMB_BITS) - 1
+_HI_MAX = (P - 1) >> _LIMB_BITS
+_COEFF_MAX = (P - 1) // 2
+MAX_INNER = (1 << 53) // (_COEFF_MAX * (_LO_MAX + _HI_MAX))
+"""Largest inner dimension one float64 GEMM can sum exactly (85)."""
+assert MAX_INNER * _COEFF_MAX * (_LO_MAX + _HI_MAX) < 1 << 53
+assert MAX_INNER >= 64
+_BLOCK_FLOATS = 1 << 17  # float64 words of the limb buffer per column block (1 MiB): stays in L2
+
+
+# ---- scalar-vector field arithmetic on int64 (products of two residues < 2^62 fit) -------------
+
+def _mulmod(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return a * b % P
+
+
+def inverse(x: np.ndarray) -> np.ndarray:
+    """Elementwise inverse in F_p by Fermat, x^(p-2); raises ZeroDivisionError on a zero."""
+    x = np.asarray(x, dtype=np.int64) % P
+    if np.any(x == 0):
+        raise ZeroDivisionError("zero has no inverse in F_p")
+    result = np.ones_like(x)
+    base, e = x.copy(), P - 2
+    while e:
+        if e & 1:
+            result = _mulmod(result, base)
+        base = _mulmod(base, base)
+        e >>= 1
+    return result
+
+
+def lagrange_matrix(nodes: tuple[int, ...], points: tuple[int, ...]) -> np.ndarray:
+    """M[j, k] = l_k(points[j]), the Lagrange basis over `nodes` evaluated at `points` (int64 mod p).
+
+    Barycentric form l_k(x) = L(x) * w_k / (x - node_k), L(x) = prod_i (x - node_i),
+    w_k = 1 / prod_{i != k} (node_k - node_i). Points must differ from every node.
+    """
+    a = np.asarray(nodes, dtype=np.int64) % P
+    x = np.asarray(points, dtype=np.int64) % P
+    if len(set(a.tolist())) != a.size:
+        raise ValueError("interpolation nodes must be distinct")
+    diff = (x[:, None] - a[None, :]) % P  # (points, nodes)
+    if np.any(diff == 0):
+        raise ValueError("evaluation points must differ from the interpolation nodes")
+    node_diff = (a[:, None] - a[None, :]) % P
+    np.fill_diagonal(node_diff, 1)
+    big_l = np.ones(x.size, dtype=np.int64)
+    w = np.ones(a.size, dtype=np.int64)
+    for i in range(a.size):
+        big_l = _mulmod(big_l, diff[:, i])
+        w = _mulmod(w, node_diff[:, i])
+    w = inverse(w)
+    return _mulmod(_mulmod(big_l[:, None], w[None, :]), inverse(diff))
+
+
+# ---- exact matrix product mod p ------------------------------------------------------------------
+
+def _centred(a: np.ndarray) -> np.ndarray:
+    a = a % P
+    return np.where(a > _COEFF_MAX, a - P, a)
+
+
+@dataclass(frozen=True)
+class _PreparedCoefficients:
+    """Float64 GEMM operands [a | a * 2^16] per inner block of at most MAX_INNER columns."""
+
+    blocks: tuple[tuple[int, int, np.ndarray], ...]  # (start, stop, float64 (n, 2 * (stop - start)))
+    rows: int
+
+    @classmethod
+    def from_matrix(cls, coeffs: np.ndarray) -> "_PreparedCoefficients":
+        coeffs = np.asarray(coeffs, dtype=np.int64)
+        n, k = coeffs.shape
+        blocks = []
+        for start in range(0, k, MAX_INNER):
+            a = coeffs[:, start : start + MAX_INNER]
+            ab = np.hstack([_centred(a), _centred(a * (1 << _LIMB_BITS))]).astype(np.float64)
+            ab.setflags(write=False)
+            blocks.append((start, start + a.shape[1], ab))
+        return cls(tuple(blocks), n)
+
+
+def _reduce_into(s: np.ndarray, out: np.ndarray) -> None:
+    """out <- s mod p for float64 s holding exact integers, |s| < 2^53; out is uint32."""
+    v = s.astype(np.int64)
+    for _ in range(2):  # v = hi * 2^31 + lo = hi + lo (mod p); |v| < 2^53 -> within [0, p]
+        hi = v >> 31
+        v &= P
+        v += hi
+    np.copyto(out, v, casting="unsafe")
+    np.minimum(out, out - np.uint32(P), out=out)
+
+
+def matmul_mod_p(coeffs: np.ndarray | _PreparedCoefficients, data: np.ndarray) -> np.ndarray:
+    """(coeffs @ data) mod p, exactly. coeffs: int (n, K) residues; data: uint32 (K, m) residues < p."""
+    prepared = coeffs if isinstance(coeffs, _PreparedCoefficients) else _PreparedCoefficients.from_matrix(coeffs)
+    if data.dtype != np.uint32 or data.ndim != 2:
+        raise ValueError("data must be a 2-D uint32 array")
+    k, m = data.shape
+    if prepared.blocks[-1][1] != k:
+        raise ValueError(f"inner dimensions differ: {prepared.blocks[-1][1]} vs {k}")
+    n = prepared.rows
+    out = np.empty((n, m), dtype=np.uint32)
+    kb = min(k, MAX_INNER)
+    width = max(256, min(m, _BLOCK_FLOATS // (2 * kb)))
+    limb_buf = np.empty(2 * kb * width, dtype=np.float64)
+    word_buf = np.empty(kb * width, dtype=np.uint32)
+    acc_buf = np.empty(n * width, dtype=np.float64)
+    part_buf = np.empty(n * width, dtype=np.uint32)
+    for c0 in range(0, m, width):
+        w = min(width, m - c0)
+        acc = acc_buf[: n * w].reshape(n, w)
+        target = out[:, c0 : c0 + w]
+        for b, (k0, k1, ab) in enumerate(prepared.blocks):
+            kk = k1 - k0
+            x = data[k0:k1, c0 : c0 + w]
+            limbs = limb_buf[: 2 * kk * w].reshape(2 * kk, w)
+            words = word_buf[: kk * w].reshape(kk, w)
+            np.bitwise_and(x, np.uint32(_LO_MAX), out=words)
+            limbs[:kk] = words
+            np.right_shift(x, np.uint32(_LIMB_BITS), out=words)
+            limbs[kk:] = words
+            np.matmul(ab, limbs, out=acc)
+            if b == 0:
+                _reduce_into(acc, target)
+            else:
+                part = part_buf[: n * w].reshape(n, w)
+                _reduce_into(acc, part)
+                FIELD_P31.add_(target, part)
+    return out
+
+
+# ---- the code ----------------------------------------------------------------------------------
+
+@lru_cache(maxsize=64)
+def _encoder(n: int, u: int) -> _PreparedCoefficients:
+    alphas = tuple(range(n + 1, n + u + 1))
+    betas = tuple(range(1, n + 1))
+    return _PreparedCoefficients.from_matrix(lagrange_matrix(alphas, betas))
+
+
+@lru_cache(maxsize=256)
+def _decoder(n: int, u: int, t: int, positions: tuple[int, ...]) -> _PreparedCoefficients:
+    alphas = tuple(range(n + 1, n + u - t + 1))  # only the data nodes are needed
+    betas = tuple(p + 1 for p in positions)
+    return _PreparedCoefficients.from_matrix(lagrange_matrix(betas, alphas))
+
+
+@dataclass(frozen=True)
+class LagrangeCode:
+    """An (N, U, T) Lagrange code for masks of length d over F_p, p = 2^31 - 1.
+
+    Coded piece j (0-based position, j < N) goes to the j-th party; any U of them decode.
+    """
+
+    num_coded: int
+    """N: number of coded pieces (one per party)."""
+    num_nodes: int
+    """U: interpolation nodes = coded pieces needed to decode (target survivors)."""
+    privacy: int
+    """T: random pieces; any T coded pieces reveal nothing about the mask."""
+    length: int
+    """d: mask length."""
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.privacy < self.num_nodes <= self.num_coded:
+            raise ValueError(f"need 0 <= T < U <= N, got T={self.privacy}, U={self.num_nodes}, N={self.num_coded}")
+        if self.num_coded + self.num_nodes >= P:
+            raise ValueError("too many parties for the field")
+        if self.length < 1:
+            raise ValueError("mask length must be positive")
+
+    @property
+    def data_pieces(self) -> int:
+        return self.num_nodes - self.privacy
+
+    @property
+    def piece_length(self) -> int:
+        """m = ceil(d / (U - T)): the length of every piece, coded or not."""
+        return math.ceil(self.length / self.data_pieces)
+
+    def encode(self, mask: np.ndarray, *, noise: np.ndarray | None = None) -> np.ndarray:
+        """Coded pieces of `mask`, uint32 (N, m); row j is party j's piece.
+
+        `noise` (uint32 (T, m), uniform on F_p) defaults to fresh OS-CSPRNG output; pass it only
+        in tests.
+        """
+        FIELD_P31.validate(mask, length=self.length)
+        k, t, m = self.data_pieces, self.privacy, self.piece_length
+        pieces = np.zeros((self.num_nodes, m), dtype=np.uint32)
+        pieces.reshape(-1)[: self.length] = mask
+        if t:
+            if noise is None:
+                noise = random_vector(FIELD_P31, t * m).reshape(t, m)
+            if noise.shape != (t, m) or noise.dtype != np.uint32 or int(noise.max()) >= P:
+                raise ValueError(f"noise must be uint32 ({t}, {m}) residues mod p")
+            pieces[k:] = noise
+        return matmul_mod_p(_encoder(self.num_coded, self.num_nodes), pieces)
+
+    def decode(self, positions: tuple[int, ...] | list[int], coded: np.ndarray) -> np.ndarray:
+        """The (summed) mask of length d from coded pieces at U distinct 0-based positions.
+
+        coded[i] is the coded piece of party positions[i]; exactly U rows are used (extra rows
+        are ignored, so pass the ones you trust first).
+        """
+        u, m = self.num_nodes, self.piece_length
+        positions = tuple(int(p) for p in positions)[:u]
+        if len(positions) < u:
+            raise ValueError(f"decoding needs {u} coded pieces, got {len(positions)}")
+        if len(set(positions)) != u or any(not 0 <= p < self.num_coded for p in positions):
+            raise ValueError("positions must be distinct and in [0, N)")
+        coded = np.ascontiguousarray(coded[:u])
+        if coded.shape != (u, m) or coded.dtype != np.uint32:
+            raise ValueError(f"coded pieces must be uint32 ({u}, {m})")
+        data = matmul_mod_p(_decoder(self.num_coded, u, self.privacy, positions), coded)
+        return data.reshape(-1)[: self.length].copy()

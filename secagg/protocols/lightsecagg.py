@@ -1,0 +1,315 @@
+"""LightSecAgg (So et al., MLSys 2022): one-shot recovery of the aggregate mask by Lagrange coding.
+
+Parties: N clients (the roster, ordered by id; client at roster position j holds coded piece j),
+target survivors U (the round finishes if at least U clients survive every stage, so up to N - U
+may drop), privacy T (1 <= T < U <= N). Vectors live in F_p, p = 2^31 - 1, uint32 on the wire.
+
+    advertise     client i -> server: a fresh X25519 public key pk_i.
+    share         server -> clients: the advertised keys.  Client i draws its mask z_i uniformly
+                  from the OS CSPRNG, Lagrange-encodes it (U - T data pieces + T random pieces,
+                  `secagg.lcc`) into coded pieces [~z_i]_j, keeps [~z_i]_i and sends every other
+                  [~z_i]_j SEALED to j: AES-256-GCM under HKDF(X25519(sk_i, pk_j)), with the round,
+                  stage, sender and receiver as associated data. The server relays ciphertext only.
+    masked_input  server -> client j: the ciphertexts addressed to j. Client j opens them and
+                  uploads y_j = x_j + z_j (mod p), 4 bytes per coordinate.
+    recovery      server -> U1 (clients whose y arrived; abort if |U1| < U): the set U1. Each
+                  client j in U1 returns sum_{i in U1} [~z_i]_j. From any U of these the server
+                  decodes sum_{i in U1} z_i once and outputs sum_{i in U1} y_i - sum_{i in U1} z_i.
+
+Security (honest-but-curious server, which also relays every client-to-client message):
+  * the server learns only sum_{i in U1} x_i: each y_i is one-time padded by a uniform z_i, and the
+    only information about masks it sees is coded pieces of the SUM over U1 (the pieces of
+    individual masks reach it encrypted to their receivers; compare FedML, which relays them in
+    plaintext so the server can decode every mask from U of them);
+  * any T colluding clients (even together with the server's view of the aggregate pieces) learn
+    nothing about an individual mask: T coded pieces of z_i are independent of z_i (T-privacy of
+    the Lagrange code);
+  * every message is validated (kinds, sizes, ranges, addressees, consistency of the announced
+    set); a client answers each stage once, so a server cannot obtain aggregate pieces for two
+    different survivor sets.
+Not covered (as in the paper): a malicious server announcing different survivor sets to different
+clients, or substituting public keys (no PKI here); a malicious client sending well-formed garbage
+pieces can make honest receivers reject the relay (denial of service, never a wrong-sum leak).
+Simplification relative to the paper: the offline (share) stage runs inside the round rather than
+ahead of it and in parallel with training; the protocol is otherwise the paper's.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+import numpy as np
+
+from secagg import crypto
+from secagg.crypto import DecryptionError, KeyPair, agree, context, open_sealed, seal
+from secagg.lcc import LagrangeCode
+from secagg.messages import AbortError, Array, Bytes, BytesMap, Int, IntList, Message, ProtocolError, Schema
+from secagg.prg import random_vector
+from secagg.protocols.base import ClientProtocol, InputFn, RoundResult, ServerProtocol
+from secagg.ring import FIELD_P31, MERSENNE_31, Ring
+
+NAME = "lightsecagg"
+MAX_LEN = 1 << 28
+MAX_CLIENTS = 10_000
+SEAL_OVERHEAD = crypto.NONCE_BYTES + crypto.TAG_BYTES
+_MAX_BLOB = 4 * MAX_LEN + SEAL_OVERHEAD
+
+# server -> client requests
+SETUP = Schema("lsa_setup", {
+    "length": Int(1, MAX_LEN), "modulus": Int(3, 1 << 32), "roster": IntList(MAX_CLIENTS, 1),
+    "target": Int(2, MAX_CLIENTS), "privacy": Int(1, MAX_CLIENTS),
+})
+KEYS = Schema("lsa_keys", {"keys": BytesMap(MAX_CLIENTS, crypto.PUBLIC_KEY_BYTES, exact=True)})
+RELAY = Schema("lsa_relay", {"pieces": BytesMap(MAX_CLIENTS, _MAX_BLOB)})
+RECOVER = Schema("lsa_recover", {"survivors": IntList(MAX_CLIENTS, 1)})
+# client -> server replies, by stage
+PUBLIC_KEY = Schema("lsa_public_key", {"public_key": Bytes(crypto.PUBLIC_KEY_BYTES, exact=True)})
+CODED_PIECES = Schema("lsa_coded_pieces", {"pieces": BytesMap(MAX_CLIENTS, _MAX_BLOB)})
+MASKED_INPUT = Schema("lsa_masked_input", {"vector": Array("uint32", MAX_LEN)})
+AGGREGATE_PIECE = Schema("lsa_aggregate_piece", {"piece": Array("uint32", MAX_LEN)})
+
+
+def _piece_key_info(round_id: int, a: int, b: int) -> bytes:
+    return context(NAME, "piece-key", round_id, min(a, b), max(a, b))
+
+
+def _piece_aad(round_id: int, sender: int, receiver: int) -> bytes:
+    return context(NAME, round_id, "share", sender, receiver)
+
+
+def resolve_count(value: int | float, n: int, *, name: str, rounding) -> int:
+    """An absolute count from an int, or from a fraction of n in (0, 1] rounded by `rounding`."""
+    if isinstance(value, bool):
+        raise TypeError(f"{name} must be an int or a fraction, not bool")
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and 0.0 < value <= 1.0:
+        return int(rounding(value * n))
+    raise ValueError(f"{name} must be an int or a fraction in (0, 1], got {value!r}")
+
+
+def _check_parameters(n: int, target: int, privacy: int) -> None:
+    if not 1 <= privacy < target <= n:
+        raise ValueError(f"need 1 <= privacy T < target survivors U <= N; got T={privacy}, U={target}, N={n}")
+
+
+class LightSecAggServer(ServerProtocol):
+    """Server of one LightSecAgg round; `result().ring_sum` is the sum over the committed set U1."""
+
+    name = NAME
+    schemas = {"advertise": PUBLIC_KEY, "share": CODED_PIECES, "masked_input": MASKED_INPUT,
+               "recovery": AGGREGATE_PIECE}
+
+    def __init__(self, *, round_id: int, clients, length: int, ring: Ring = FIELD_P31,
+                 target_survivors: int | float = 0.8, privacy: int | float = 0.5) -> None:
+        super().__init__(round_id=round_id, clients=clients, length=length, ring=ring)
+        if ring.modulus != MERSENNE_31:
+            raise ValueError("LightSecAgg codes masks over F_p with p = 2^31 - 1; use FIELD_P31")
+        n = len(self.clients)
+        if n > MAX_CLIENTS:
+            raise ValueError(f"at most {MAX_CLIENTS} clients per round")
+        self.target = resolve_count(target_survivors, n, name="target_survivors", rounding=math.ceil)
+        self.privacy = max(1, resolve_count(privacy, n, name="privacy", rounding=math.floor))
+        _check_parameters(n, self.target, self.privacy)
+        self.code = LagrangeCode(num_coded=n, num_nodes=self.target, privacy=self.privacy, length=length)
+        self.position = {c: j for j, c in enumerate(self.clients)}
+        self.blob_bytes = 4 * self.code.piece_length + SEAL_OVERHEAD
+        self._keys: dict[int, bytes] = {}
+        self._sharers: frozenset[int] = frozenset()
+        self._survivors: tuple[int, ...] = ()
+        self._masked_sum: np.ndarray | None = None
+        self._result: RoundResult | None = None
+
+    # ---- requests ---------------------------------------------------------------------------
+    def start(self) -> dict[int, Message]:
+        setup = dict(length=self.length, modulus=self.ring.modulus, roster=self.clients,
+                     target=self.target, privacy=self.privacy)
+        return self._enter("advertise", {c: self._request(SETUP.kind, c, **setup) for c in self.clients})
+
+    def check_reply(self, msg: Message) -> None:
+        if self.stage == "advertise":
+            if msg["public_key"] in self._replied_keys():
+                raise ProtocolError(f"client {msg.sender} advertised another client's public key")
+        elif self.stage == "share":
+            pieces = msg["pieces"]
+            if set(pieces) != set(self._keys) - {msg.sender}:
+                raise ProtocolError(f"client {msg.sender} must send one piece to every other advertised client")
+            if any(len(b) != self.blob_bytes for b in pieces.values()):
+                raise ProtocolError(f"sealed pieces are {self.blob_bytes} bytes")
+        elif self.stage == "masked_input":
+            self._check_vector(msg["vector"], self.length)
+        elif self.stage == "recovery":
+            self._check_vector(msg["piece"], self.code.piece_length)
+
+    def on_stage_complete(self, replies: dict[int, Message]) -> dict[int, Message]:
+        handler = {"advertise": self._after_advertise, "share": self._after_share,
+                   "masked_input": self._after_masked_input, "recovery": self._after_recovery}[self.stage]
+        return handler(replies)
+
+    def result(self) -> RoundResult:
+        if self._result is None:
+            raise RuntimeError("round not finished")
+        return self._result
+
+    # ---- stages -----------------------------------------------------------------------------
+    def _require(self, replies: Mapping[int, Message], detail: str) -> None:
+        if len(replies) < self.target:
+            raise AbortError(stage=self.stage, survivors=len(replies), required=self.target, detail=detail)
+
+    def _after_advertise(self, replies: dict[int, Message]) -> dict[int, Message]:
+        self._require(replies, "too few public keys")
+        self._keys = {c: m["public_key"] for c, m in sorted(replies.items())}
+        return self._enter("share", {c: self._request(KEYS.kind, c, keys=self._keys) for c in self._keys})
+
+    def _after_share(self, replies: dict[int, Message]) -> dict[int, Message]:
+        self._require(replies, "too few clients shared their coded masks")
+        self._sharers = frozenset(replies)
+        relays = {
+            j: self._request(RELAY.kind, j, pieces={i: replies[i]["pieces"][j] for i in sorted(replies) if i != j})
+            for j in sorted(replies)
+        }
+        return self._enter("masked_input", relays)
+
+    def _after_masked_input(self, replies: dict[int, Message]) -> dict[int, Message]:
+        self._require(replies, "too few masked inputs")
+        acc = np.zeros(self.length, dtype=np.uint32)
+        for msg in replies.values():
+            self.ring.add_(acc, msg["vector"])
+        self._masked_sum = acc
+        self._survivors = tuple(sorted(replies))
+        return self._enter("recovery", {
+            c: self._request(RECOVER.kind, c, survivors=self._survivors) for c in self._survivors
+        })
+
+    def _after_recovery(self, replies: dict[int, Message]) -> dict[int, Message]:
+        self._require(replies, "too few aggregate coded pieces to decode the aggregate mask")
+        helpers = sorted(replies)[: self.target]
+        coded = np.stack([replies[c]["piece"] for c in helpers])
+        mask_sum = self.code.decode([self.position[c] for c in helpers], coded)
+        total = self.ring.sub_(self._masked_sum, mask_sum)
+        self._result = RoundResult(total, frozenset(self._survivors), dict(self._dropped))
+        self._masked_sum = None
+        self.stage = "done"
+        return {}
+
+    # ---- helpers ----------------------------------------------------------------------------
+    def _replied_keys(self) -> set[bytes]:
+        return {m["public_key"] for m in self._replies.values()}
+
+    def _check_vector(self, v: np.ndarray, length: int) -> None:
+        try:
+            self.ring.validate(v, length=length)
+        except ValueError as exc:
+            raise ProtocolError(str(exc)) from exc
+
+
+class LightSecAggClient(ClientProtocol):
+    """Client of one LightSecAgg round. `min_privacy` / `min_survivors` are this client's floor:
+    it refuses a round whose T or U is smaller (a weaker guarantee than it accepts)."""
+
+    name = NAME
+    schemas = {s.kind: s for s in (SETUP, KEYS, RELAY, RECOVER)}
+
+    def __init__(self, *, client_id: int, round_id: int, input_fn: InputFn, max_length: int = MAX_LEN,
+                 min_privacy: int = 1, min_survivors: int = 2) -> None:
+        super().__init__(client_id=client_id, round_id=round_id, input_fn=input_fn, max_length=max_length)
+        self.min_privacy = min_privacy
+        self.min_survivors = min_survivors
+        self.code: LagrangeCode | None = None
+        self._position: dict[int, int] = {}
+        self._keypair: KeyPair | None = None
+        self._peer_keys: dict[int, bytes] = {}
+        self._mask: np.ndarray | None = None
+        self._own_piece: np.ndarray | None = None
+        self._held: dict[int, np.ndarray] = {}
+
+    def first_kind(self) -> str:
+        return SETUP.kind
+
+    def respond(self, msg: Message) -> tuple[Message | None, tuple[str, ...]]:
+        handler = {SETUP.kind: self._on_setup, KEYS.kind: self._on_keys, RELAY.kind: self._on_relay,
+                   RECOVER.kind: self._on_recover}[msg.kind]
+        return handler(msg)
+
+    # ---- stages -----------------------------------------------------------------------------
+    def _on_setup(self, msg: Message):
+        roster, u, t, d = msg["roster"], msg["target"], msg["privacy"], msg["length"]
+        if msg["modulus"] != MERSENNE_31:
+            raise ProtocolError("LightSecAgg runs over F_p with p = 2^31 - 1")
+        if d > self.max_length:
+            raise ProtocolError("requested length exceeds this client's limit")
+        if self.client_id not in roster:
+            raise ProtocolError("this client is not in the round's roster")
+        if not 1 <= t < u <= len(roster):
+            raise ProtocolError(f"inconsistent parameters T={t}, U={u}, N={len(roster)}")
+        if t < self.min_privacy or u < self.min_survivors:
+            raise ProtocolError(f"round parameters T={t}, U={u} are below this client's floor "
+                                f"(T >= {self.min_privacy}, U >= {self.min_survivors})")
+        self.code = LagrangeCode(num_coded=len(roster), num_nodes=u, privacy=t, length=d)
+        self._position = {c: j for j, c in enumerate(roster)}
+        self._keypair = KeyPair.generate()
+        return self._reply(PUBLIC_KEY.kind, public_key=self._keypair.public_bytes), (KEYS.kind,)
+
+    def _on_keys(self, msg: Message):
+        keys = msg["keys"]
+        me, code = self.client_id, self.code
+        if keys.get(me) != self._keypair.public_bytes:
+            raise ProtocolError("the key list does not carry this client's public key")
+        if any(c not in self._position for c in keys):
+            raise ProtocolError("the key list names clients outside the roster")
+        if len(set(keys.values())) != len(keys):
+            raise ProtocolError("the key list repeats a public key")
+        if len(keys) < code.num_nodes:
+            raise ProtocolError(f"{len(keys)} clients left, the round needs {code.num_nodes}")
+        try:
+            peer_keys = {c: agree(self._keypair, pk, _piece_key_info(self.round_id, me, c))
+                         for c, pk in keys.items() if c != me}
+        except ValueError as exc:
+            raise ProtocolError(f"bad peer public key: {exc}") from exc
+        mask = random_vector(FIELD_P31, code.length)
+        coded = code.encode(mask)
+        sealed = {c: seal(k, coded[self._position[c]].astype("<u4", copy=False).tobytes(),
+                          _piece_aad(self.round_id, me, c))
+                  for c, k in peer_keys.items()}
+        self._peer_keys, self._mask = peer_keys, mask
+        self._own_piece = coded[self._position[me]].copy()
+        return self._reply(CODED_PIECES.kind, pieces=sealed), (RELAY.kind,)
+
+    def _on_relay(self, msg: Message):
+        pieces, code, me = msg["pieces"], self.code, self.client_id
+        if not set(pieces) <= set(self._peer_keys):
+            raise ProtocolError("relayed pieces from clients that were not in the key list")
+        if len(pieces) + 1 < code.num_nodes:
+            raise ProtocolError(f"{len(pieces) + 1} clients left, the round needs {code.num_nodes}")
+        held = {}
+        for sender, blob in pieces.items():
+            try:
+                raw = open_sealed(self._peer_keys[sender], blob, _piece_aad(self.round_id, sender, me))
+            except DecryptionError as exc:
+                raise ProtocolError(f"piece from client {sender}: {exc}") from exc
+            if len(raw) != 4 * code.piece_length:
+                raise ProtocolError(f"piece from client {sender} has the wrong length")
+            piece = np.frombuffer(raw, dtype="<u4").astype(np.uint32, copy=False)
+            if int(piece.max()) >= MERSENNE_31:
+                raise ProtocolError(f"piece from client {sender} is not in F_p")
+            held[sender] = piece
+        masked = self._input(code.length, FIELD_P31).copy()
+        FIELD_P31.add_(masked, self._mask)
+        self._held, self._mask = held, None
+        return self._reply(MASKED_INPUT.kind, vector=masked), (RECOVER.kind,)
+
+    def _on_recover(self, msg: Message):
+        survivors, me = msg["survivors"], self.client_id
+        if me not in survivors:
+            raise ProtocolError("recovery requested from a client outside the survivor set")
+        if len(survivors) < self.code.num_nodes:
+            raise ProtocolError(f"survivor set of {len(survivors)} is below U={self.code.num_nodes}")
+        unknown = [c for c in survivors if c != me and c not in self._held]
+        if unknown:
+            raise ProtocolError(f"survivors {unknown[:5]} did not share a coded piece with this client")
+        acc = self._own_piece.copy()
+        for c in survivors:
+            if c != me:
+                FIELD_P31.add_(acc, self._held[c])
+        self._held, self._own_piece = {}, None
+        return self._reply(AGGREGATE_PIECE.kind, piece=acc), ()

@@ -1,0 +1,108 @@
+import numpy as np
+import pytest
+
+from fl_algorithms.fedavg import FedAvg
+from fl_algorithms.fedopt import FedOpt
+from fl_algorithms.fedprox import FedProx
+from fl_algorithms.local import Local
+from fl_algorithms.runner import RunConfig, SimulationRunner
+from fl_algorithms.secure_aggregation import SecureAggregationConfig
+
+
+def _run(make, protocol, algorithm=None, rounds=3, **kw):
+    trainers = make(4)
+    cfg = RunConfig(rounds=rounds, secure=SecureAggregationConfig(protocol=protocol, clip=4.0, max_weight=100, max_clients=8), **kw)
+    runner = SimulationRunner(algorithm=algorithm or FedAvg(local_epochs=1), trainers=trainers, config=cfg)
+    runner.run(progress=False)
+    return runner
+
+
+@pytest.mark.parametrize("protocol", ["secagg+", "secagg"])
+def test_fedavg_secure_equals_plaintext_within_quantisation(toy_trainers, protocol):
+    secure = _run(toy_trainers, protocol)
+    plain = _run(toy_trainers, "plain")
+    bound = secure.aggregator.encoder.mean_error_bound(n_clients=4, total_weight=240)
+    for k, v in secure.algorithm.shared_parameters(secure.state).items():
+        diff = np.abs(v - plain.algorithm.shared_parameters(plain.state)[k]).max()
+        # Quantisation noise of each round propagates through later local training; a few rounds
+        # of SGD on a smooth model keep it within a small multiple of the per-round bound.
+        assert diff < 1e3 * bound + 1e-5, (k, diff, bound)
+
+
+def test_fedavg_learns(toy_trainers):
+    runner = _run(toy_trainers, "secagg+", rounds=8)
+    first, last = runner.history[0].mean("accuracy"), runner.history[-1].mean("accuracy")
+    assert last > 0.6 and last >= first
+
+
+def test_fedavg_is_exactly_weighted_mean_of_client_updates(toy_trainers):
+    """One round, plain protocol: the server's new params equal w + sum n_i Delta_i / sum n_i."""
+    trainers = toy_trainers(3)
+    import copy
+    shadow = {c: copy.deepcopy(t) for c, t in trainers.items()}
+    cfg = RunConfig(rounds=1, secure=SecureAggregationConfig(protocol="plain", clip=4.0, max_weight=100, max_clients=4))
+    runner = SimulationRunner(algorithm=FedAvg(), trainers=trainers, config=cfg)
+    w0 = {k: v.copy() for k, v in runner.algorithm.shared_parameters(runner.state).items()}
+    runner.run(progress=False)
+    deltas = []
+    for t in shadow.values():
+        t.set_shared(w0)
+        t.train(epochs=1)
+        deltas.append({k: t.get_shared()[k] - w0[k] for k in w0})
+    for k in w0:
+        expected = w0[k] + np.mean([d[k] for d in deltas], axis=0)
+        np.testing.assert_allclose(runner.algorithm.shared_parameters(runner.state)[k], expected, atol=1e-5)
+
+
+def test_fedprox_and_fedopt_run_and_differ_from_fedavg(toy_trainers):
+    avg = _run(toy_trainers, "plain")
+    prox = _run(toy_trainers, "plain", algorithm=FedProx(mu=1.0))
+    opt = _run(toy_trainers, "plain", algorithm=FedOpt(server_optimizer="adam", server_lr=0.05))
+    pa = avg.algorithm.shared_parameters(avg.state)["body"]
+    assert not np.allclose(pa, prox.algorithm.shared_parameters(prox.state)["body"])
+    assert not np.allclose(pa, opt.algorithm.shared_parameters(opt.state)["body"])
+    for opt_name in ("sgdm", "yogi"):
+        r = _run(toy_trainers, "plain", algorithm=FedOpt(server_optimizer=opt_name, server_lr=0.5), rounds=6)
+        assert r.history[-1].mean("accuracy") > 0.5
+
+
+def test_local_uploads_nothing(toy_trainers):
+    runner = _run(toy_trainers, "secagg+", algorithm=Local())
+    assert all(r.bytes_uploaded == {} and r.secure_seconds == 0 for r in runner.history)
+
+
+def test_dropouts_and_sampling(toy_trainers):
+    trainers = toy_trainers(8)
+    cfg = RunConfig(rounds=3, clients_per_round=6, dropout=0.2, seed=3,
+                    secure=SecureAggregationConfig(protocol="secagg+", clip=4.0, max_weight=100, max_clients=8))
+    runner = SimulationRunner(algorithm=FedAvg(), trainers=trainers, config=cfg)
+    runner.run(progress=False)
+    assert all(len(r.cohort) == 6 for r in runner.history)
+    assert any(len(r.contributors) < len(r.cohort) for r in runner.history)
+    assert all(set(r.contributors) <= set(r.cohort) for r in runner.history)
+
+
+def test_resume_after_crash_continues_from_last_round(toy_trainers, tmp_path):
+    cfg = RunConfig(rounds=4, checkpoint_dir=str(tmp_path), clients_per_round=3, seed=5,
+                    secure=SecureAggregationConfig(protocol="plain", clip=4.0, max_weight=100, max_clients=8))
+    straight = SimulationRunner(algorithm=FedAvg(), trainers=toy_trainers(4), config=RunConfig(
+        **{**cfg.__dict__, "checkpoint_dir": None}))
+    straight.run(progress=False)
+
+    class Crash(Exception):
+        pass
+
+    def crash_after_two(rec):
+        if rec.round == 2:
+            raise Crash
+
+    crashing = SimulationRunner(algorithm=FedAvg(), trainers=toy_trainers(4), config=cfg, on_round=crash_after_two)
+    with pytest.raises(Crash):
+        crashing.run(progress=False)
+    resumed = SimulationRunner(algorithm=FedAvg(), trainers=toy_trainers(4), config=cfg)
+    resumed.run(resume=True, progress=False)
+    assert [r.round for r in resumed.history] == [1, 2, 3, 4]
+    assert [r.cohort for r in resumed.history] == [r.cohort for r in straight.history]
+    for k, v in straight.state.items():
+        # plain protocol: only stochastic rounding differs between the two runs
+        np.testing.assert_allclose(resumed.state[k], v, atol=1e-4)

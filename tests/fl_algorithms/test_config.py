@@ -1,0 +1,22 @@
+import pytest
+
+from fl_algorithms.config import from_dict, load_toml
+from fl_algorithms.runner import RunConfig
+
+
+def test_toml_round_trip_into_nested_frozen_configs(tmp_path):
+    p = tmp_path / "run.toml"
+    p.write_text('rounds = 7\nseed = 3\n[secure]\nprotocol = "secagg"\nclip = 2.0\n')
+    cfg = load_toml(RunConfig, p)
+    assert cfg.rounds == 7 and cfg.secure.protocol == "secagg" and cfg.secure.clip == 2.0
+    with pytest.raises(Exception):
+        cfg.rounds = 3
+
+
+def test_unknown_keys_and_bad_values_are_refused():
+    with pytest.raises(ValueError, match="unknown"):
+        from_dict(RunConfig, {"roundz": 3})
+    with pytest.raises(ValueError, match="protocol"):
+        from_dict(RunConfig, {"secure": {"protocol": "rot13"}})
+    with pytest.raises(ValueError, match="rounds"):
+        from_dict(RunConfig, {"rounds": 0})

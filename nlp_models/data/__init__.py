@@ -1,0 +1,2 @@
+"""Offline corpora (``loaders``), the ``TextDataset`` type and splits (``dataset``), non-IID
+partitioners (``partition``), tokenisation and batching (``tokenize``) and sentence embeddings (``embed``)."""

@@ -1,0 +1,136 @@
+"""Noise samplers driven by an AES-256-CTR stream keyed from the OS CSPRNG (vectorised numpy).
+
+Randomness: every uniform comes from AES-CTR under a fresh `os.urandom(32)` key (as in
+`secagg.encoding`), never from numpy's generators. What is *not* guaranteed: the samplers compute
+acceptance tests and inverse CDFs in float64, so the output distributions are exact only up to
+floating-point rounding (TF Privacy's and numpy's samplers share this). Integer-valued outputs
+(Poisson, Skellam, discrete Gaussian) are immune to the Mironov-style attack on the low bits of
+floating-point noise; the float Gaussian of `gaussian` is not. Research-grade, like Opacus
+without `secure_mode`; a formally exact sampler (Canonne-Kamath-Steinke with rational Bernoulli
+trials) would be a drop-in replacement.
+
+Samplers:
+* `poisson`: table inversion for lam < 10, Hormann's PTRS transformed rejection (the algorithm
+  numpy uses) for lam >= 10, vectorised by resampling only the rejected positions.
+* `skellam`: Poisson(lam) - Poisson(lam), variance 2 lam.
+* `discrete_gaussian`: Canonne, Kamath, Steinke (arXiv 2004.00010, Alg. 3): discrete Laplace
+  proposal with t = floor(sigma) + 1, accepted with prob. exp(-(|y| - sigma^2/t)^2 / (2 sigma^2)).
+"""
+from __future__ import annotations
+
+import math
+import os
+
+import numpy as np
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+from scipy import special
+
+_TWO_M53 = 1.0 / 9007199254740992.0  # 2^-53
+
+
+class CryptoRandom:
+    """Uniform doubles (53 random bits each) from AES-256-CTR.
+
+    `key=None` (the default, and the only choice for privacy noise) draws a fresh key from
+    os.urandom. A fixed key makes a stream reproducible, for tests only.
+    """
+
+    def __init__(self, key: bytes | None = None) -> None:
+        key = os.urandom(32) if key is None else key
+        if len(key) != 32:
+            raise ValueError("AES-256 keys are 32 bytes")
+        self._enc = Cipher(algorithms.AES(key), modes.CTR(bytes(16))).encryptor()
+
+    def words(self, n: int) -> np.ndarray:
+        """n uniform uint64 words."""
+        return np.frombuffer(self._enc.update(bytes(8 * n)), dtype=np.uint64)
+
+    def uniform(self, n: int) -> np.ndarray:
+        """n doubles uniform on [0, 1)."""
+        return (self.words(n) >> np.uint64(11)).astype(np.float64) * _TWO_M53
+
+    def uniform_open(self, n: int) -> np.ndarray:
+        """n doubles uniform on (0, 1]."""
+        return 1.0 - self.uniform(n)
+
+
+def poisson(lam: float, size: int, rng: CryptoRandom) -> np.ndarray:
+    """int64 Poisson(lam) samples."""
+    if not lam >= 0 or not math.isfinite(lam):
+        raise ValueError(f"Poisson mean must be finite and non-negative, got {lam}")
+    if lam == 0 or size == 0:
+        return np.zeros(size, dtype=np.int64)
+    if lam < 10:
+        return _poisson_inversion(lam, size, rng)
+    return _poisson_ptrs(lam, size, rng)
+
+
+def _poisson_inversion(lam: float, size: int, rng: CryptoRandom) -> np.ndarray:
+    kmax = int(lam + 40 + 10 * math.sqrt(lam))  # tail beyond kmax is below 1e-30
+    k = np.arange(kmax + 1, dtype=np.float64)
+    cdf = np.cumsum(np.exp(-lam + k * math.log(lam) - special.gammaln(k + 1)))
+    out = np.searchsorted(cdf, rng.uniform(size), side="right")
+    return np.minimum(out, kmax).astype(np.int64)
+
+
+def _poisson_ptrs(lam: float, size: int, rng: CryptoRandom) -> np.ndarray:
+    """W. Hormann, "The transformed rejection method for generating Poisson random variables" (1993)."""
+    slam, loglam = math.sqrt(lam), math.log(lam)
+    b = 0.931 + 2.53 * slam
+    a = -0.059 + 0.02483 * b
+    log_invalpha = math.log(1.1239 + 1.1328 / (b - 3.4))
+    vr = 0.9277 - 3.6224 / (b - 2.0)
+    out = np.empty(size, dtype=np.int64)
+    pending = np.arange(size)
+    while pending.size:
+        m = pending.size
+        u = rng.uniform(m) - 0.5
+        v = rng.uniform(m)
+        us = 0.5 - np.abs(u)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            k = np.floor((2.0 * a / us + b) * u + lam + 0.43)
+            quick = (us >= 0.07) & (v <= vr)
+            reject = (us <= 0) | (k < 0) | ((us < 0.013) & (v > us))
+            slow = ~quick & ~reject
+            ks = np.where(slow, k, 0.0)
+            lhs = np.log(v) + log_invalpha - np.log(a / (us * us) + b)
+            rhs = -lam + ks * loglam - special.gammaln(ks + 1.0)
+        accept = quick | (slow & (lhs <= rhs))
+        out[pending[accept]] = k[accept].astype(np.int64)
+        pending = pending[~accept]
+    return out
+
+
+def skellam(lam: float, size: int, rng: CryptoRandom) -> np.ndarray:
+    """Symmetric Skellam: Poisson(lam) - Poisson(lam); mean 0, variance 2 lam."""
+    return poisson(lam, size, rng) - poisson(lam, size, rng)
+
+
+def discrete_laplace(t: float, size: int, rng: CryptoRandom) -> np.ndarray:
+    """P(y) proportional to exp(-|y| / t): the difference of two geometric variables."""
+    g1 = np.floor(-t * np.log(rng.uniform_open(size)))
+    g2 = np.floor(-t * np.log(rng.uniform_open(size)))
+    return (g1 - g2).astype(np.int64)
+
+
+def discrete_gaussian(sigma: float, size: int, rng: CryptoRandom) -> np.ndarray:
+    """Discrete Gaussian N_Z(0, sigma^2): P(y) proportional to exp(-y^2 / (2 sigma^2))."""
+    if not sigma > 0 or not math.isfinite(sigma):
+        raise ValueError(f"sigma must be positive and finite, got {sigma}")
+    t = math.floor(sigma) + 1.0
+    out = np.empty(size, dtype=np.int64)
+    pending = np.arange(size)
+    while pending.size:
+        y = discrete_laplace(t, pending.size, rng)
+        accept_prob = np.exp(-((np.abs(y) - sigma**2 / t) ** 2) / (2.0 * sigma**2))
+        accept = rng.uniform(pending.size) < accept_prob
+        out[pending[accept]] = y[accept]
+        pending = pending[~accept]
+    return out
+
+
+def gaussian(sigma: float, size: int, rng: CryptoRandom) -> np.ndarray:
+    """Float N(0, sigma^2) by inverse CDF of CSPRNG uniforms (floating-point noise: see module doc)."""
+    u = rng.uniform(size)
+    u[u == 0.0] = _TWO_M53  # ndtri(0) = -inf
+    return sigma * special.ndtri(u)

@@ -1,0 +1,35 @@
+"""Session messages the transport exchanges itself, around and between protocol rounds.
+
+A client registers with `hello` (its client id is the message's sender) and is answered with
+`welcome` or `reject`; `shutdown` ends a client's loop. These kinds are reserved: protocols and
+higher layers (`ServerDriver.broadcast` / `collect`) use any other kind.
+"""
+from __future__ import annotations
+
+from secagg.messages import SERVER, Bytes, Int, Message, Schema, Value
+
+HELLO, WELCOME, REJECT, SHUTDOWN = "hello", "welcome", "reject", "shutdown"
+SESSION_KINDS = frozenset({HELLO, WELCOME, REJECT, SHUTDOWN})
+SESSION_ROUND = 0
+"""Round number carried by session messages (protocol rounds may use any round id)."""
+
+SCHEMAS = {
+    HELLO: Schema(HELLO, {"wire_version": Int(0, 255)}),
+    WELCOME: Schema(WELCOME, {}),
+    REJECT: Schema(REJECT, {"reason": Bytes(256)}),
+    SHUTDOWN: Schema(SHUTDOWN, {}),
+}
+
+
+def hello(client_id: int, *, wire_version: int) -> Message:
+    return Message(kind=HELLO, round=SESSION_ROUND, sender=client_id, receiver=SERVER,
+                   fields={"wire_version": wire_version})
+
+
+def to_client(kind: str, client_id: int, **fields: Value) -> Message:
+    return Message(kind=kind, round=SESSION_ROUND, sender=SERVER, receiver=client_id, fields=fields)
+
+
+def reply_to(msg: Message, kind: str, **fields: Value) -> Message:
+    """The answer to `msg`: same round, sender and receiver swapped. For client-side handlers."""
+    return Message(kind=kind, round=msg.round, sender=msg.receiver, receiver=msg.sender, fields=fields)

@@ -22,11 +22,12 @@ a low 16-bit and a high 15-bit limb; the high limb's coefficient is pre-multipli
 so that a single GEMM over the stacked limbs gives sum_k a_k x_k exactly whenever
 K * (2^30 - 1) * (2^16 - 1 + 2^15 - 1) < 2^53, i.e. K <= 85 rows per GEMM (`MAX_INNER`, asserted).
 Larger K is split into blocks whose reduced results are added mod p. The exact float64 result is
-reduced with the Mersenne identity 2^31 = 1 (mod p) in int64. Columns are processed in
+reduced with the Mersenne identity 2^31 = 1 (mod p) in int64, in preallocated buffers. Columns are processed in
 cache-sized blocks.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass
 from functools import lru_cache
@@ -44,7 +45,6 @@ _COEFF_MAX = (P - 1) // 2
 MAX_INNER = (1 << 53) // (_COEFF_MAX * (_LO_MAX + _HI_MAX))
 """Largest inner dimension one float64 GEMM can sum exactly (85)."""
 assert MAX_INNER * _COEFF_MAX * (_LO_MAX + _HI_MAX) < 1 << 53
-assert MAX_INNER >= 64
 _BLOCK_FLOATS = 1 << 17  # float64 words of the limb buffer per column block (1 MiB): stays in L2
 
 
@@ -95,6 +95,22 @@ def lagrange_matrix(nodes: tuple[int, ...], points: tuple[int, ...]) -> np.ndarr
 
 # ---- exact matrix product mod p ------------------------------------------------------------------
 
+@lru_cache(maxsize=1)
+def _blas_controller():
+    try:
+        from threadpoolctl import ThreadpoolController
+    except ImportError:  # optional: without it BLAS keeps its own thread count
+        return None
+    return ThreadpoolController()
+
+
+def _single_threaded_blas():
+    """Our GEMMs are small and many parties run side by side: a second BLAS thread gains little
+    when idle and, measured on a loaded 2-core machine, makes a product ~10x slower (spin-waits)."""
+    controller = _blas_controller()
+    return controller.limit(limits=1, user_api="blas") if controller else contextlib.nullcontext()
+
+
 def _centred(a: np.ndarray) -> np.ndarray:
     a = a % P
     return np.where(a > _COEFF_MAX, a - P, a)
@@ -120,15 +136,23 @@ class _PreparedCoefficients:
         return cls(tuple(blocks), n)
 
 
-def _reduce_into(s: np.ndarray, out: np.ndarray) -> None:
-    """out <- s mod p for float64 s holding exact integers, |s| < 2^53; out is uint32."""
-    v = s.astype(np.int64)
-    for _ in range(2):  # v = hi * 2^31 + lo = hi + lo (mod p); |v| < 2^53 -> within [0, p]
-        hi = v >> 31
-        v &= P
-        v += hi
+_OFFSET = ((1 << 53) // P + 1) * P  # a multiple of p above 2^53: makes every sum non-negative
+
+
+def _reduce_into(s: np.ndarray, out: np.ndarray, *, v: np.ndarray, hi: np.ndarray, tmp: np.ndarray) -> None:
+    """out <- s mod p for float64 s holding exact integers, |s| < 2^53; out is uint32.
+
+    v, hi (int64) and tmp (uint32) are scratch of s's shape: allocating them per call costs more
+    than the arithmetic (measured 5x).
+    """
+    np.copyto(v, s, casting="unsafe")
+    np.add(v, _OFFSET, out=v)  # 0 < v < 2^54 + p
+    np.right_shift(v, 31, out=hi)
+    np.bitwise_and(v, P, out=v)
+    np.add(v, hi, out=v)  # 2^31 = 1 (mod p): v = hi * 2^31 + lo = hi + lo < 2^31 + 2^23 + 1 < 2p
     np.copyto(out, v, casting="unsafe")
-    np.minimum(out, out - np.uint32(P), out=out)
+    np.subtract(out, np.uint32(P), out=tmp)  # wraps to a huge value exactly when out < p
+    np.minimum(out, tmp, out=out)
 
 
 def matmul_mod_p(coeffs: np.ndarray | _PreparedCoefficients, data: np.ndarray) -> np.ndarray:
@@ -139,51 +163,62 @@ def matmul_mod_p(coeffs: np.ndarray | _PreparedCoefficients, data: np.ndarray) -
     k, m = data.shape
     if prepared.blocks[-1][1] != k:
         raise ValueError(f"inner dimensions differ: {prepared.blocks[-1][1]} vs {k}")
+    if data.size and int(data.max()) >= P:
+        raise ValueError("data entries must be residues mod p")  # the limb bound relies on x < 2^31
     n = prepared.rows
     out = np.empty((n, m), dtype=np.uint32)
     kb = min(k, MAX_INNER)
     width = max(256, min(m, _BLOCK_FLOATS // (2 * kb)))
+    # Scratch buffers reused by every column block; views of their first elements stay contiguous.
     limb_buf = np.empty(2 * kb * width, dtype=np.float64)
     word_buf = np.empty(kb * width, dtype=np.uint32)
     acc_buf = np.empty(n * width, dtype=np.float64)
-    part_buf = np.empty(n * width, dtype=np.uint32)
-    for c0 in range(0, m, width):
-        w = min(width, m - c0)
-        acc = acc_buf[: n * w].reshape(n, w)
-        target = out[:, c0 : c0 + w]
-        for b, (k0, k1, ab) in enumerate(prepared.blocks):
-            kk = k1 - k0
-            x = data[k0:k1, c0 : c0 + w]
-            limbs = limb_buf[: 2 * kk * w].reshape(2 * kk, w)
-            words = word_buf[: kk * w].reshape(kk, w)
-            np.bitwise_and(x, np.uint32(_LO_MAX), out=words)
-            limbs[:kk] = words
-            np.right_shift(x, np.uint32(_LIMB_BITS), out=words)
-            limbs[kk:] = words
-            np.matmul(ab, limbs, out=acc)
-            if b == 0:
-                _reduce_into(acc, target)
-            else:
-                part = part_buf[: n * w].reshape(n, w)
-                _reduce_into(acc, part)
-                FIELD_P31.add_(target, part)
+    v_buf, hi_buf = np.empty(n * width, dtype=np.int64), np.empty(n * width, dtype=np.int64)
+    tmp_buf, part_buf = np.empty(n * width, dtype=np.uint32), np.empty(n * width, dtype=np.uint32)
+    with _single_threaded_blas():
+        for c0 in range(0, m, width):
+            w = min(width, m - c0)
+            acc, v, hi, tmp, part = (b[: n * w].reshape(n, w) for b in (acc_buf, v_buf, hi_buf, tmp_buf, part_buf))
+            target = out[:, c0 : c0 + w]
+            for b, (k0, k1, ab) in enumerate(prepared.blocks):
+                kk = k1 - k0
+                x = data[k0:k1, c0 : c0 + w]
+                limbs = limb_buf[: 2 * kk * w].reshape(2 * kk, w)
+                words = word_buf[: kk * w].reshape(kk, w)
+                np.bitwise_and(x, np.uint32(_LO_MAX), out=words)
+                limbs[:kk] = words
+                np.right_shift(x, np.uint32(_LIMB_BITS), out=words)
+                limbs[kk:] = words
+                np.matmul(ab, limbs, out=acc)
+                if b == 0:
+                    _reduce_into(acc, target, v=v, hi=hi, tmp=tmp)
+                else:
+                    _reduce_into(acc, part, v=v, hi=hi, tmp=tmp)
+                    FIELD_P31.add_(target, part)
     return out
 
 
 # ---- the code ----------------------------------------------------------------------------------
 
+def alphas(n: int, u: int) -> tuple[int, ...]:
+    """Interpolation nodes alpha_1 .. alpha_U: data pieces first, then the T random pieces."""
+    return tuple(range(n + 1, n + u + 1))
+
+
+def betas(n: int) -> tuple[int, ...]:
+    """Evaluation points beta_1 .. beta_N, one per party (distinct from every alpha)."""
+    return tuple(range(1, n + 1))
+
+
 @lru_cache(maxsize=64)
 def _encoder(n: int, u: int) -> _PreparedCoefficients:
-    alphas = tuple(range(n + 1, n + u + 1))
-    betas = tuple(range(1, n + 1))
-    return _PreparedCoefficients.from_matrix(lagrange_matrix(alphas, betas))
+    return _PreparedCoefficients.from_matrix(lagrange_matrix(alphas(n, u), betas(n)))
 
 
 @lru_cache(maxsize=256)
 def _decoder(n: int, u: int, t: int, positions: tuple[int, ...]) -> _PreparedCoefficients:
-    alphas = tuple(range(n + 1, n + u - t + 1))  # only the data nodes are needed
-    betas = tuple(p + 1 for p in positions)
-    return _PreparedCoefficients.from_matrix(lagrange_matrix(betas, alphas))
+    nodes = tuple(betas(n)[p] for p in positions)
+    return _PreparedCoefficients.from_matrix(lagrange_matrix(nodes, alphas(n, u)[: u - t]))
 
 
 @dataclass(frozen=True)
@@ -219,6 +254,10 @@ class LagrangeCode:
         """m = ceil(d / (U - T)): the length of every piece, coded or not."""
         return math.ceil(self.length / self.data_pieces)
 
+    def encoding_matrix(self) -> np.ndarray:
+        """W[j, k] = l_k(beta_j) (int64 mod p): coded piece j = sum_k W[j, k] * piece_k."""
+        return lagrange_matrix(alphas(self.num_coded, self.num_nodes), betas(self.num_coded))
+
     def encode(self, mask: np.ndarray, *, noise: np.ndarray | None = None) -> np.ndarray:
         """Coded pieces of `mask`, uint32 (N, m); row j is party j's piece.
 
@@ -252,5 +291,5 @@ class LagrangeCode:
         coded = np.ascontiguousarray(coded[:u])
         if coded.shape != (u, m) or coded.dtype != np.uint32:
             raise ValueError(f"coded pieces must be uint32 ({u}, {m})")
-        data = matmul_mod_p(_decoder(self.num_coded, u, self.privacy, positions), coded)
-        return data.reshape(-1)[: self.length].copy()
+        flat = matmul_mod_p(_decoder(self.num_coded, u, self.privacy, positions), coded).reshape(-1)
+        return flat if flat.size == self.length else flat[: self.length].copy()

@@ -21,9 +21,9 @@ Security (honest-but-curious server, which also relays every client-to-client me
     only information about masks it sees is coded pieces of the SUM over U1 (the pieces of
     individual masks reach it encrypted to their receivers; compare FedML, which relays them in
     plaintext so the server can decode every mask from U of them);
-  * any T colluding clients (even together with the server's view of the aggregate pieces) learn
-    nothing about an individual mask: T coded pieces of z_i are independent of z_i (T-privacy of
-    the Lagrange code);
+  * any T colluding clients learn nothing about another client's mask: T coded pieces of z_i are
+    independent of z_i (T-privacy of the Lagrange code). The paper proves the stronger statement
+    that the server colluding with up to T clients learns nothing beyond the sum over U1;
   * every message is validated (kinds, sizes, ranges, addressees, consistency of the announced
     set); a client answers each stage once, so a server cannot obtain aggregate pieces for two
     different survivor sets.
@@ -36,7 +36,7 @@ ahead of it and in parallel with training; the protocol is otherwise the paper's
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -77,7 +77,7 @@ def _piece_aad(round_id: int, sender: int, receiver: int) -> bytes:
     return context(NAME, round_id, "share", sender, receiver)
 
 
-def resolve_count(value: int | float, n: int, *, name: str, rounding) -> int:
+def resolve_count(value: int | float, n: int, *, name: str, rounding: Callable[[float], int]) -> int:
     """An absolute count from an int, or from a fraction of n in (0, 1] rounded by `rounding`."""
     if isinstance(value, bool):
         raise TypeError(f"{name} must be an int or a fraction, not bool")
@@ -100,7 +100,7 @@ class LightSecAggServer(ServerProtocol):
     schemas = {"advertise": PUBLIC_KEY, "share": CODED_PIECES, "masked_input": MASKED_INPUT,
                "recovery": AGGREGATE_PIECE}
 
-    def __init__(self, *, round_id: int, clients, length: int, ring: Ring = FIELD_P31,
+    def __init__(self, *, round_id: int, clients: Sequence[int], length: int, ring: Ring = FIELD_P31,
                  target_survivors: int | float = 0.8, privacy: int | float = 0.5) -> None:
         super().__init__(round_id=round_id, clients=clients, length=length, ring=ring)
         if ring.modulus != MERSENNE_31:
@@ -115,13 +115,14 @@ class LightSecAggServer(ServerProtocol):
         self.position = {c: j for j, c in enumerate(self.clients)}
         self.blob_bytes = 4 * self.code.piece_length + SEAL_OVERHEAD
         self._keys: dict[int, bytes] = {}
-        self._sharers: frozenset[int] = frozenset()
         self._survivors: tuple[int, ...] = ()
         self._masked_sum: np.ndarray | None = None
         self._result: RoundResult | None = None
 
     # ---- requests ---------------------------------------------------------------------------
     def start(self) -> dict[int, Message]:
+        if self.stage != "init":
+            raise RuntimeError("the round has already started")
         setup = dict(length=self.length, modulus=self.ring.modulus, roster=self.clients,
                      target=self.target, privacy=self.privacy)
         return self._enter("advertise", {c: self._request(SETUP.kind, c, **setup) for c in self.clients})
@@ -163,7 +164,6 @@ class LightSecAggServer(ServerProtocol):
 
     def _after_share(self, replies: dict[int, Message]) -> dict[int, Message]:
         self._require(replies, "too few clients shared their coded masks")
-        self._sharers = frozenset(replies)
         relays = {
             j: self._request(RELAY.kind, j, pieces={i: replies[i]["pieces"][j] for i in sorted(replies) if i != j})
             for j in sorted(replies)
@@ -217,7 +217,8 @@ class LightSecAggClient(ClientProtocol):
         self.min_survivors = min_survivors
         self.code: LagrangeCode | None = None
         self._position: dict[int, int] = {}
-        self._keypair: KeyPair | None = None
+        self._keypair: KeyPair | None = None  # kept only until the pairwise keys are derived
+        self._public_key = b""
         self._peer_keys: dict[int, bytes] = {}
         self._mask: np.ndarray | None = None
         self._own_piece: np.ndarray | None = None
@@ -248,12 +249,13 @@ class LightSecAggClient(ClientProtocol):
         self.code = LagrangeCode(num_coded=len(roster), num_nodes=u, privacy=t, length=d)
         self._position = {c: j for j, c in enumerate(roster)}
         self._keypair = KeyPair.generate()
-        return self._reply(PUBLIC_KEY.kind, public_key=self._keypair.public_bytes), (KEYS.kind,)
+        self._public_key = self._keypair.public_bytes
+        return self._reply(PUBLIC_KEY.kind, public_key=self._public_key), (KEYS.kind,)
 
     def _on_keys(self, msg: Message):
         keys = msg["keys"]
         me, code = self.client_id, self.code
-        if keys.get(me) != self._keypair.public_bytes:
+        if keys.get(me) != self._public_key:
             raise ProtocolError("the key list does not carry this client's public key")
         if any(c not in self._position for c in keys):
             raise ProtocolError("the key list names clients outside the roster")
@@ -271,7 +273,7 @@ class LightSecAggClient(ClientProtocol):
         sealed = {c: seal(k, coded[self._position[c]].astype("<u4", copy=False).tobytes(),
                           _piece_aad(self.round_id, me, c))
                   for c, k in peer_keys.items()}
-        self._peer_keys, self._mask = peer_keys, mask
+        self._peer_keys, self._mask, self._keypair = peer_keys, mask, None
         self._own_piece = coded[self._position[me]].copy()
         return self._reply(CODED_PIECES.kind, pieces=sealed), (RELAY.kind,)
 
@@ -295,7 +297,7 @@ class LightSecAggClient(ClientProtocol):
             held[sender] = piece
         masked = self._input(code.length, FIELD_P31).copy()
         FIELD_P31.add_(masked, self._mask)
-        self._held, self._mask = held, None
+        self._held, self._mask, self._peer_keys = held, None, {}
         return self._reply(MASKED_INPUT.kind, vector=masked), (RECOVER.kind,)
 
     def _on_recover(self, msg: Message):

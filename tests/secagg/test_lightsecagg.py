@@ -1,0 +1,333 @@
+"""LightSecAgg: exact sums, dropouts at every stage, message validation, sealed relay."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from secagg.crypto import DecryptionError, KeyPair, agree, open_sealed
+from secagg.messages import SERVER, AbortError, Message, ProtocolError
+from secagg.prg import random_vector
+from secagg.protocols import registry
+from secagg.protocols.lightsecagg import (
+    LightSecAggClient,
+    LightSecAggServer,
+    _piece_aad,
+    _piece_key_info,
+)
+from secagg.protocols.plain import PlainClient, PlainServer
+from secagg.ring import FIELD_P31, RING_2_32
+from secagg.simulate import run_round
+
+ROUND = 11
+STAGES = ("advertise", "share", "masked_input", "recovery")
+
+
+def make_round(n: int, d: int, *, target=None, privacy=None, round_id: int = ROUND, ids=None):
+    ids = list(ids or range(1, n + 1))
+    inputs = {c: random_vector(FIELD_P31, d) for c in ids}
+    kw = {k: v for k, v in (("target_survivors", target), ("privacy", privacy)) if v is not None}
+    server = LightSecAggServer(round_id=round_id, clients=ids, length=d, **kw)
+    clients = {c: LightSecAggClient(client_id=c, round_id=round_id, input_fn=lambda c=c: inputs[c]) for c in ids}
+    return server, clients, inputs
+
+
+def field_sum(vectors) -> np.ndarray:
+    vectors = list(vectors)
+    acc = np.zeros_like(vectors[0])
+    for v in vectors:
+        FIELD_P31.add_(acc, v)
+    return acc
+
+
+def deliver(server, clients, requests, *, skip=()):
+    """Run one stage by hand: every request answered and accepted; returns the replies."""
+    replies = {}
+    for c, req in requests.items():
+        if c in skip:
+            continue
+        replies[c] = clients[c].handle(req)
+        server.accept(replies[c])
+    return replies
+
+
+def advance_to(stage: str, server, clients):
+    """Run the round by hand up to (not including) the replies of `stage`; returns its requests."""
+    requests = server.start()
+    while server.stage != stage:
+        deliver(server, clients, requests)
+        requests = server.advance()
+    return requests
+
+
+def finish(server, clients, requests):
+    while requests:
+        deliver(server, clients, requests)
+        requests = server.advance()
+    return server.result()
+
+
+# ---- correctness ---------------------------------------------------------------------------
+
+rounds = st.integers(3, 12).flatmap(
+    lambda n: st.integers(2, n).flatmap(
+        lambda u: st.tuples(st.just(n), st.just(u), st.integers(1, u - 1), st.integers(1, 300))
+    )
+)
+
+
+@settings(max_examples=25, deadline=None)
+@given(params=rounds)
+def test_sum_equals_plain_sum_without_dropouts(params):
+    n, u, t, d = params
+    server, clients, inputs = make_round(n, d, target=u, privacy=t)
+    result = run_round(server, clients)
+    assert result.contributors == frozenset(inputs)
+    assert np.array_equal(result.ring_sum, field_sum(inputs.values()))
+    plain = PlainServer(round_id=ROUND, clients=list(inputs), length=d, ring=FIELD_P31)
+    plain_clients = {c: PlainClient(client_id=c, round_id=ROUND, input_fn=lambda c=c: inputs[c]) for c in inputs}
+    assert np.array_equal(run_round(plain, plain_clients).ring_sum, result.ring_sum)
+
+
+@settings(max_examples=30, deadline=None)
+@given(params=rounds, data=st.data())
+def test_dropouts_up_to_tolerance_give_the_sum_over_the_committed_set(params, data):
+    n, u, t, d = params
+    server, clients, inputs = make_round(n, d, target=u, privacy=t)
+    ids = list(inputs)
+    dropping = data.draw(st.lists(st.sampled_from(ids), unique=True, max_size=n - u))
+    stage_of = {c: data.draw(st.sampled_from(STAGES)) for c in dropping}
+    drop_at = {s: {c for c in dropping if stage_of[c] == s} for s in STAGES}
+    result = run_round(server, clients, drop_at=drop_at)
+    committed = set(ids) - {c for c in dropping if stage_of[c] != "recovery"}
+    assert result.contributors == frozenset(committed)
+    assert np.array_equal(result.ring_sum, field_sum(inputs[c] for c in committed))
+    for stage in STAGES:
+        assert result.dropped.get(stage, frozenset()) == frozenset(drop_at[stage])
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_one_dropout_more_than_tolerated_aborts(stage):
+    n, u = 8, 5
+    server, clients, _ = make_round(n, 20, target=u, privacy=2)
+    with pytest.raises(AbortError) as info:
+        run_round(server, clients, drop_at={stage: set(range(1, n - u + 2))})
+    assert (info.value.stage, info.value.survivors, info.value.required) == (stage, u - 1, u)
+    assert stage in str(info.value)
+
+
+def test_dropouts_spread_over_stages_add_up_to_an_abort():
+    server, clients, _ = make_round(8, 20, target=5, privacy=2)
+    with pytest.raises(AbortError) as info:
+        run_round(server, clients, drop_at={"advertise": {1}, "masked_input": {2, 3}, "recovery": {4}})
+    assert info.value.stage == "recovery"
+
+
+def test_parameters_from_fractions_and_validation():
+    server = LightSecAggServer(round_id=1, clients=range(1, 11), length=5, target_survivors=0.75, privacy=0.3)
+    assert (server.target, server.privacy) == (8, 3)
+    assert (LightSecAggServer(round_id=1, clients=[1, 2, 3], length=5).target,) == (3,)
+    for bad in (dict(target_survivors=11), dict(privacy=8, target_survivors=8), dict(target_survivors=1.5)):
+        with pytest.raises(ValueError):
+            LightSecAggServer(round_id=1, clients=range(1, 11), length=5, **bad)
+    with pytest.raises(TypeError):
+        LightSecAggServer(round_id=1, clients=range(1, 11), length=5, privacy=True)
+    with pytest.raises(ValueError):
+        LightSecAggServer(round_id=1, clients=range(1, 11), length=5, ring=RING_2_32)
+
+
+def test_registry_resolves_lightsecagg():
+    assert registry.server_class("lightsecagg") is LightSecAggServer
+    assert registry.client_class("lightsecagg") is LightSecAggClient
+
+
+def test_upload_is_four_bytes_per_coordinate():
+    server, clients, _ = make_round(4, 1000, target=3, privacy=1)
+    requests = advance_to("masked_input", server, clients)
+    replies = deliver(server, clients, requests)
+    assert all(r.nbytes() == 4 * 1000 for r in replies.values())
+
+
+# ---- the relay is sealed -------------------------------------------------------------------
+
+def test_server_relays_ciphertext_it_cannot_open_and_tampering_is_detected():
+    server, clients, _ = make_round(5, 64, target=4, privacy=2)
+    requests = advance_to("share", server, clients)
+    shares = deliver(server, clients, requests)
+    sender, receiver = 2, 4
+    assert sender not in shares[sender]["pieces"], "a client's own coded piece must stay local"
+    blob = shares[sender]["pieces"][receiver]
+    aad = _piece_aad(ROUND, sender, receiver)
+    plaintext = open_sealed(clients[receiver]._peer_keys[sender], blob, aad)  # the receiver can
+    assert plaintext[:16] not in blob
+    # The server knows every public key but no private key: its best guess fails authentication.
+    stranger = KeyPair.generate()
+    for guess in (agree(stranger, server._keys[sender], _piece_key_info(ROUND, sender, receiver)),
+                  agree(stranger, server._keys[receiver], _piece_key_info(ROUND, sender, receiver))):
+        with pytest.raises(DecryptionError):
+            open_sealed(guess, blob, aad)
+    # Rebinding to another receiver or round breaks authentication too.
+    with pytest.raises(DecryptionError):
+        open_sealed(clients[receiver]._peer_keys[sender], blob, _piece_aad(ROUND, sender, 3))
+    with pytest.raises(DecryptionError):
+        open_sealed(clients[receiver]._peer_keys[sender], blob, _piece_aad(ROUND + 1, sender, receiver))
+
+    relays = server.advance()
+    good = relays[receiver]
+    tampered_blob = bytearray(good["pieces"][sender])
+    tampered_blob[20] ^= 1
+    tampered = Message(good.kind, good.round, SERVER, receiver,
+                       {"pieces": {**good["pieces"], sender: bytes(tampered_blob)}})
+    with pytest.raises(ProtocolError):
+        clients[receiver].handle(tampered)
+    swapped = Message(good.kind, good.round, SERVER, receiver,
+                      {"pieces": {**good["pieces"], sender: good["pieces"][1], 1: good["pieces"][sender]}})
+    with pytest.raises(ProtocolError):
+        clients[receiver].handle(swapped)
+    assert clients[receiver]._held == {}  # nothing was stored
+    result = finish(server, clients, relays)  # the genuine relay still goes through
+    assert result.contributors == frozenset(range(1, 6))
+
+
+# ---- server-side validation ----------------------------------------------------------------
+
+def reply(kind: str, sender: int, *, round_id: int = ROUND, **fields) -> Message:
+    return Message(kind=kind, round=round_id, sender=sender, receiver=SERVER, fields=fields)
+
+
+def test_server_rejects_malformed_and_replayed_replies_without_changing_state():
+    server, clients, inputs = make_round(5, 30, target=4, privacy=2)
+    requests = server.start()
+    first = clients[1].handle(requests[1])
+    server.accept(first)
+    waiting = server.waiting_for()
+    bad = [
+        first,  # replay
+        reply("lsa_public_key", 2, public_key=b"\x01" * 31),
+        reply("lsa_public_key", 2, public_key=first["public_key"]),  # someone else's key
+        reply("lsa_public_key", 2, round_id=ROUND + 1, public_key=b"\x02" * 32),
+        reply("lsa_coded_pieces", 2, pieces={}),
+        reply("lsa_public_key", 99, public_key=b"\x03" * 32),
+    ]
+    for msg in bad:
+        with pytest.raises(ProtocolError):
+            server.accept(msg)
+        assert server.waiting_for() == waiting
+    deliver(server, clients, {c: r for c, r in requests.items() if c != 1})
+    requests = server.advance()
+
+    shares = {c: clients[c].handle(requests[c]) for c in requests}
+    good = shares[3]["pieces"]
+    missing = dict(good)
+    missing.pop(1)
+    short = {k: v[:-1] for k, v in good.items()}
+    own = {**good, 3: good[1]}
+    for pieces in (missing, short, own):
+        with pytest.raises(ProtocolError):
+            server.accept(reply("lsa_coded_pieces", 3, pieces=pieces))
+    for c in shares:
+        server.accept(shares[c])
+    requests = server.advance()
+
+    masked = {c: clients[c].handle(requests[c]) for c in requests}
+    for vector in (np.zeros(29, dtype=np.uint32), np.full(30, 2**31 - 1, dtype=np.uint32),
+                   np.zeros(30, dtype=np.int64)):
+        with pytest.raises(ProtocolError):
+            server.accept(reply("lsa_masked_input", 2, vector=vector))
+    for c in masked:
+        server.accept(masked[c])
+    with pytest.raises(ProtocolError):
+        server.accept(masked[2])
+    requests = server.advance()
+
+    m = server.code.piece_length
+    with pytest.raises(ProtocolError):
+        server.accept(reply("lsa_aggregate_piece", 2, piece=np.zeros(m + 1, dtype=np.uint32)))
+    result = finish(server, clients, requests)
+    assert np.array_equal(result.ring_sum, field_sum(inputs.values()))
+    with pytest.raises(ProtocolError):
+        server.accept(reply("lsa_aggregate_piece", 2, piece=np.zeros(m, dtype=np.uint32)))
+
+
+def test_server_ignores_replies_from_clients_that_dropped_earlier():
+    server, clients, _ = make_round(6, 10, target=4, privacy=2)
+    setup = server.start()
+    deliver(server, clients, setup, skip={6})
+    requests = server.advance()
+    assert 6 not in requests
+    with pytest.raises(RuntimeError):
+        server.start()  # a round starts once
+    late_key = clients[6].handle(setup[6])  # answers the first stage after it closed
+    with pytest.raises(ProtocolError):
+        server.accept(late_key)
+    with pytest.raises(ProtocolError):
+        server.accept(reply("lsa_coded_pieces", 6, pieces={}))
+
+
+# ---- client-side validation ----------------------------------------------------------------
+
+def request(kind: str, receiver: int, *, round_id: int = ROUND, **fields) -> Message:
+    return Message(kind=kind, round=round_id, sender=SERVER, receiver=receiver, fields=fields)
+
+
+SETUP = dict(length=10, modulus=2**31 - 1, roster=(1, 2, 3, 4), target=3, privacy=1)
+
+
+@pytest.mark.parametrize("change", [
+    dict(modulus=2**32), dict(roster=(2, 3, 4, 5)), dict(target=5), dict(privacy=3),
+    dict(length=2**20),
+])
+def test_client_refuses_inconsistent_setup(change):
+    client = LightSecAggClient(client_id=1, round_id=ROUND, input_fn=lambda: None, max_length=1000)
+    with pytest.raises(ProtocolError):
+        client.handle(request("lsa_setup", 1, **{**SETUP, **change}))
+    assert client.handle(request("lsa_setup", 1, **SETUP)).kind == "lsa_public_key"  # state unchanged
+
+
+def test_client_enforces_its_own_privacy_floor():
+    client = LightSecAggClient(client_id=1, round_id=ROUND, input_fn=lambda: None, min_privacy=2)
+    with pytest.raises(ProtocolError):
+        client.handle(request("lsa_setup", 1, **SETUP))
+
+
+def test_client_rejects_replays_bad_key_lists_and_inconsistent_survivor_sets():
+    server, clients, inputs = make_round(5, 12, target=3, privacy=1)
+    requests = server.start()
+    setup = requests[1]
+    deliver(server, clients, requests)
+    with pytest.raises(ProtocolError):
+        clients[1].handle(setup)  # replayed setup
+    requests = server.advance()
+
+    keys = dict(requests[1]["keys"])
+    for bad in ({**keys, 1: keys[2]}, {k: v for k, v in keys.items() if k != 1}, {**keys, 9: b"\x05" * 32},
+                {1: keys[1], 2: keys[2]}):
+        with pytest.raises(ProtocolError):
+            clients[1].handle(request("lsa_keys", 1, keys=bad))
+    with pytest.raises(ProtocolError):
+        clients[1].handle(request("lsa_keys", 1, round_id=ROUND + 1, keys=keys))
+    deliver(server, clients, requests, skip={5})  # client 5 never shares
+    requests = server.advance()
+    deliver(server, clients, requests)
+    requests = server.advance()
+
+    survivors = requests[1]["survivors"]
+    assert survivors == (1, 2, 3, 4)
+    for bad in ((1, 2, 3, 5), (2, 3, 4), (1, 2)):
+        with pytest.raises(ProtocolError):
+            clients[1].handle(request("lsa_recover", 1, survivors=bad))
+    result = finish(server, clients, requests)
+    assert np.array_equal(result.ring_sum, field_sum(inputs[c] for c in survivors))
+    with pytest.raises(ProtocolError):
+        clients[1].handle(requests[1])  # a second recovery request (e.g. another survivor set)
+
+
+def test_relay_from_a_previous_round_is_rejected():
+    old_server, old_clients, _ = make_round(4, 8, target=3, privacy=1, round_id=1)
+    old_relays = advance_to("masked_input", old_server, old_clients)
+    server, clients, _ = make_round(4, 8, target=3, privacy=1, round_id=2)
+    advance_to("masked_input", server, clients)
+    stale = old_relays[1]
+    with pytest.raises(ProtocolError):
+        clients[1].handle(Message(stale.kind, 2, SERVER, 1, stale.fields))

@@ -35,7 +35,12 @@ bench: install
 	$(VPY) -m pytest benchmarks --benchmark-only
 
 bench-flower: install
-	$(VPY) -m pip install -q --no-deps flwr==1.42.0
+	# Flower and exactly the packages its simulation path imports (its own pins conflict with ours).
+	$(VPY) -m pip install -q -c constraints.txt --no-deps flwr==1.42.0 protobuf==6.33.6 grpcio==1.85.1 \
+	  pycryptodome==3.24.1 iterators==0.0.2 tomli==2.5.0 tomli-w==1.2.0 pathspec==1.1.1 \
+	  requests==2.34.2 urllib3==2.8.0 charset-normalizer==3.5.2 certifi==2026.10.18 httpx==0.28.1 httpcore==1.0.9 \
+	  fastapi==0.138.2 starlette==1.3.1 sqlalchemy==2.1.9 alembic==1.20.1 mako==1.4.3 \
+	  ray==2.55.1 msgpack==1.2.4 jsonschema==4.26.0 jsonschema-specifications==2025.9.1 referencing==0.37.0 rpds-py==2026.9.1
 	$(VPY) benchmarks/secagg_vs_flower.py --clients 50 --dim 1000000
 
 clean:

@@ -83,9 +83,11 @@ def measure_flower(
 
     Returns a dict with ``round_s`` (median wall seconds per round), ``cpu_s`` (median
     CPU seconds of the whole process tree per round: driver/ServerApp, Ray raylet/GCS and
-    the ClientApp workers), per-round lists, ``stage_s`` (median wall seconds of each
+    the ClientApp workers), ``driver_cpu_s`` (the driver process alone: ServerApp thread,
+    in-memory grid, Ray driver), per-round lists, ``stage_s`` (median wall seconds of each
     SecAgg stage, or of the single plain fit stage), the Flower and Ray versions, the
-    runtime used and the 1-minute load average before and after.
+    runtime used and the 1-minute load average before and after.  A round is the fit
+    workflow only; evaluation is off, so the rest of Flower's round loop is a no-op.
     """
     if not flower_is_installed():
         raise RuntimeError(
@@ -306,6 +308,8 @@ def _run_here(config: FlowerRunConfig) -> dict[str, Any]:
     return {
         **asdict(config),
         "reconstruction_threshold": config.reconstruction_threshold,
+        "num_shares_effective": {"plain": None, "secagg+": config.num_shares,
+                                 "secagg": config.clients}[config.protocol],
         "round_s": statistics.median(r["wall_s"] for r in measured),
         "cpu_s": statistics.median(r["cpu_s"] for r in measured),
         "driver_cpu_s": statistics.median(r["driver_cpu_s"] for r in measured),

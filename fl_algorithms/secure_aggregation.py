@@ -15,7 +15,6 @@ import numpy as np
 from fl_algorithms.api import _SECURE_LAYER, AggregateView, GroupAggregate, Upload
 from secagg.encoding import EncodingConfig, FixedPointEncoder
 from secagg.protocols import registry
-from secagg.ring import FIELD_P31, RING_2_32
 from secagg.simulate import run_round
 
 
@@ -37,7 +36,7 @@ class SecureAggregationConfig:
 
     @property
     def ring(self):
-        return FIELD_P31 if self.protocol == "lightsecagg" else RING_2_32
+        return registry.default_ring(self.protocol)
 
 
 @dataclass(frozen=True)

@@ -19,8 +19,10 @@ Payload frames, in field order, one per non-int field:
 
 `decode` checks every count against the frame sizes and the configured limits before it
 allocates anything, and raises `ProtocolError` -- never another exception -- on anything
-malformed, truncated, oversized or from another wire version. Decoded arrays are zero-copy
-views of the received frames (writable, kept alive by the array).
+malformed, truncated, oversized or from another wire version. Decoded arrays are read-only,
+zero-copy views of the received frames (kept alive by the array). Sent arrays are not copied
+either: the sender must not modify an array it has sent while receivers may still hold it
+(over inproc:// the receivers' arrays are views of the very same memory).
 """
 from __future__ import annotations
 
@@ -249,9 +251,12 @@ def _decode_value(name: str, tag: int, code: int, count: int, view: memoryview) 
             raise ProtocolError(f"array field '{name}' has unknown dtype code {code}")
         if count * dtype.itemsize != size:
             raise ProtocolError(f"array field '{name}' declares {count} x {dtype}, frame has {size} bytes")
-        arr = np.frombuffer(view, dtype=dtype)  # zero-copy; writable when the frame is (zmq.Frame)
+        arr = np.frombuffer(view, dtype=dtype)  # zero-copy view of the received frame
         if not arr.flags.aligned:  # rare (tiny frames): copy rather than run slow unaligned loops
             arr = arr.copy()
+        # Read-only: over inproc:// a frame may be the sender's own buffer, shared by every
+        # receiver of a broadcast; copy before modifying.
+        arr.flags.writeable = False
         return arr
     raise ProtocolError(f"field '{name}' has unknown type tag {tag}")
 

@@ -12,6 +12,15 @@ _PROTOCOLS: dict[str, tuple[str, str, str]] = {
 }
 
 
+def default_ring(name: str):
+    """The ring a protocol sums in: F_p for LightSecAgg (Lagrange coding needs a field), else Z_2^32."""
+    from secagg.ring import FIELD_P31, RING_2_32
+
+    if name not in _PROTOCOLS:
+        raise ValueError(f"unknown protocol '{name}'; choose one of {names()}")
+    return FIELD_P31 if name == "lightsecagg" else RING_2_32
+
+
 def names() -> list[str]:
     return sorted(_PROTOCOLS)
 

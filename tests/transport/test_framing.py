@@ -1,0 +1,244 @@
+"""Wire framing: exact round trips, and ProtocolError (never anything else) on bad input."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+from secagg.messages import MAX_CLIENT_ID, Message, ProtocolError
+from transport.framing import (DTYPES, FIELD, MAGIC, PREFIX, TAG_INT, WIRE_VERSION,
+                               FrameLimits, decode, encode, encode_header, encode_payload, wire_size)
+
+I64 = st.integers(-(2**63), 2**63 - 1)
+names = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), min_size=1, max_size=16)
+arrays = st.sampled_from(sorted(DTYPES.values(), key=str)).flatmap(
+    lambda dt: hnp.arrays(dt, st.integers(0, 40)))
+values = st.one_of(
+    I64,
+    st.binary(max_size=64),
+    st.lists(I64, max_size=20).map(tuple),
+    st.dictionaries(I64, st.binary(max_size=24), max_size=8),
+    arrays,
+)
+messages = st.builds(
+    Message,
+    kind=st.text(st.characters(min_codepoint=32, max_codepoint=126), min_size=1, max_size=64),
+    round=st.integers(0, 2**63 - 1),
+    sender=st.integers(0, MAX_CLIENT_ID),
+    receiver=st.integers(0, MAX_CLIENT_ID),
+    fields=st.dictionaries(names, values, max_size=8),
+)
+
+
+def same_value(a, b) -> bool:
+    if isinstance(a, np.ndarray):
+        return isinstance(b, np.ndarray) and a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a == b and all(type(k) is int for k in b)
+    return type(a) is type(b) and a == b
+
+
+def assert_same(a: Message, b: Message) -> None:
+    assert (a.kind, a.round, a.sender, a.receiver) == (b.kind, b.round, b.sender, b.receiver)
+    assert list(a.fields) == list(b.fields)
+    for name in a.fields:
+        assert same_value(a.fields[name], b.fields[name]), name
+
+
+@settings(max_examples=50, deadline=None)
+@given(messages)
+def test_round_trip_through_bytes(msg: Message) -> None:
+    frames = [bytes(memoryview(f).cast("B")) for f in encode(msg)]  # what a socket would carry
+    assert_same(msg, decode(frames))
+    assert wire_size(frames) == sum(len(f) for f in frames)
+
+
+@settings(max_examples=30, deadline=None)
+@given(messages)
+def test_broadcast_header_plus_shared_payload_equals_full_encoding(msg: Message) -> None:
+    frames = [encode_header(msg), *encode_payload(msg)]
+    assert_same(msg, decode(frames))
+
+
+def test_array_payload_is_zero_copy_both_ways() -> None:
+    x = np.arange(10_000, dtype=np.uint32)
+    frames = encode(Message(kind="v", round=1, sender=2, receiver=0, fields={"x": x}))
+    assert frames[1] is x or np.shares_memory(frames[1], x)
+    y = decode(frames)["x"]
+    assert np.shares_memory(x, y) and not y.flags.writeable  # receivers cannot corrupt a shared buffer
+
+
+def test_big_endian_and_strided_arrays_are_sent_as_little_endian_values() -> None:
+    x = np.arange(12, dtype=">i8")[::2]
+    out = decode([bytes(memoryview(f).cast("B")) for f in encode(Message(kind="v", round=0, sender=1, receiver=0,
+                                                                           fields={"x": x}))])["x"]
+    assert out.dtype == np.dtype("<i8") and out.tolist() == x.tolist()
+
+
+@pytest.mark.parametrize("fields", [
+    {"x": np.zeros((2, 2), dtype=np.uint32)},       # not 1-D
+    {"x": np.zeros(3, dtype=bool)},                 # dtype not on the whitelist
+    {"x": np.zeros(3, dtype=np.complex64)},
+    {"x": 2**63},                                   # int beyond 64 bits
+    {"x": True},                                    # bool is not an int on the wire
+    {"x": (1, 2.0)},
+    {"x": {1: "text"}},
+    {"x": 1.5},
+    {"x": [1, 2]},
+    {"": 1},
+    {"n" * 65: 1},
+])
+def test_encode_refuses_values_outside_the_wire_types(fields) -> None:
+    with pytest.raises((TypeError, ValueError)):
+        encode(Message(kind="k", round=0, sender=1, receiver=0, fields=fields))
+
+
+@pytest.mark.parametrize("envelope", [
+    dict(kind="", round=0, sender=1, receiver=0),
+    dict(kind="k" * 65, round=0, sender=1, receiver=0),
+    dict(kind="caf\u00e9", round=0, sender=1, receiver=0),
+    dict(kind="k", round=-1, sender=1, receiver=0),
+    dict(kind="k", round=0, sender=-1, receiver=0),
+    dict(kind="k", round=0, sender=1, receiver=MAX_CLIENT_ID + 1),
+])
+def test_encode_refuses_bad_envelopes(envelope) -> None:
+    with pytest.raises(ValueError):
+        encode(Message(**envelope))
+
+
+# ---- hostile input -------------------------------------------------------------------------
+
+def valid_frames() -> list[bytes]:
+    msg = Message(kind="masked_input", round=7, sender=3, receiver=0, fields={
+        "vector": np.arange(16, dtype=np.uint32), "n": 5, "ids": (1, 2, 3),
+        "shares": {1: b"a", 2: b"bb"}, "key": b"k" * 32})
+    return [bytes(memoryview(f).cast("B")) for f in encode(msg)]
+
+
+def header_with(**changes) -> list[bytes]:
+    frames = valid_frames()
+    head = bytearray(frames[0])
+    values = list(PREFIX.unpack_from(head, 0))
+    keys = ["magic", "version", "flags", "kind_len", "n_fields", "round", "sender", "receiver"]
+    for k, v in changes.items():
+        values[keys.index(k)] = v
+    PREFIX.pack_into(head, 0, *values)
+    return [bytes(head), *frames[1:]]
+
+
+def first_field_with(**changes) -> list[bytes]:
+    """Rewrite the first field record ('vector', an array) of the valid message."""
+    frames = valid_frames()
+    head = bytearray(frames[0])
+    pos = PREFIX.size + len(b"masked_input")
+    values = list(FIELD.unpack_from(head, pos))
+    keys = ["name_len", "tag", "code", "value"]
+    for k, v in changes.items():
+        values[keys.index(k)] = v
+    FIELD.pack_into(head, pos, *values)
+    return [bytes(head), *frames[1:]]
+
+
+BAD = {
+    "empty": [],
+    "empty header": [b""],
+    "garbage": [b"\x00" * 40],
+    "bad magic": header_with(magic=b"XXXX"),
+    "wrong version": header_with(version=WIRE_VERSION + 1),
+    "flags set": header_with(flags=1),
+    "kind too long": header_with(kind_len=200),
+    "zero-length kind": header_with(kind_len=0),
+    "more fields than table": header_with(n_fields=9),
+    "fewer fields than table": header_with(n_fields=4),
+    "negative round": header_with(round=-5),
+    "sender out of range": header_with(sender=MAX_CLIENT_ID + 1),
+    "negative receiver": header_with(receiver=-1),
+    "wrong dtype code": first_field_with(code=99),
+    "dtype size mismatch": first_field_with(code=10),   # float64 needs twice the bytes
+    "array length mismatch": first_field_with(value=17),
+    "negative length": first_field_with(value=-1),
+    "unknown tag": first_field_with(tag=42),
+    "int with dtype": first_field_with(tag=TAG_INT, code=5),
+    "bad name length": first_field_with(name_len=0),
+    "missing payload frame": valid_frames()[:-1],
+    "extra frame": [*valid_frames(), b"x"],
+    "trailing header bytes": [valid_frames()[0] + b"\x00", *valid_frames()[1:]],
+    "truncated header": [valid_frames()[0][:-3], *valid_frames()[1:]],
+    "truncated array frame": [valid_frames()[0], valid_frames()[1][:-1], *valid_frames()[2:]],
+}
+
+
+@pytest.mark.parametrize("name", sorted(BAD))
+def test_malformed_messages_raise_protocol_error(name: str) -> None:
+    with pytest.raises(ProtocolError):
+        decode(BAD[name])
+
+
+def test_map_and_tuple_frames_are_checked() -> None:
+    frames = valid_frames()
+    # frame order follows field order: vector, ids, shares, key
+    ids, shares = frames[2], frames[3]
+    bad_ids = [frames[0], frames[1], ids[:-1], shares, frames[4]]
+    dup_keys = np.array([1, 1], "<i8").tobytes() + np.array([1, 2], "<u4").tobytes() + b"abb"
+    wrong_lengths = np.array([1, 2], "<i8").tobytes() + np.array([1, 5], "<u4").tobytes() + b"abb"
+    huge_count = shares  # declared count is in the header; make the frame too short for it
+    for bad in ([frames[0], frames[1], frames[2], dup_keys, frames[4]],
+                [frames[0], frames[1], frames[2], wrong_lengths, frames[4]],
+                [frames[0], frames[1], frames[2], huge_count[:20], frames[4]],
+                bad_ids):
+        with pytest.raises(ProtocolError):
+            decode(bad)
+
+
+def test_duplicate_field_names_are_refused() -> None:
+    one = Message(kind="k", round=0, sender=1, receiver=0, fields={"a": 1})
+    head = encode(one)[0]
+    prefix = list(PREFIX.unpack_from(head, 0))
+    prefix[4] = 2
+    record = head[PREFIX.size + 1:]
+    with pytest.raises(ProtocolError, match="twice"):
+        decode([PREFIX.pack(*prefix) + b"k" + record + record])
+
+
+def test_limits_on_size_frames_and_header() -> None:
+    msg = Message(kind="k", round=0, sender=1, receiver=0,
+                  fields={"x": np.zeros(1000, np.uint32), "y": b"1", "z": b"2"})
+    frames = encode(msg)
+    assert decode(frames, limits=FrameLimits(max_message_bytes=5000))["x"].shape == (1000,)
+    with pytest.raises(ProtocolError, match="exceeds"):
+        decode(frames, limits=FrameLimits(max_message_bytes=3999))
+    with pytest.raises(ProtocolError, match="frames"):
+        decode(frames, limits=FrameLimits(max_frames=3))
+    with pytest.raises(ProtocolError, match="header"):
+        decode(frames, limits=FrameLimits(max_header_bytes=PREFIX.size + 4))
+
+
+def test_declared_huge_counts_do_not_allocate() -> None:
+    frames = first_field_with(value=2**62)
+    with pytest.raises(ProtocolError, match="declares"):
+        decode(frames)
+    assert valid_frames()[0][:4] == MAGIC
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.data())
+def test_random_corruption_yields_a_message_or_protocol_error(data) -> None:
+    frames = valid_frames()
+    i = data.draw(st.integers(0, len(frames) - 1))
+    raw = bytearray(frames[i])
+    for _ in range(data.draw(st.integers(1, 4))):
+        if raw:
+            raw[data.draw(st.integers(0, len(raw) - 1))] = data.draw(st.integers(0, 255))
+    cut = data.draw(st.integers(0, len(raw)))
+    frames[i] = bytes(raw[:cut]) if data.draw(st.booleans()) else bytes(raw)
+    try:
+        msg = decode(frames)
+    except ProtocolError:
+        return
+    assert isinstance(msg, Message)
+    for v in msg.fields.values():  # anything accepted is a well-formed wire value
+        assert isinstance(v, (int, bytes, tuple, dict, np.ndarray))
+        if isinstance(v, np.ndarray):
+            assert v.ndim == 1 and v.dtype in DTYPES.values()

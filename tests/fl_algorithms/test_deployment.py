@@ -1,0 +1,94 @@
+import json
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fl_algorithms.deployment import DeployedClient, DeployedServer
+from fl_algorithms.runner import RunConfig, SimulationRunner
+from fl_algorithms.secure_aggregation import SecureAggregationConfig
+from fl_algorithms.tasks.toy import build
+from transport.simulation import InprocFederation
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _config(protocol="secagg+", **kw):
+    return RunConfig(rounds=3, secure=SecureAggregationConfig(protocol=protocol, clip=4.0, max_weight=100, max_clients=8), **kw)
+
+
+@pytest.mark.parametrize("protocol", ["secagg+", "lightsecagg"])
+def test_inproc_deployment_matches_simulation(protocol):
+    task, cfg = build({}), _config(protocol)
+    clients = {c: DeployedClient(client_id=c, task=build({}), config=cfg) for c in range(1, 5)}
+    with InprocFederation(client_ids=clients, factory=lambda c, r: clients[c].protocol_for(r),
+                          handlers=lambda c: clients[c].handlers()) as driver:
+        server = DeployedServer(task=task, config=cfg, driver=driver)
+        history = server.run()
+        final = server.evaluate()
+    assert [len(r.contributors) for r in history] == [4, 4, 4]
+    assert set(final) == {1, 2, 3, 4} and all(0 <= m["accuracy"] <= 1 for m in final.values())
+    sim = SimulationRunner(algorithm=build({}).algorithm, trainers={c: build({}).make_trainer(c) for c in range(1, 5)},
+                           config=_config("plain"))
+    sim.run(progress=False)
+    for k, v in sim.algorithm.shared_parameters(sim.state).items():
+        np.testing.assert_allclose(server.algorithm.shared_parameters(server.state)[k], v, atol=1e-3)
+
+
+def test_inproc_deployment_survives_a_client_that_vanishes(tmp_path):
+    cfg = _config("secagg+", checkpoint_dir=str(tmp_path))
+    clients = {c: DeployedClient(client_id=c, task=build({}), config=cfg) for c in range(1, 6)}
+    broken = clients[5]
+    broken.protocol_for = lambda r: None  # trains and reports ready, then never joins the secure sum
+    from fl_algorithms.deployment import DeploymentConfig
+    with InprocFederation(client_ids=clients, factory=lambda c, r: clients[c].protocol_for(r),
+                          handlers=lambda c: clients[c].handlers()) as driver:
+        server = DeployedServer(task=build({}), config=cfg, driver=driver,
+                                deployment=DeploymentConfig(stage_timeout=0.5))
+        history = server.run()
+    assert all(r.contributors == [1, 2, 3, 4] for r in history)
+    resumed = DeployedServer(task=build({}), config=cfg, driver=None)
+    assert resumed.load() and len(resumed.history) == 3
+    for k, v in server.state.items():
+        np.testing.assert_array_equal(resumed.state[k], v)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_multiprocess_tcp_run(tmp_path):
+    port = _free_port()
+    endpoint = f"tcp://127.0.0.1:{port}"
+    cfg = tmp_path / "run.toml"
+    cfg.write_text('rounds = 3\n[secure]\nprotocol = "secagg+"\nclip = 4.0\nmax_weight = 100.0\nmax_clients = 8\n')
+    common = [sys.executable, "-m", "fl_algorithms.deploy_cli"]
+    task = ["--task", "fl_algorithms.tasks.toy:build", "--config", str(cfg)]
+    server = subprocess.Popen(common + ["server", *task, "--clients", "3", "--bind", endpoint],
+                              cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    clients = [subprocess.Popen(common + ["client", *task, "--id", str(i), "--connect", endpoint,
+                                          "--checkpoint-dir", str(tmp_path / f"c{i}")],
+                                cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+               for i in (1, 2, 3)]
+    try:
+        out, err = server.communicate(timeout=240)
+    finally:
+        for c in clients:
+            try:
+                c.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                c.kill()
+        server.kill()
+    assert server.returncode == 0, err[-2000:]
+    lines = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    rounds = [line for line in lines if "round" in line]
+    assert [r["round"] for r in rounds] == [1, 2, 3]
+    assert all(r["contributors"] == [1, 2, 3] for r in rounds)
+    assert lines[-1]["clients"] == [1, 2, 3] and lines[-1]["final_accuracy"] > 0.5
+    assert all((tmp_path / f"c{i}" / "client.pt").exists() for i in (1, 2, 3))

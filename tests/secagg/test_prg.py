@@ -1,0 +1,141 @@
+"""The mask PRG: AES-256-CTR keystream as uint32 words (2^32) or rejection-sampled field elements (F_p)."""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from scipy import stats
+
+from secagg import prg
+from secagg.prg import CHUNK, apply_mask_, field_mask, mask, random_vector
+from secagg.ring import FIELD_P31, MERSENNE_31, RING_2_32, Ring
+
+FAST = settings(max_examples=25, deadline=None)
+P_FLOOR = 1e-6  # a uniformity test fails spuriously with probability 1e-6
+SMALL_PRIME = Ring(5)  # 3 of every 8 candidate words are rejected: the redraw loop runs many times
+
+
+def _keys():
+    return st.binary(min_size=32, max_size=32)
+
+
+def test_2_32_mask_is_the_raw_aes_ctr_keystream():
+    """Known-answer check: interoperable with any AES-256-CTR (zero IV) implementation."""
+    key = bytes(range(32))
+    n = CHUNK + 17  # crosses a chunk boundary
+    enc = Cipher(algorithms.AES(key), modes.CTR(bytes(16))).encryptor()
+    expected = np.frombuffer(enc.update(bytes(4 * n)), dtype="<u4")
+    assert np.array_equal(mask(key, RING_2_32, n), expected)
+
+
+@FAST
+@given(_keys(), st.sampled_from([RING_2_32, FIELD_P31, SMALL_PRIME]), st.integers(1, 3000))
+def test_masks_are_deterministic_per_key_and_distinct_across_keys(key, ring, n):
+    a, b = mask(key, ring, n), mask(key, ring, n)
+    assert np.array_equal(a, b)
+    other = bytes([key[0] ^ 1]) + key[1:]
+    if ring.modulus**n > 2**40:  # two keys agree on n words with probability m^-n
+        assert not np.array_equal(mask(other, ring, n), a)
+    assert a.dtype == np.uint32 and int(a.max()) < ring.modulus
+
+
+@pytest.mark.parametrize("ring", [RING_2_32, FIELD_P31, SMALL_PRIME])
+def test_shorter_mask_is_a_prefix_of_longer_mask(ring):
+    key = os.urandom(32)
+    long = mask(key, ring, 2 * CHUNK + 5)
+    for n in (1, 7, CHUNK - 1, CHUNK, CHUNK + 1, 2 * CHUNK + 5):
+        assert np.array_equal(mask(key, ring, n), long[:n]), n
+
+
+@FAST
+@given(_keys(), st.sampled_from([RING_2_32, FIELD_P31, SMALL_PRIME, Ring(65521)]), st.integers(1, 2000))
+def test_apply_then_remove_mask_restores_the_vector(key, ring, n):
+    x = random_vector(ring, n)
+    y = apply_mask_(x.copy(), key, ring)
+    assert int(y.max()) < ring.modulus
+    expected = ring.add_(x.copy(), mask(key, ring, n))
+    assert np.array_equal(y, expected)
+    assert np.array_equal(apply_mask_(y, key, ring, sign=-1), x)
+
+
+def test_apply_mask_is_in_place_and_handles_multiple_chunks():
+    key = os.urandom(32)
+    for ring in (RING_2_32, FIELD_P31):
+        x = np.zeros(3 * CHUNK + 1, dtype=np.uint32)
+        out = apply_mask_(x, key, ring)
+        assert out is x
+        assert np.array_equal(x, mask(key, ring, x.shape[0]))
+
+
+def test_empty_target_is_fine():
+    x = np.zeros(0, dtype=np.uint32)
+    assert apply_mask_(x, os.urandom(32), RING_2_32).shape == (0,)
+    assert field_mask(os.urandom(32), FIELD_P31, 0).shape == (0,)
+
+
+@pytest.mark.parametrize("key", [b"", bytes(16), bytes(31), bytes(33)])
+def test_short_or_long_keys_are_refused(key):
+    with pytest.raises(ValueError):
+        mask(key, RING_2_32, 4)
+
+
+def test_sign_must_be_plus_or_minus_one():
+    for sign in (0, 2, -2):
+        with pytest.raises(ValueError):
+            apply_mask_(np.zeros(4, dtype=np.uint32), os.urandom(32), RING_2_32, sign=sign)
+
+
+def test_field_mask_is_in_range_after_rejection_and_deterministic():
+    key = os.urandom(32)
+    for ring in (SMALL_PRIME, Ring(3), Ring(65521), Ring((1 << 30) + 3), FIELD_P31):
+        v = field_mask(key, ring, 5000)
+        assert v.dtype == np.uint32 and int(v.max()) < ring.modulus
+        assert np.array_equal(v, field_mask(key, ring, 5000))
+
+
+def test_field_mask_uses_the_full_field():
+    counts = np.bincount(field_mask(os.urandom(32), SMALL_PRIME, 50_000), minlength=5)
+    assert counts.shape == (5,)
+    assert stats.chisquare(counts).pvalue > P_FLOOR
+
+
+def test_mersenne_field_mask_is_uniform_in_high_and_low_bits():
+    v = field_mask(os.urandom(32), FIELD_P31, 200_000)
+    assert int(v.max()) < MERSENNE_31
+    top = np.bincount(v >> np.uint32(23), minlength=256)  # top 8 of 31 bits
+    low = np.bincount(v & np.uint32(255), minlength=256)
+    assert stats.chisquare(top).pvalue > P_FLOOR
+    assert stats.chisquare(low).pvalue > P_FLOOR
+
+
+def test_2_32_mask_bytes_are_uniform():
+    v = mask(os.urandom(32), RING_2_32, 100_000)
+    counts = np.bincount(v.view(np.uint8), minlength=256)
+    assert stats.chisquare(counts).pvalue > P_FLOOR
+    assert stats.kstest(v / 2.0**32, "uniform").pvalue > P_FLOOR
+
+
+def test_masks_under_different_keys_are_uncorrelated():
+    a = mask(os.urandom(32), RING_2_32, 100_000).astype(np.float64)
+    b = mask(os.urandom(32), RING_2_32, 100_000).astype(np.float64)
+    r = np.corrcoef(a, b)[0, 1]
+    assert abs(r) < 5 / np.sqrt(a.size)  # 5 sigma
+
+
+def test_random_vector_is_fresh_each_call():
+    for ring in (RING_2_32, FIELD_P31):
+        a, b = random_vector(ring, 64), random_vector(ring, 64)
+        assert not np.array_equal(a, b)
+        assert int(a.max()) < ring.modulus
+
+
+def test_chunk_size_keeps_peak_memory_bounded():
+    """The keystream buffer is one chunk whatever d is (the OOM concern raised against Flower)."""
+    bufs = [ks for _, ks in prg._chunks(os.urandom(32), 5 * CHUNK + 3)]
+    assert all(b.shape[0] <= CHUNK for b in bufs)
+    assert sum(b.shape[0] for b in bufs) == 5 * CHUNK + 3
+    assert len({b.__array_interface__["data"][0] for b in bufs}) == 1  # one reused buffer

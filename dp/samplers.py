@@ -74,8 +74,14 @@ def _poisson_inversion(lam: float, size: int, rng: CryptoRandom) -> np.ndarray:
 
 
 def _poisson_ptrs(lam: float, size: int, rng: CryptoRandom) -> np.ndarray:
-    """W. Hormann, "The transformed rejection method for generating Poisson random variables" (1993)."""
-    slam, loglam = math.sqrt(lam), math.log(lam)
+    """W. Hormann, "The transformed rejection method for generating Poisson random variables" (1993).
+
+    Deviations from lam are computed as k = floor(lam) + j with j a small float integer, and the
+    log-pmf as a function of x = (k - lam) / lam, so neither loses precision for huge lam.
+    """
+    slam = math.sqrt(lam)
+    base = math.floor(lam)
+    frac = lam - base
     b = 0.931 + 2.53 * slam
     a = -0.059 + 0.02483 * b
     log_invalpha = math.log(1.1239 + 1.1328 / (b - 3.4))
@@ -88,17 +94,37 @@ def _poisson_ptrs(lam: float, size: int, rng: CryptoRandom) -> np.ndarray:
         v = rng.uniform(m)
         us = 0.5 - np.abs(u)
         with np.errstate(divide="ignore", invalid="ignore"):
-            k = np.floor((2.0 * a / us + b) * u + lam + 0.43)
-            quick = (us >= 0.07) & (v <= vr)
-            reject = (us <= 0) | (k < 0) | ((us < 0.013) & (v > us))
-            slow = ~quick & ~reject
-            ks = np.where(slow, k, 0.0)
-            lhs = np.log(v) + log_invalpha - np.log(a / (us * us) + b)
-            rhs = -lam + ks * loglam - special.gammaln(ks + 1.0)
-        accept = quick | (slow & (lhs <= rhs))
-        out[pending[accept]] = k[accept].astype(np.int64)
+            j = np.floor((2.0 * a / us + b) * u + frac + 0.43)  # k - floor(lam)
+        accept = (us >= 0.07) & (v <= vr)
+        slow = np.flatnonzero(~accept & (us > 0) & (j >= -base) & ~((us < 0.013) & (v > us)))
+        if slow.size:
+            uss = us[slow]
+            with np.errstate(divide="ignore"):
+                lhs = np.log(v[slow]) + log_invalpha - np.log(a / (uss * uss) + b)
+            accept[slow] = lhs <= _poisson_logpmf(j[slow], base=base, frac=frac, lam=lam)
+        out[pending[accept]] = base + j[accept].astype(np.int64)
         pending = pending[~accept]
     return out
+
+
+def _poisson_logpmf(j: np.ndarray, *, base: int, frac: float, lam: float) -> np.ndarray:
+    """log P(k) for k = base + j: -lam h(x) - log(2 pi k)/2 - stirling(k), x = (k - lam)/lam,
+    h(x) = (1 + x) log1p(x) - x (series for small |x|); direct formula for k < 10."""
+    k = base + j
+    x = (j - frac) / lam
+    small = np.abs(x) < 1e-2
+    with np.errstate(divide="ignore", invalid="ignore"):
+        h = np.where(small, 0.0, (1.0 + x) * np.log1p(x) - x)
+        xs = np.where(small, x, 0.0)
+        series = np.zeros_like(xs)
+        for n in range(9, 1, -1):  # sum_{n>=2} (-1)^n x^n / (n (n - 1)), Horner from the top
+            series = xs * (series + (-1.0) ** n / (n * (n - 1)))
+        h = np.where(small, xs * series, h)
+        kk = np.maximum(k, 10.0)
+        stirling = 1.0 / (12.0 * kk) - 1.0 / (360.0 * kk**3) + 1.0 / (1260.0 * kk**5)
+        stable = -lam * h - 0.5 * np.log(2.0 * math.pi * kk) - stirling
+        direct = -lam + k * math.log(lam) - special.gammaln(np.maximum(k, 0.0) + 1.0)
+    return np.where(k >= 10, stable, direct)
 
 
 def skellam(lam: float, size: int, rng: CryptoRandom) -> np.ndarray:

@@ -46,6 +46,9 @@ class KeyPair:
         return self.private.private_bytes(Encoding.Raw, PrivateFormat.Raw, NoEncryption())
 
 
+_PROBE = KeyPair.generate()
+
+
 def context(*parts: int | str | bytes) -> bytes:
     """An unambiguous byte encoding of a tuple of context values (length-prefixed)."""
     out = bytearray(_PROTOCOL_LABEL)
@@ -73,6 +76,17 @@ def agree(own: KeyPair, peer_public: bytes, info: bytes) -> bytes:
         raise ValueError("X25519 public keys are 32 bytes")
     shared = own.private.exchange(X25519PublicKey.from_public_bytes(peer_public))
     return hkdf(shared, info)
+
+
+def is_valid_public_key(peer_public: bytes) -> bool:
+    """Whether an X25519 public key yields a non-zero shared secret (not a low-order point)."""
+    if len(peer_public) != PUBLIC_KEY_BYTES:
+        return False
+    try:
+        _PROBE.private.exchange(X25519PublicKey.from_public_bytes(peer_public))
+    except ValueError:
+        return False
+    return True
 
 
 def seal(key: bytes, plaintext: bytes, aad: bytes) -> bytes:

@@ -69,6 +69,8 @@ class ServerProtocol(ABC):
         """Validate and store one reply. Raises ProtocolError (state unchanged) if it is bad."""
         if self.finished:
             raise ProtocolError("round already finished")
+        if self.stage not in self.schemas:
+            raise ProtocolError(f"no stage is open (stage '{self.stage}')")
         check_envelope(msg, kind=self.schemas[self.stage].kind, round_id=self.round_id,
                        sender=None, receiver=SERVER)
         if msg.sender not in self._expected:
@@ -138,6 +140,8 @@ class ClientProtocol(ABC):
 
     def handle(self, msg: Message) -> Message | None:
         """Validate a server request and answer it. Raises ProtocolError (state unchanged) if bad."""
+        if not isinstance(msg, Message):
+            raise ProtocolError("not a Message")
         if msg.kind not in self._next_kinds:
             raise ProtocolError(f"client {self.client_id} did not expect '{msg.kind}' now")
         check_envelope(msg, kind=msg.kind, round_id=self.round_id, sender=SERVER, receiver=self.client_id)

@@ -63,5 +63,8 @@ class PlainClient(ClientProtocol):
     def respond(self, msg: Message):
         if msg["length"] > self.max_length:
             raise ProtocolError("requested length exceeds this client's limit")
-        ring = Ring(msg["modulus"])
+        try:
+            ring = Ring(msg["modulus"])
+        except ValueError as exc:
+            raise ProtocolError(str(exc)) from exc
         return self._reply("plain_input", vector=self._input(msg["length"], ring)), ()

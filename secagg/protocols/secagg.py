@@ -125,7 +125,12 @@ class SecAggPlusServer(ServerProtocol):
         })
 
     def check_reply(self, msg: Message) -> None:
-        if self.stage == "share":
+        if self.stage == "advertise":
+            keys = msg["keys"]
+            for pub in (keys[: crypto.PUBLIC_KEY_BYTES], keys[crypto.PUBLIC_KEY_BYTES:]):
+                if not crypto.is_valid_public_key(pub):
+                    raise ProtocolError(f"client {msg.sender} advertised an invalid (low-order) public key")
+        elif self.stage == "share":
             expected = self.graph[msg.sender] & self._keys.keys()
             if set(msg["ciphertexts"]) != expected:
                 raise ProtocolError(f"client {msg.sender} sent shares for the wrong set of neighbours")
@@ -322,16 +327,16 @@ class SecAggPlusClient(ClientProtocol):
         own = self.c_pair.public_bytes + self.s_pair.public_bytes
         if own in keys.values() or len(set(keys.values())) != len(keys):
             raise ProtocolError("repeated public keys")
-        self.seed = shamir.random_element()
         holders = sorted(keys) + [self.client_id]
-        seed_sh, sk_sh = shamir.split([self.seed, self.s_secret], xs=holders, threshold=self.threshold)
-        self.own_shares = (seed_sh[-1], sk_sh[-1])
-        cts = {}
-        for v, sb, kb in zip(holders[:-1], seed_sh, sk_sh):
-            key = crypto.agree(self.c_pair, keys[v][: crypto.PUBLIC_KEY_BYTES],
-                               _share_key_info(self.round_id, self.client_id, v))
-            cts[v] = crypto.seal(key, shamir.to_bytes(sb) + shamir.to_bytes(kb),
-                                 _share_aad(self.round_id, self.client_id, v))
+        share_keys = {v: self._agree(self.c_pair, keys[v][: crypto.PUBLIC_KEY_BYTES], _share_key_info(self.round_id, self.client_id, v))
+                      for v in holders[:-1]}
+        seed = shamir.random_element()
+        seed_sh, sk_sh = shamir.split([seed, self.s_secret], xs=holders, threshold=self.threshold)
+        cts = {
+            v: crypto.seal(share_keys[v], shamir.to_bytes(sb) + shamir.to_bytes(kb), _share_aad(self.round_id, self.client_id, v))
+            for v, sb, kb in zip(holders[:-1], seed_sh, sk_sh)
+        }
+        self.seed, self.own_shares = seed, (seed_sh[-1], sk_sh[-1])
         self.peer_keys = keys
         return self._reply("shares", ciphertexts=cts), ("masked_request",)
 
@@ -342,9 +347,11 @@ class SecAggPlusClient(ClientProtocol):
         if len(cts) + 1 < self.threshold:
             raise ProtocolError(f"only {len(cts)} neighbours shared, threshold {self.threshold}")
         held: dict[int, tuple[bytes, bytes]] = {}
+        mask_keys = {v: self._agree(self.s_pair, self.peer_keys[v][crypto.PUBLIC_KEY_BYTES:], _mask_info(self.round_id, self.client_id, v))
+                     for v in cts}
         for u, ct in cts.items():
-            key = crypto.agree(self.c_pair, self.peer_keys[u][: crypto.PUBLIC_KEY_BYTES],
-                               _share_key_info(self.round_id, self.client_id, u))
+            key = self._agree(self.c_pair, self.peer_keys[u][: crypto.PUBLIC_KEY_BYTES],
+                              _share_key_info(self.round_id, self.client_id, u))
             try:
                 plain = crypto.open_sealed(key, ct, _share_aad(self.round_id, u, self.client_id))
             except DecryptionError as exc:
@@ -352,12 +359,17 @@ class SecAggPlusClient(ClientProtocol):
             held[u] = (plain[: shamir.SECRET_BYTES], plain[shamir.SECRET_BYTES:])
         y = self._input(self.length, self.ring).copy()
         apply_mask_(y, _self_mask_key(self.round_id, self.client_id, self.seed), self.ring)
-        for v in cts:
-            key = crypto.agree(self.s_pair, self.peer_keys[v][crypto.PUBLIC_KEY_BYTES:],
-                               _mask_info(self.round_id, self.client_id, v))
+        for v, key in mask_keys.items():
             apply_mask_(y, key, self.ring, sign=_sign(self.client_id, v))
         self.held, self.masked_with = held, frozenset(cts)
         return self._reply("masked_input", vector=y), ("unmask_request",)
+
+    @staticmethod
+    def _agree(own: KeyPair, peer_public: bytes, info: bytes) -> bytes:
+        try:
+            return crypto.agree(own, peer_public, info)
+        except ValueError as exc:
+            raise ProtocolError("peer public key is invalid (low order)") from exc
 
     def _on_unmask_request(self, msg: Message):
         alive = frozenset(msg["alive"])

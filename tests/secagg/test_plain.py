@@ -151,8 +151,6 @@ def test_client_refuses_bad_requests():
         c.handle(good)  # replay after the end
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: PlainClient builds Ring(modulus) unguarded: a modulus in [2^31, 2^32) "
-                   "raises ValueError from Ring, not ProtocolError")
 def test_client_refuses_an_unsupported_modulus_as_a_protocol_error():
     c = PlainClient(client_id=1, round_id=1, input_fn=lambda: np.zeros(4, np.uint32))
     with pytest.raises(ProtocolError):

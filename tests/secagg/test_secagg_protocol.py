@@ -512,15 +512,12 @@ def test_replies_from_another_round_are_refused():
         s2.server.accept(s2.clients[c].handle(req))
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: ServerProtocol.accept before start() raises KeyError('init'), not ProtocolError")
 def test_reply_before_the_round_starts_is_a_protocol_error():
     s = make("secagg", 3, 4)
     with pytest.raises(ProtocolError):
         s.server.accept(Message("advertise_keys", 1, 1, SERVER, {"keys": os.urandom(64)}))
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: the server accepts low-order X25519 public keys at 'advertise'; one bad "
-                   "client then makes every neighbour fail with ValueError in key agreement")
 def test_server_refuses_low_order_advertised_keys():
     s = make("secagg", 3, 4)
     s.server.start()
@@ -691,8 +688,6 @@ def test_client_input_of_the_wrong_shape_is_a_local_error():
         run_round(s.server, s.clients)
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: ClientProtocol.handle reads msg.kind before checking the type: "
-                   "a non-Message raises AttributeError, not ProtocolError")
 @pytest.mark.parametrize("junk", [b"\x00\x01", None, {"kind": "advertise_request"}])
 def test_client_refuses_non_messages(junk):
     s = make("secagg", 3, 4)
@@ -700,8 +695,6 @@ def test_client_refuses_non_messages(junk):
         s.clients[1].handle(junk)
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: a low-order peer public key in share_request raises ValueError from "
-                   "X25519 after self.seed/self.own_shares were already set (not ProtocolError, state changed)")
 @pytest.mark.parametrize("protocol", sorted(PROTOCOLS))
 def test_client_refuses_low_order_peer_keys_without_changing_state(protocol):
     s = make(protocol, 5, 4)

@@ -1,0 +1,395 @@
+"""Distributed DP under secure aggregation: each client adds integer noise before masking.
+
+The maintained successor of TFF's `DistributedDpSumFactory` (deleted from TFF in 2026-01; read at
+its parent commit, see research/dp_leakage.md Sec. 2.1). Client side, for a vector x in R^d:
+
+    v = clip_C(w x)                                   L2 clipping (w in [0, 1] applied first)
+    y = s * H D pad(v) / sqrt(D)                      randomised Hadamard rotation, scale s
+    r = round_beta(y)                                 conditional stochastic rounding: retry until
+                                                      ||r|| <= sqrt(c^2 + D/4 + sqrt(2 ln 1/beta)(c + sqrt(D)/2))
+    u = r + Skellam((s sigma_l)^2 / 2)  or  r + N_Z(0, (s sigma_l)^2)    local integer noise
+    upload = u mod m                                  modular clipping (wrap-around) into the ring
+
+with c = s C, sigma_l = z C / sqrt(n_min) for the noise multiplier z (the noise of n_min
+survivors sums to the central stddev z C), m = 2^bits for Z_{2^32} (bits <= 32; the protocol sums mod 2^32 and decoding
+reduces mod 2^bits, which is consistent because 2^bits divides 2^32) or m = p for F_p
+(p = 2^31 - 1, centred representation). The server decodes the ring sum by centred lift, 1/s,
+inverse rotation and division by the client count (or total weight).
+
+Planning (Sec. 4 of arXiv 2102.06387; the heuristic of TFF and the authors' code): with gamma = 1/s,
+k = sqrt(2) erfcinv(modclip_prob) stddevs of the aggregate must fit the ring,
+    m = 2k sqrt(C^2 n^2 / D + (gamma^2 / 4 + sigma_l^2) n) / gamma     (flatness rho = 1)
+    =>  s = sqrt(m^2 - n k^2) / (2k sqrt(C^2 n^2 / D + n sigma_l^2)).
+A target epsilon is met by bisection on the noise multiplier z (each z fixing sigma_l, s and the
+rounding-inflated sensitivities) through the Skellam/DDG accounting of `dp.accounting`.
+
+Simplifications, stated: no adaptive clipping; a single rotation (num_repeats = 1); the
+accounting follows the papers in treating the n_min noise shares as present in both neighbouring
+datasets.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import numpy as np
+from scipy import optimize, special
+
+from dp import _mint
+from dp.accounting import conditional_rounding_bound, rounded_l1_norm_bound, rounded_l2_norm_bound
+from dp.ledger import (Charge, DiscreteGaussianMechanism, Ledger, Mechanism, Observer, PrivacyUnit,
+                       SkellamMechanism, compose_epsilon)
+from dp.released import Released
+from dp.rotation import Seed, padded_length, rotate, unrotate
+from dp.samplers import CryptoRandom, discrete_gaussian, skellam
+from secagg.ring import RING_2_32, Ring
+
+MECHANISMS = ("skellam", "discrete_gaussian")
+_MAX_ROUNDING_ATTEMPTS = 1000
+
+
+class PlanningError(ValueError):
+    """The ring, client count, clip and privacy target cannot be met together."""
+
+
+class InsufficientNoiseError(RuntimeError):
+    """Fewer clients contributed noise than the noise was calibrated for (n_min)."""
+
+
+@dataclass(frozen=True)
+class DistributedDPConfig:
+    l2_clip: float
+    """C: each client's (weighted) vector is clipped to this L2 norm."""
+    noise_multiplier: float | None = None
+    """z: the summed noise of n_min clients has stddev z * C. Give this or target_epsilon."""
+    target_epsilon: float | None = None
+    """Solve z so that `target_observer`'s epsilon over `rounds` rounds is at most this."""
+    delta: float = 1e-5
+    mechanism: str = "skellam"
+    """'skellam' (default) or 'discrete_gaussian'."""
+    expected_clients: int = 100
+    """n: the most clients summed in one round (sizes the ring against overflow)."""
+    min_clients: int | None = None
+    """n_min: survivors the noise is calibrated for (the dropout margin); default n."""
+    bits: int = 16
+    """Z_{2^32}: values live modulo 2^bits (<= 32). F_p: ignored, the whole field is used."""
+    beta: float = math.exp(-0.5)
+    """Conditional rounding parameter (0 = unconditional stochastic rounding)."""
+    modclip_prob: float = 1e-4
+    """Target probability that an aggregate coordinate wraps around (sets k stddevs)."""
+    rounds: int = 1
+    """Accounting horizon for target_epsilon (rounds for 'outsider', participations for 'server')."""
+    sampling_rate: float = 1.0
+    """Expected cohort / population: the amplification available against outsiders."""
+    target_observer: str = "outsider"
+
+    def __post_init__(self) -> None:
+        if not self.l2_clip > 0:
+            raise ValueError("l2_clip must be positive")
+        if (self.noise_multiplier is None) == (self.target_epsilon is None):
+            raise ValueError("give exactly one of noise_multiplier and target_epsilon")
+        if self.noise_multiplier is not None and not self.noise_multiplier > 0:
+            raise ValueError("noise_multiplier must be positive")
+        if self.target_epsilon is not None and not self.target_epsilon > 0:
+            raise ValueError("target_epsilon must be positive")
+        if self.mechanism not in MECHANISMS:
+            raise ValueError(f"mechanism must be one of {MECHANISMS}")
+        if self.expected_clients < 1 or (self.min_clients is not None and not 1 <= self.min_clients <= self.expected_clients):
+            raise ValueError("need 1 <= min_clients <= expected_clients")
+        if not 1 <= self.bits <= 32:
+            raise ValueError("bits must be in [1, 32]")
+        if not 0 <= self.beta < 1:
+            raise ValueError("beta must be in [0, 1)")
+        if not 0 < self.modclip_prob < 1:
+            raise ValueError("modclip_prob must be in (0, 1)")
+        if not 0 < self.sampling_rate <= 1 or self.rounds < 1 or not 0 < self.delta < 1:
+            raise ValueError("need 0 < sampling_rate <= 1, rounds >= 1, 0 < delta < 1")
+        if self.target_observer not in (Observer.SERVER.value, Observer.OUTSIDER.value):
+            raise ValueError("target_observer is 'server' or 'outsider'")
+
+    @property
+    def n_min(self) -> int:
+        return self.min_clients or self.expected_clients
+
+    @property
+    def k_stddevs(self) -> float:
+        return math.sqrt(2.0) * float(special.erfcinv(self.modclip_prob))
+
+
+@dataclass(frozen=True)
+class DistributedDPPlan:
+    """Everything a round needs, derived once from the config, the dimension and the ring."""
+
+    config: DistributedDPConfig
+    ring: Ring
+    dim: int
+    padded_dim: int
+    modulus: int
+    noise_multiplier: float
+    scale: float
+    local_stddev: float
+    """Per-client noise stddev in float units (z C / sqrt(n_min))."""
+    l2_sensitivity: float
+    """Rounding-inflated L2 bound in integer units."""
+    l1_sensitivity: float
+    rounding_threshold: float
+    """Conditional rounding retries until ||r|| is at most this (inf when beta = 0)."""
+
+    @property
+    def local_stddev_scaled(self) -> float:
+        return self.local_stddev * self.scale
+
+    @property
+    def inflation(self) -> float:
+        """Rounded over unrounded L2 sensitivity (1.0 = no cost of discreteness)."""
+        return self.l2_sensitivity / (self.config.l2_clip * self.scale)
+
+    def mechanism(self, observer: Observer | str) -> Mechanism:
+        """The per-round mechanism as seen by `observer` (amplified by sampling for outsiders)."""
+        q = self.config.sampling_rate if Observer(observer) is Observer.OUTSIDER else 1.0
+        n_min, s = self.config.n_min, self.scale
+        if self.config.mechanism == "skellam":
+            return SkellamMechanism(l1_sensitivity=self.l1_sensitivity, l2_sensitivity=self.l2_sensitivity,
+                                    variance=n_min * self.local_stddev_scaled**2, sampling_rate=q, scale=s)
+        return DiscreteGaussianMechanism(l1_sensitivity=self.l1_sensitivity, l2_sensitivity=self.l2_sensitivity,
+                                         local_stddev=self.local_stddev_scaled, n_clients=n_min,
+                                         dim=self.padded_dim, sampling_rate=q, scale=s)
+
+    def epsilon(self, *, observer: Observer | str, rounds: int, delta: float | None = None,
+                accountant: str = "rdp") -> float:
+        return compose_epsilon([(self.mechanism(observer), rounds)], delta=delta or self.config.delta,
+                               accountant=accountant)
+
+    def summary(self) -> dict:
+        c = self.config
+        return {
+            "mechanism": c.mechanism, "l2_clip": c.l2_clip, "noise_multiplier": self.noise_multiplier,
+            "expected_clients": c.expected_clients, "min_clients": c.n_min, "modulus": self.modulus,
+            "dim": self.dim, "padded_dim": self.padded_dim, "scale": self.scale,
+            "local_stddev": self.local_stddev, "local_stddev_scaled": self.local_stddev_scaled,
+            "k_stddevs": c.k_stddevs, "l2_inflation": self.inflation, "delta": c.delta,
+            "epsilon_server_per_round": self.epsilon(observer=Observer.SERVER, rounds=1),
+            "epsilon_target": self.epsilon(observer=c.target_observer, rounds=c.rounds),
+        }
+
+
+def _ring_modulus(config: DistributedDPConfig, ring: Ring) -> int:
+    return 1 << config.bits if ring.is_power_of_two else ring.modulus
+
+
+def _plan_for(config: DistributedDPConfig, *, dim: int, ring: Ring, z: float) -> DistributedDPPlan:
+    n, n_min, c, k = config.expected_clients, config.n_min, config.l2_clip, config.k_stddevs
+    d_pad = padded_length(dim)
+    m = _ring_modulus(config, ring)
+    if float(m) ** 2 <= n * k**2:
+        raise PlanningError(f"a ring of size {m} cannot hold {n} clients at k={k:.2f} stddevs "
+                            f"(need m^2 > n k^2): raise bits, lower expected_clients or modclip_prob")
+    local = z * c / math.sqrt(n_min)
+    scale = math.sqrt(float(m) ** 2 - n * k**2) / (2.0 * k * math.sqrt(c**2 * n**2 / d_pad + n * local**2))
+    l2 = rounded_l2_norm_bound(c * scale, beta=config.beta, dim=d_pad)
+    threshold = conditional_rounding_bound(c * scale, beta=config.beta, dim=d_pad) if config.beta > 0 else math.inf
+    return DistributedDPPlan(config=config, ring=ring, dim=dim, padded_dim=d_pad, modulus=m, noise_multiplier=z,
+                             scale=scale, local_stddev=local, l2_sensitivity=l2,
+                             l1_sensitivity=rounded_l1_norm_bound(l2, dim=d_pad), rounding_threshold=threshold)
+
+
+def plan_distributed_dp(config: DistributedDPConfig, *, dim: int, ring: Ring = RING_2_32) -> DistributedDPPlan:
+    """Choose scale (and the noise multiplier, for a target epsilon) for vectors of length `dim`."""
+    if dim < 1:
+        raise ValueError("dim must be positive")
+    if config.bits < math.log2(config.expected_clients) and ring.is_power_of_two:
+        raise PlanningError(f"bits={config.bits} < log2(expected_clients={config.expected_clients})")
+    if config.noise_multiplier is not None:
+        return _plan_for(config, dim=dim, ring=ring, z=config.noise_multiplier)
+
+    target, obs = config.target_epsilon, config.target_observer
+
+    def excess(log_z: float) -> float:
+        plan = _plan_for(config, dim=dim, ring=ring, z=math.exp(log_z))
+        return plan.epsilon(observer=obs, rounds=config.rounds) - target
+
+    lo, hi = math.log(1e-3), math.log(1e4)
+    if excess(hi) > 0:
+        floor = excess(hi) + target
+        raise PlanningError(f"target epsilon {target} is unreachable: even z=1e4 gives {floor:.4g} "
+                            f"(rounding at this ring size dominates; raise bits)")
+    if excess(lo) <= 0:
+        log_z = lo
+    else:
+        log_z = optimize.brentq(excess, lo, hi, xtol=1e-6)
+        while excess(log_z) > 0:  # brentq lands within xtol on either side: step to the safe side
+            log_z += 1e-6
+    return _plan_for(config, dim=dim, ring=ring, z=math.exp(log_z))
+
+
+@dataclass(frozen=True)
+class EncodeReport:
+    clipped: bool
+    """The weighted vector's norm exceeded C and was scaled down."""
+    norm: float
+    rounding_attempts: int
+    wrapped: int
+    """Coordinates of this client's noisy integer vector outside [-m/2, m/2) before reduction."""
+
+
+@dataclass(frozen=True)
+class DecodeReport:
+    headroom: float
+    """max |centred aggregate| / (m/2): near 1 means wrap-around is likely."""
+    n_clients: int
+
+
+class DistributedDPEncoder:
+    """Encode client vectors to uint32 ring vectors with local integer noise; decode ring sums."""
+
+    def __init__(self, plan: DistributedDPPlan, *, rng_factory: Callable[[], CryptoRandom] = CryptoRandom) -> None:
+        self.plan = plan
+        self._rng_factory = rng_factory
+
+    @classmethod
+    def from_config(cls, config: DistributedDPConfig, *, dim: int, ring: Ring = RING_2_32) -> "DistributedDPEncoder":
+        return cls(plan_distributed_dp(config, dim=dim, ring=ring))
+
+    @property
+    def ring(self) -> Ring:
+        return self.plan.ring
+
+    @property
+    def length(self) -> int:
+        """Length of the uint32 vector each client uploads (the padded dimension)."""
+        return self.plan.padded_dim
+
+    # ---- client side ----------------------------------------------------------------------
+    def encode(self, x: np.ndarray, *, round_seed: Seed, weight: float = 1.0) -> np.ndarray:
+        return self.encode_with_report(x, round_seed=round_seed, weight=weight)[0]
+
+    def encode_with_report(self, x: np.ndarray, *, round_seed: Seed,
+                           weight: float = 1.0) -> tuple[np.ndarray, EncodeReport]:
+        p = self.plan
+        x = np.asarray(x, dtype=np.float64)
+        if x.ndim != 1 or x.shape[0] != p.dim:
+            raise ValueError(f"expected a flat vector of length {p.dim}, got shape {x.shape}")
+        if not np.all(np.isfinite(x)):
+            raise ValueError("input contains NaN or infinity")
+        if not 0 <= weight <= 1:
+            raise ValueError("weight must be in [0, 1] (it is applied before clipping)")
+        v = weight * x
+        norm = float(np.linalg.norm(v))
+        clipped = norm > p.config.l2_clip
+        if clipped:
+            v *= p.config.l2_clip / norm
+        y = rotate(v, seed=round_seed)
+        y *= p.scale
+        rng = self._rng_factory()
+        r, attempts = self._conditional_round(y, rng)
+        r += self._noise(rng)
+        half = p.modulus // 2
+        wrapped = int(np.count_nonzero((r < -half) | (r >= p.modulus - half)))
+        return self._reduce(r), EncodeReport(clipped=clipped, norm=norm, rounding_attempts=attempts, wrapped=wrapped)
+
+    def _conditional_round(self, y: np.ndarray, rng: CryptoRandom) -> tuple[np.ndarray, int]:
+        floor = np.floor(y)
+        frac = y - floor
+        base = floor.astype(np.int64)
+        bound_sq = self.plan.rounding_threshold**2
+        for attempt in range(1, _MAX_ROUNDING_ATTEMPTS + 1):
+            r = base + (rng.uniform(y.shape[0]) < frac)
+            if not math.isfinite(bound_sq):
+                return r, attempt
+            rf = r.astype(np.float64)  # the squared norm can pass 2^63 for wide rings
+            if float(rf @ rf) <= bound_sq:
+                return r, attempt
+        raise RuntimeError("conditional rounding failed repeatedly: the norm bound is inconsistent")
+
+    def _noise(self, rng: CryptoRandom) -> np.ndarray:
+        sigma = self.plan.local_stddev_scaled
+        n = self.plan.padded_dim
+        if self.plan.config.mechanism == "skellam":
+            return skellam(sigma**2 / 2.0, n, rng)
+        return discrete_gaussian(sigma, n, rng)
+
+    def _reduce(self, r: np.ndarray) -> np.ndarray:
+        m = self.plan.modulus
+        if m == 1 << 32:
+            return r.astype(np.uint32)  # two's-complement truncation is reduction mod 2^32
+        return np.mod(r, m).astype(np.uint32)
+
+    # ---- server side ----------------------------------------------------------------------
+    def centred(self, ring_sum: np.ndarray) -> np.ndarray:
+        """Centred lift of the aggregate modulo m: int64 in [-m/2, m/2)."""
+        p = self.plan
+        self.ring.validate(ring_sum, length=p.padded_dim)
+        m = p.modulus
+        if self.ring.is_power_of_two:
+            v = (ring_sum & np.uint32(m - 1)).astype(np.int64) if m < 1 << 32 else ring_sum.astype(np.int64)
+        else:
+            v = ring_sum.astype(np.int64)
+        v[v >= m - m // 2] -= m
+        return v
+
+    def decode(self, ring_sum: np.ndarray, *, round_seed: Seed, n_clients: int,
+               total_weight: float | None = None) -> np.ndarray:
+        """Noisy mean (sum / n_clients, or / total_weight) of the clients' clipped vectors."""
+        return self.decode_with_report(ring_sum, round_seed=round_seed, n_clients=n_clients,
+                                       total_weight=total_weight)[0]
+
+    def decode_with_report(self, ring_sum: np.ndarray, *, round_seed: Seed, n_clients: int,
+                           total_weight: float | None = None) -> tuple[np.ndarray, DecodeReport]:
+        self.check_survivors(n_clients)
+        v = self.centred(ring_sum)
+        headroom = float(np.max(np.abs(v))) / (self.plan.modulus / 2) if v.size else 0.0
+        total = unrotate(v.astype(np.float64) / self.plan.scale, seed=round_seed, dim=self.plan.dim)
+        denom = float(n_clients if total_weight is None else total_weight)
+        if not denom > 0:
+            raise ValueError("total weight must be positive")
+        return total / denom, DecodeReport(headroom=headroom, n_clients=n_clients)
+
+    def check_survivors(self, n_clients: int) -> None:
+        """Refuse aggregates of fewer than n_min clients: their noise is below calibration.
+
+        The secure-sum protocol's threshold should be at least n_min so such a sum is never
+        unmasked in the first place; this is the second line of defence.
+        """
+        if n_clients < self.plan.config.n_min:
+            raise InsufficientNoiseError(f"{n_clients} contributors < min_clients={self.plan.config.n_min}: "
+                                         "the summed noise is below the calibrated level")
+
+    # ---- accounting -----------------------------------------------------------------------
+    def charge_round(self, ledger: Ledger, *, round_id: int, participants: Iterable[int],
+                     population: Iterable[int] | None = None, summary_key: str = "model-update") -> list[Charge]:
+        """Debit one round: participants against the server (no amplification), and against
+        outsiders either the participants (sampling_rate = 1) or the whole population (amplified
+        by sampling_rate, charged whether sampled or not, as amplification requires)."""
+        participants = sorted(set(int(c) for c in participants))
+        server = self.plan.mechanism(Observer.SERVER)
+        charges = ledger.debit_many(participants, server, unit=PrivacyUnit.CLIENT, observer=Observer.SERVER,
+                                    round_id=round_id, summary_key=summary_key)
+        if self.plan.config.sampling_rate < 1:
+            if population is None:
+                raise ValueError("sampling_rate < 1: pass the population so every client is charged")
+            outsiders = sorted(set(int(c) for c in population))
+            if not set(participants) <= set(outsiders):
+                raise ValueError("participants must belong to the population")
+        else:
+            outsiders = participants
+        charges += ledger.debit_many(outsiders, self.plan.mechanism(Observer.OUTSIDER), unit=PrivacyUnit.CLIENT,
+                                     observer=Observer.OUTSIDER, round_id=round_id, summary_key=summary_key)
+        return charges
+
+    def release(self, ring_sum: np.ndarray, *, round_seed: Seed, round_id: int, contributors: Iterable[int],
+                ledger: Ledger, population: Iterable[int] | None = None, summary_key: str = "model-update",
+                total_weight: float | None = None) -> Released:
+        """Decode a group sum and return it as a Released value, debiting the ledger first."""
+        contributors = sorted(set(int(c) for c in contributors))
+        self.check_survivors(len(contributors))
+        charges = self.charge_round(ledger, round_id=round_id, participants=contributors,
+                                    population=population, summary_key=summary_key)
+        mean = self.decode(ring_sum, round_seed=round_seed, n_clients=len(contributors), total_weight=total_weight)
+        p = self.plan
+        description = {"name": f"distributed_{p.config.mechanism}", "l2_clip": p.config.l2_clip,
+                       "noise_multiplier": p.noise_multiplier, "min_clients": p.config.n_min,
+                       "scale": p.scale, "modulus": p.modulus, "delta": p.config.delta}
+        return Released(payload=mean, unit=PrivacyUnit.CLIENT, contributors=frozenset(contributors),
+                        summary_key=summary_key, mechanism=description, charges=tuple(charges),
+                        round_id=round_id, _capability=_mint.MINT)

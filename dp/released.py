@@ -1,0 +1,78 @@
+"""`Released`: one noisy per-client (or per-group) value, charged to the privacy ledger.
+
+This is the only form in which a per-client value may cross the privacy boundary (DESIGN.md).
+Only DP mechanisms in `dp` hold the module-private capability that `Released.__init__` checks;
+any other construction, `dataclasses.replace`, pickling or mutation raises. (Python cannot stop
+code that deliberately reaches into `dp._mint` or calls object.__new__: this is a type boundary
+that makes accidents impossible and abuse conspicuous, not a sandbox.)
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from types import MappingProxyType
+from dataclasses import InitVar, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from dp import _mint
+from dp.ledger import Charge, PrivacyUnit
+
+
+class ReleaseForbidden(PermissionError):
+    """Raised when code outside the DP mechanisms tries to make a Released value."""
+
+
+@dataclass(frozen=True, eq=False)
+class Released:
+    payload: np.ndarray
+    """Read-only float64 copy of the noisy value."""
+    unit: PrivacyUnit
+    """The privacy unit the noise protects ('example' or 'client')."""
+    contributors: frozenset[int]
+    """Whose data the value depends on (one id for a per-client release)."""
+    summary_key: str
+    """What was summarised, with its version (e.g. 'doc-embedding-mean/v1/round-3')."""
+    mechanism: Mapping[str, Any]
+    """Mechanism description: name, noise scale, sensitivity, epsilon, delta."""
+    charges: tuple[Charge, ...] = field(default=())
+    """Ledger receipts of the debits made for this release."""
+    round_id: int | None = None
+    _capability: InitVar[object] = None
+
+    def __post_init__(self, _capability: object) -> None:
+        if _capability is not _mint.MINT:
+            raise ReleaseForbidden("Released values are constructed only by the DP mechanisms in dp/")
+        payload = np.array(self.payload, dtype=np.float64, copy=True)
+        payload.setflags(write=False)
+        object.__setattr__(self, "payload", payload)
+        object.__setattr__(self, "unit", PrivacyUnit(self.unit))
+        object.__setattr__(self, "contributors", frozenset(int(c) for c in self.contributors))
+        object.__setattr__(self, "mechanism", MappingProxyType(dict(self.mechanism)))
+        object.__setattr__(self, "charges", tuple(self.charges))
+        if not self.contributors:
+            raise ValueError("a release must name its contributors")
+        if not self.charges:
+            raise ValueError("a release must carry its ledger charges")
+        uncharged = self.contributors - {c.client_id for c in self.charges}
+        if uncharged:
+            raise ValueError(f"contributors {sorted(uncharged)} were not charged")
+
+    def __reduce__(self):
+        raise TypeError("Released values are not picklable: serialise payload and metadata explicitly")
+
+    def __copy__(self) -> "Released":
+        return self
+
+    def __deepcopy__(self, memo) -> "Released":
+        return self
+
+    def charged_clients(self) -> frozenset[int]:
+        return frozenset(c.client_id for c in self.charges)
+
+    def describe(self) -> dict[str, Any]:
+        """JSON-able metadata (no payload)."""
+        return {"unit": self.unit.value, "contributors": sorted(self.contributors),
+                "summary_key": self.summary_key, "mechanism": dict(self.mechanism),
+                "round_id": self.round_id, "shape": list(self.payload.shape)}
+

@@ -1,0 +1,222 @@
+"""Disclosure guard: refuse noise-free group sums that would expose an individual's vector.
+
+Per summary key (one fixed per-client vector x_i, e.g. 'doc-mean/v1'), the released sums are
+S = M X with M the 0/1 membership matrix. Any w^T X with w in rowspace(M) is learned exactly, so
+client i is exposed iff e_i lies in rowspace(M), i.e. iff its leverage ||P_rowspace e_i||^2 is 1
+(research/dp_leakage.md Sec. 3.4). Two sums S(A), S(A + {i}) suffice; random cohorts expose
+everyone after about N releases; fixed disjoint groups never expose anyone.
+
+Before a noise-free release the guard projects the new membership row on an orthonormal basis of
+the current row space (classical Gram-Schmidt with one re-orthogonalisation, numerically stable
+for 0/1 rows), updates the leverages by q_i^2 of the new basis vector, and refuses (DisclosureError
+naming the exposed ids) if any leverage would exceed `max_leverage`. A row already in the span adds
+nothing and is accepted in O(rank * N), so fixed groups can be released forever. A refused
+release leaves the state unchanged.
+
+Near-exposure: with leverage l < 1 the best linear estimate from the releases is
+l x_i + (other clients with total weight sqrt(l (1 - l))), e.g. x_i to within ~10% at l = 0.99.
+So the default `max_leverage` = 0.99 refuses near-exposures as well; set it to 1 - 1e-8 for the
+exact test "e_i in the row space" (random cohorts reach leverages of 0.999 without exact exposure).
+
+A release carrying DP noise (a `dp.released.Released` value, or the ledger charges of its debit)
+is recorded and allowed: fresh noise per release makes the per-client accountant the real bound.
+If the guard was given the run's ledger it checks the charges are in it. The minimum-cohort rule
+(at least `min_cohort` contributors) applies to noise-free sums.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+
+class DisclosureError(PermissionError):
+    """A release was refused. `exposed` names the clients it would expose (if any)."""
+
+    def __init__(self, message: str, *, summary_key: str, exposed: Sequence[int] = ()) -> None:
+        super().__init__(message)
+        self.summary_key = summary_key
+        self.exposed = tuple(sorted(exposed))
+
+
+@dataclass(frozen=True)
+class GuardConfig:
+    min_cohort: int = 2
+    """Fewest contributors of a noise-free sum."""
+    max_leverage: float = 0.99
+    """Refuse if any client's leverage would exceed this (1 - 1e-8: exact exposure only)."""
+    span_tol: float = 1e-9
+    """A row whose residual norm is below span_tol * ||row|| is in the current row space."""
+
+    def __post_init__(self) -> None:
+        if self.min_cohort < 1 or not 0.5 <= self.max_leverage < 1 or not 0 < self.span_tol < 1e-3:
+            raise ValueError("invalid guard tolerances or min_cohort")
+
+
+@dataclass
+class _KeyState:
+    columns: dict[int, int] = field(default_factory=dict)
+    basis: np.ndarray = field(default_factory=lambda: np.zeros((0, 0)))
+    """rank x capacity; rows are an orthonormal basis of rowspace(M) (columns beyond len(columns) are 0)."""
+    leverage: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    rank: int = 0
+    exact_releases: list[tuple[int, ...]] = field(default_factory=list)
+    noisy_releases: list[tuple[int, ...]] = field(default_factory=list)
+
+    def column(self, client: int) -> int:
+        col = self.columns.get(client)
+        if col is None:
+            col = len(self.columns)
+            self.columns[client] = col
+            if col >= self.leverage.shape[0]:
+                cap = max(16, 2 * self.leverage.shape[0])
+                self.basis = np.pad(self.basis, ((0, 0), (0, cap - self.basis.shape[1])))
+                self.leverage = np.pad(self.leverage, (0, cap - self.leverage.shape[0]))
+        return col
+
+
+@dataclass(frozen=True)
+class Decision:
+    summary_key: str
+    members: tuple[int, ...]
+    noisy: bool
+    rank: int
+    """Rank of the noise-free membership matrix after this release."""
+    max_leverage: float
+
+
+class DisclosureGuard:
+    """Keeps the membership matrix of every release of a run, per summary key."""
+
+    def __init__(self, config: GuardConfig = GuardConfig(), *, ledger: Any = None) -> None:
+        self.config = config
+        self.ledger = ledger
+        self._keys: dict[str, _KeyState] = {}
+
+    # ---- the check ------------------------------------------------------------------------
+    def authorize(self, summary_key: str, members: Iterable[int], *, noise: Any = None) -> Decision:
+        """Record a release of the sum over `members`, or raise DisclosureError (state unchanged)."""
+        return self._decide(summary_key, members, noise=noise, record=True)
+
+    def check(self, summary_key: str, members: Iterable[int], *, noise: Any = None) -> Decision:
+        """Like `authorize` without recording (a dry run)."""
+        return self._decide(summary_key, members, noise=noise, record=False)
+
+    def _decide(self, summary_key: str, members: Iterable[int], *, noise: Any, record: bool) -> Decision:
+        ids = tuple(sorted({_client_id(m) for m in members}))
+        if not ids:
+            raise ValueError("a release needs at least one member")
+        state = self._keys.get(summary_key) or _KeyState()
+        if noise is not None:
+            self._check_noise(summary_key, ids, noise)
+            if record:
+                self._keys[summary_key] = state
+                state.noisy_releases.append(ids)
+            return Decision(summary_key, ids, True, state.rank, self._max_leverage(state))
+        if len(ids) < self.config.min_cohort:
+            raise DisclosureError(f"'{summary_key}': a noise-free sum of {len(ids)} client(s) is below the "
+                                  f"minimum cohort {self.config.min_cohort}", summary_key=summary_key,
+                                  exposed=ids if len(ids) == 1 else ())
+        new = [c for c in ids if c not in state.columns]
+        width = len(state.columns) + len(new)
+        basis = state.basis[: state.rank, :width] if state.basis.shape[1] >= width else \
+            np.pad(state.basis[: state.rank], ((0, 0), (0, width - state.basis.shape[1])))
+        cols = np.array([state.columns.get(c, -1) for c in ids])
+        cols[cols < 0] = np.arange(len(state.columns), width)
+        row = np.zeros(width)
+        row[cols] = 1.0
+        residual = row - basis.T @ (basis @ row)
+        residual -= basis.T @ (basis @ residual)  # re-orthogonalise (CGS2)
+        norm = float(np.linalg.norm(residual))
+        in_span = norm <= self.config.span_tol * np.sqrt(len(ids))
+        lev = np.zeros(width)
+        lev[: len(state.columns)] = state.leverage[: len(state.columns)]
+        if not in_span:
+            q = residual / norm
+            lev = lev + q * q
+            exposed_cols = np.flatnonzero(lev > self.config.max_leverage)
+            if exposed_cols.size:
+                inverse = {col: c for c, col in state.columns.items()}
+                inverse.update({len(state.columns) + i: c for i, c in enumerate(new)})
+                exposed = sorted(inverse[int(col)] for col in exposed_cols)
+                raise DisclosureError(
+                    f"'{summary_key}': releasing the noise-free sum over {len(ids)} clients would expose the "
+                    f"individual vectors of clients {exposed} (leverage above {self.config.max_leverage}: e_i in, or "
+                    "within reach of, the row space of the release history); "
+                    "add DP noise, or release fixed disjoint groups", summary_key=summary_key, exposed=exposed)
+        if record:
+            self._keys[summary_key] = state
+            for c in new:
+                state.column(c)
+            if not in_span:
+                if state.rank == state.basis.shape[0]:
+                    state.basis = np.pad(state.basis, ((0, max(8, state.rank)), (0, 0)))
+                state.basis[state.rank, :width] = q
+                state.rank += 1
+                state.leverage[:width] = lev
+            state.exact_releases.append(ids)
+        return Decision(summary_key, ids, False, state.rank + (0 if in_span or record else 1), float(lev.max()))
+
+    def _check_noise(self, summary_key: str, ids: tuple[int, ...], noise: Any) -> None:
+        charges = tuple(getattr(noise, "charges", noise))
+        if not charges or not all(hasattr(c, "client_id") for c in charges):
+            raise TypeError("noise must be a Released value or a sequence of ledger Charges")
+        uncharged = set(ids) - {c.client_id for c in charges}
+        if uncharged:
+            raise DisclosureError(f"'{summary_key}': DP noise was not charged to clients {sorted(uncharged)}",
+                                  summary_key=summary_key)
+        if self.ledger is not None and not all(self.ledger.holds(c) for c in charges):
+            raise DisclosureError(f"'{summary_key}': the release's charges are not in this run's ledger",
+                                  summary_key=summary_key)
+
+    # ---- diagnostics ----------------------------------------------------------------------
+    @staticmethod
+    def _max_leverage(state: _KeyState) -> float:
+        n = len(state.columns)
+        return float(state.leverage[:n].max()) if n else 0.0
+
+    def rank(self, summary_key: str) -> int:
+        state = self._keys.get(summary_key)
+        return state.rank if state else 0
+
+    def leverage(self, summary_key: str) -> dict[int, float]:
+        """||P_rowspace e_i||^2 per client: 1 = exposed, 0 = nothing learned about i alone."""
+        state = self._keys.get(summary_key)
+        if not state:
+            return {}
+        return {c: float(state.leverage[col]) for c, col in state.columns.items()}
+
+    def exposed_fraction(self, summary_key: str, *, threshold: float = 1 - 1e-8) -> float:
+        """Fraction of clients whose leverage is at least `threshold` (leakage report metric)."""
+        lev = self.leverage(summary_key)
+        return sum(v >= threshold for v in lev.values()) / len(lev) if lev else 0.0
+
+    def releases(self, summary_key: str) -> dict[str, list[tuple[int, ...]]]:
+        state = self._keys.get(summary_key)
+        if not state:
+            return {"exact": [], "noisy": []}
+        return {"exact": list(state.exact_releases), "noisy": list(state.noisy_releases)}
+
+    def state_dict(self) -> dict[str, Any]:
+        """The release history (membership lists); the basis is rebuilt on load."""
+        return {"format": "fedsecure-nlp/disclosure-guard/v1",
+                "keys": {k: {"exact": [list(r) for r in s.exact_releases], "noisy": [list(r) for r in s.noisy_releases]}
+                         for k, s in self._keys.items()}}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state.get("format") != "fedsecure-nlp/disclosure-guard/v1":
+            raise ValueError("not a disclosure-guard state")
+        self._keys = {}
+        for key, hist in state["keys"].items():
+            for members in hist["exact"]:
+                self._decide(key, members, noise=None, record=True)
+            s = self._keys.setdefault(key, _KeyState())
+            s.noisy_releases.extend(tuple(int(c) for c in r) for r in hist["noisy"])
+
+
+def _client_id(c: Any) -> int:
+    if isinstance(c, bool) or not isinstance(c, (int, np.integer)):
+        raise TypeError("client ids are ints")
+    return int(c)

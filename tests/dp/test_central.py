@@ -1,0 +1,42 @@
+"""Central DP (trusted aggregator): clip, noise once on the sum; the server's view is non-private."""
+import math
+
+import dp_accounting
+import numpy as np
+import pytest
+from dp_accounting import rdp
+
+from dp.central import CentralDPAggregator, CentralDPConfig
+from dp.ledger import Ledger
+
+
+def test_clip_bounds_norm_and_keeps_small_vectors():
+    agg = CentralDPAggregator(CentralDPConfig(l2_clip=2.0, noise_multiplier=1.0))
+    assert np.linalg.norm(agg.clip(np.full(100, 1.0))) == pytest.approx(2.0)
+    small = np.full(4, 0.1)
+    assert np.array_equal(agg.clip(small), small)
+    assert np.linalg.norm(agg.clip(np.full(100, 1.0), weight=0.5)) == pytest.approx(2.0)
+
+
+def test_target_epsilon_calibration_matches_dp_accounting():
+    config = CentralDPConfig(l2_clip=1.0, target_epsilon=3.0, rounds=500, sampling_rate=0.01, delta=1e-6)
+    agg = CentralDPAggregator(config)
+    acc = rdp.RdpAccountant()
+    acc.compose(dp_accounting.SelfComposedDpEvent(
+        dp_accounting.PoissonSampledDpEvent(0.01, dp_accounting.GaussianDpEvent(agg.noise_multiplier)), 500))
+    assert acc.get_epsilon(1e-6) == pytest.approx(3.0, abs=0.01)
+
+
+def test_release_is_labelled_non_private_against_the_server():
+    agg = CentralDPAggregator(CentralDPConfig(l2_clip=1.0, noise_multiplier=1.5, sampling_rate=0.5))
+    ledger = Ledger()
+    d, cohort = 20_000, [1, 2, 3, 4]
+    xs = [agg.clip(np.random.default_rng(c).normal(size=d)) for c in cohort]
+    released = agg.release(np.sum(xs, axis=0), round_id=0, contributors=cohort, ledger=ledger, population=range(1, 9))
+    assert released.mechanism["trusted_aggregator"] is True
+    err = released.payload * 4 - np.sum(xs, axis=0)
+    assert err.std() == pytest.approx(1.5, rel=0.03)
+    assert ledger.epsilon(1, unit="client", observer="server") == math.inf
+    assert ledger.epsilon(1, unit="client", observer="outsider") == pytest.approx(
+        ledger.epsilon(8, unit="client", observer="outsider"))
+    assert 0 < ledger.epsilon(8, unit="client", observer="outsider") < math.inf

@@ -1,0 +1,155 @@
+"""The ledger composes with dp_accounting (Gaussian) and the RDP curves (Skellam/DDG), per label."""
+import json
+import math
+
+import dp_accounting
+import pytest
+from dp_accounting import pld, rdp
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dp.accounting import epsilon_from_rdp, skellam_curve
+from dp.ledger import (Budget, BudgetExceeded, DiscreteGaussianMechanism, GaussianMechanism, Ledger, LedgerConfig,
+                       NonPrivateMechanism, Observer, PrivacyUnit, SkellamMechanism, compose_epsilon)
+
+DELTA = 1e-5
+
+
+def dp_accounting_epsilon(parts, *, accountant="rdp", delta=DELTA):
+    acc = rdp.RdpAccountant() if accountant == "rdp" else pld.PLDAccountant(value_discretization_interval=1e-3)
+    events = []
+    for z, q, steps in parts:
+        e = dp_accounting.GaussianDpEvent(z)
+        if q < 1:
+            e = dp_accounting.PoissonSampledDpEvent(q, e)
+        events.append(dp_accounting.SelfComposedDpEvent(e, steps))
+    acc.compose(dp_accounting.ComposedDpEvent(events))
+    return acc.get_epsilon(delta)
+
+
+@settings(max_examples=25, deadline=None)
+@given(z=st.floats(0.5, 4.0), q=st.sampled_from([1.0, 0.5, 0.05, 0.003]), rounds=st.integers(1, 5),
+       steps=st.integers(1, 200))
+def test_subsampled_gaussian_matches_dp_accounting(z, q, rounds, steps):
+    ledger = Ledger()
+    mech = GaussianMechanism(noise_multiplier=z, sampling_rate=q)
+    for r in range(rounds):  # repeated debits merge into one entry with a count
+        ledger.debit(7, mech, unit="example", observer="server", round_id=r, count=steps)
+    assert len(ledger.entries(7)) == 1
+    expected = dp_accounting_epsilon([(z, q, rounds * steps)])
+    assert ledger.epsilon(7, unit="example", observer="server") == pytest.approx(expected, rel=1e-12)
+
+
+def test_heterogeneous_gaussians_and_pld_option_match_dp_accounting():
+    parts = [(1.1, 0.01, 30), (0.8, 0.02, 10), (3.0, 1.0, 2)]
+    for accountant in ("rdp", "pld"):
+        ledger = Ledger(LedgerConfig(accountant=accountant, pld_discretization=1e-3))
+        for z, q, steps in parts:
+            ledger.debit(1, GaussianMechanism(noise_multiplier=z, sampling_rate=q), unit="client",
+                         observer="outsider", count=steps)
+        expected = dp_accounting_epsilon(parts, accountant=accountant)
+        assert ledger.epsilon(1, unit="client", observer="outsider") == pytest.approx(expected, rel=1e-9)
+    assert dp_accounting_epsilon(parts, accountant="pld") < dp_accounting_epsilon(parts)
+
+
+def test_labels_are_composed_separately():
+    ledger = Ledger()
+    ledger.debit(3, GaussianMechanism(noise_multiplier=1.0), unit="client", observer="server", count=4)
+    ledger.debit(3, GaussianMechanism(noise_multiplier=1.0, sampling_rate=0.1), unit="client",
+                 observer="outsider", count=4)
+    server = ledger.epsilon(3, unit="client", observer="server")
+    outsider = ledger.epsilon(3, unit="client", observer="outsider")
+    assert 0 < outsider < server
+    assert ledger.epsilon(3, unit="example", observer="server") == 0.0
+    assert ledger.epsilon(99, unit="client", observer="server") == 0.0
+
+
+def test_skellam_and_ddg_entries_use_their_rdp_curves():
+    sk = SkellamMechanism(l1_sensitivity=3e5, l2_sensitivity=1000.0, variance=1000.0**2, sampling_rate=1.0)
+    ledger = Ledger()
+    ledger.debit(2, sk, unit="client", observer="server", count=10)
+    expected = epsilon_from_rdp(10 * skellam_curve(l1=3e5, l2=1000.0, variance=1e6), delta=DELTA)
+    assert ledger.epsilon(2, unit="client", observer="server") == pytest.approx(expected, rel=1e-12)
+    ddg = DiscreteGaussianMechanism(l1_sensitivity=3e5, l2_sensitivity=1000.0, local_stddev=100.0, n_clients=100,
+                                    dim=1024)
+    assert compose_epsilon([(ddg, 10)], delta=DELTA) == pytest.approx(expected, rel=1e-3)
+
+
+def test_pld_mode_with_skellam_takes_the_better_valid_bound():
+    g = GaussianMechanism(noise_multiplier=1.0, sampling_rate=0.01)
+    sk = SkellamMechanism(l1_sensitivity=3e5, l2_sensitivity=1000.0, variance=2000.0**2)
+    parts = [(g, 1000), (sk, 3)]
+    rdp_eps = compose_epsilon(parts, delta=DELTA, accountant="rdp")
+    pld_eps = compose_epsilon(parts, delta=DELTA, accountant="pld")
+    assert pld_eps <= rdp_eps
+    split = compose_epsilon([(g, 1000)], delta=DELTA / 2, accountant="pld") + \
+        compose_epsilon([(sk, 3)], delta=DELTA / 2, accountant="rdp")
+    assert pld_eps == pytest.approx(min(rdp_eps, split))
+
+
+def test_non_private_entry_is_infinite():
+    ledger = Ledger()
+    ledger.debit(5, NonPrivateMechanism("trusted server sees the sum"), unit="client", observer="server")
+    assert ledger.epsilon(5, unit="client", observer="server") == math.inf
+    assert json.loads(ledger.to_json())["clients"]["5"]["epsilon"]["client/server"] == "inf"
+
+
+def test_budget_refuses_and_leaves_the_ledger_unchanged():
+    budget = Budget(PrivacyUnit.EXAMPLE, Observer.SERVER, 2.0)
+    ledger = Ledger(LedgerConfig(budgets=(budget,)))
+    mech = GaussianMechanism(noise_multiplier=1.0, sampling_rate=0.01)
+    ledger.debit(1, mech, unit="example", observer="server", count=100)
+    before = ledger.epsilon(1, unit="example", observer="server")
+    with pytest.raises(BudgetExceeded, match="budget 2"):
+        ledger.debit(1, mech, unit="example", observer="server", count=100_000)
+    assert ledger.epsilon(1, unit="example", observer="server") == before
+    assert ledger.entries(1)[0].count == 100
+
+
+def test_charges_are_verifiable():
+    ledger, other = Ledger(), Ledger()
+    charge = ledger.debit(4, GaussianMechanism(noise_multiplier=2.0), unit="client", observer="server", round_id=3)
+    assert ledger.holds(charge)
+    assert not other.holds(charge)
+
+
+def test_json_report_and_state_round_trip(tmp_path):
+    ledger = Ledger(LedgerConfig(delta=1e-6, budgets=(Budget(PrivacyUnit.CLIENT, Observer.SERVER, 50.0),)))
+    ledger.debit(1, GaussianMechanism(noise_multiplier=1.3, sampling_rate=0.02, sensitivity=1.0),
+                 unit="example", observer="server", round_id=0, summary_key="dp-sgd", count=50)
+    ledger.debit(1, SkellamMechanism(l1_sensitivity=5e4, l2_sensitivity=500.0, variance=6e5, scale=500.0),
+                 unit="client", observer="server", round_id=0)
+    ledger.debit(2, SkellamMechanism(l1_sensitivity=5e4, l2_sensitivity=500.0, variance=6e5, sampling_rate=0.1),
+                 unit="client", observer="outsider", round_id=1)
+    ledger.record_model(1, round_id=0, model_digest="abc123")
+
+    path = ledger.write(tmp_path / "ledger.json")
+    report = json.loads(path.read_text())
+    entry = report["clients"]["1"]["entries"][0]
+    assert entry["mechanism"] == {"name": "gaussian", "noise_multiplier": 1.3, "sampling_rate": 0.02,
+                                  "sensitivity": 1.0, "neighbouring": "add_remove"}
+    assert entry["count"] == 50 and entry["rounds"] == [0] and entry["unit"] == "example"
+    assert entry["epsilon"] == pytest.approx(ledger.epsilon(1, unit="example", observer="server"))
+    assert set(report["clients"]["1"]["epsilon"]) == {"example/server", "client/server"}
+    assert report["clients"]["1"]["models"] == {"0": "abc123"}
+
+    state = json.loads(json.dumps(ledger.state_dict()))  # JSON-able, no pickle
+    restored = Ledger.from_state_dict(state)
+    assert restored.config == ledger.config
+    assert restored.report() == ledger.report()
+    restored.debit(2, SkellamMechanism(l1_sensitivity=5e4, l2_sensitivity=500.0, variance=6e5, sampling_rate=0.1),
+                   unit="client", observer="outsider", round_id=2)
+    assert restored.entries(2)[0].count == 2 and restored.entries(2)[0].rounds == (1, 2)
+
+
+def test_invalid_input_is_rejected():
+    with pytest.raises(ValueError):
+        GaussianMechanism(noise_multiplier=0.0)
+    with pytest.raises(ValueError):
+        GaussianMechanism(noise_multiplier=1.0, sampling_rate=0.5, neighbouring="replace_one")
+    with pytest.raises(ValueError):
+        Ledger().debit(1, GaussianMechanism(noise_multiplier=1.0), unit="user", observer="server")
+    with pytest.raises(TypeError):
+        Ledger().debit("1", GaussianMechanism(noise_multiplier=1.0), unit="client", observer="server")
+    with pytest.raises(ValueError):
+        Ledger.from_state_dict({"format": "something-else"})

@@ -1,0 +1,82 @@
+"""The CSPRNG-driven noise samplers match their target distributions (fixed keys: deterministic)."""
+import math
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from dp.samplers import CryptoRandom, discrete_gaussian, gaussian, poisson, skellam
+
+
+def _key(i: int) -> bytes:
+    return bytes([i]) * 32
+
+
+def _chi_square_pvalue(samples: np.ndarray, pmf, lo: int, hi: int) -> float:
+    """GOF on the bins lo..hi plus the two tails merged into the edge bins."""
+    ks = np.arange(lo, hi + 1)
+    clipped = np.clip(samples, lo, hi)
+    observed = np.array([(clipped == k).sum() for k in ks], dtype=float)
+    p = pmf(ks)
+    p[0] += pmf(np.arange(lo - 2000, lo)).sum()
+    p[-1] += pmf(np.arange(hi + 1, hi + 2000)).sum()
+    expected = p / p.sum() * samples.size
+    return stats.chisquare(observed, expected).pvalue
+
+
+@pytest.mark.parametrize("lam", [0.7, 4.0, 15.0, 250.0])
+def test_poisson_matches_pmf(lam):
+    x = poisson(lam, 200_000, CryptoRandom(_key(1)))
+    sd = math.sqrt(lam)
+    lo, hi = max(0, int(lam - 4 * sd)), int(lam + 4 * sd) + 1
+    assert _chi_square_pvalue(x, lambda k: stats.poisson.pmf(k, lam), lo, hi) > 1e-3
+
+
+@pytest.mark.parametrize("lam", [1e6, 1.7e15])
+def test_poisson_moments_for_huge_means(lam):
+    x = poisson(lam, 200_000, CryptoRandom(_key(2)))
+    assert abs(x.mean() - lam) < 5 * math.sqrt(lam / x.size)
+    assert x.var() / lam == pytest.approx(1.0, abs=0.02)
+
+
+def test_skellam_is_centred_with_variance_two_lambda():
+    lam = 1234.5
+    x = skellam(lam, 400_000, CryptoRandom(_key(3)))
+    assert abs(x.mean()) < 5 * math.sqrt(2 * lam / x.size)
+    assert x.var() / (2 * lam) == pytest.approx(1.0, abs=0.015)
+    assert x.dtype == np.int64
+
+
+@pytest.mark.parametrize("sigma", [0.8, 3.0, 20.0])
+def test_discrete_gaussian_matches_pmf(sigma):
+    x = discrete_gaussian(sigma, 200_000, CryptoRandom(_key(4)))
+    support = np.arange(-int(12 * sigma) - 5, int(12 * sigma) + 6)
+    norm = np.exp(-support.astype(float) ** 2 / (2 * sigma**2)).sum()
+
+    def pmf(k):
+        return np.exp(-np.asarray(k, dtype=float) ** 2 / (2 * sigma**2)) / norm
+
+    lim = int(4 * sigma) + 1
+    assert _chi_square_pvalue(x, pmf, -lim, lim) > 1e-3
+
+
+def test_float_gaussian_moments():
+    x = gaussian(2.5, 200_000, CryptoRandom(_key(5)))
+    assert abs(x.mean()) < 0.03
+    assert x.std() == pytest.approx(2.5, rel=0.01)
+
+
+def test_default_streams_are_fresh_and_fixed_keys_reproduce():
+    assert not np.array_equal(CryptoRandom().uniform(8), CryptoRandom().uniform(8))
+    assert np.array_equal(CryptoRandom(_key(6)).uniform(8), CryptoRandom(_key(6)).uniform(8))
+    u = CryptoRandom().uniform(10_000)
+    assert u.min() >= 0 and u.max() < 1
+
+
+def test_invalid_parameters_raise():
+    with pytest.raises(ValueError):
+        poisson(-1.0, 3, CryptoRandom())
+    with pytest.raises(ValueError):
+        discrete_gaussian(0.0, 3, CryptoRandom())
+    with pytest.raises(ValueError):
+        CryptoRandom(b"short")

@@ -111,20 +111,27 @@ class FixedPointEncoder:
         c = self.config.clip
         clipped = 0
         factor = weight * self.value_scale
+        v = np.empty(min(_CHUNK, max(d, 1)), dtype=np.float64)
         for s in range(0, d, _CHUNK):
-            chunk = x[s : s + _CHUNK].astype(np.float64)
+            chunk = x[s : s + _CHUNK]
+            n = chunk.shape[0]
             clipped += int(np.count_nonzero(np.abs(chunk) > c))
-            np.clip(chunk, -c, c, out=chunk)
-            chunk *= factor
-            out[1 + s : 1 + s + chunk.shape[0]] = self._round(chunk, rng)
+            vv = v[:n]
+            np.clip(chunk, -c, c, out=vv)
+            vv *= factor
+            out[1 + s : 1 + s + n] = self._round(vv, rng)
         return out, EncodeReport(clipped=clipped)
 
     def _round(self, v: np.ndarray, rng: "_RoundingStream") -> np.ndarray:
-        """Unbiased stochastic rounding of float64 v to the ring (uint32 representatives)."""
-        fl = np.floor(v)
-        v -= fl  # fractional part in [0, 1)
-        up = rng.uniform(v.shape[0]) < v
-        q = fl.astype(np.int64) + up
+        """Stochastic rounding of float64 v (overwritten) to ring representatives: floor(v + u).
+
+        With u uniform on [0, 1), floor(v + u) = ceil(v) with probability frac(v), so the rounding is
+        unbiased; u has 32 random bits, and |v| < 2^31 keeps at least 21 of them in the sum, so the
+        residual bias is below 2^-21 of one quantisation step.
+        """
+        v += rng.words(v.shape[0]) * (1.0 / 4294967296.0)
+        np.floor(v, out=v)
+        q = v.astype(np.int64)
         if self.ring.is_power_of_two:
             return q.astype(np.uint32)  # two's complement truncation is reduction mod 2^32
         return np.mod(q, self.ring.modulus).astype(np.uint32)
@@ -140,11 +147,14 @@ class FixedPointEncoder:
 
 
 class _RoundingStream:
-    """Uniform [0, 1) doubles from AES-CTR under a fresh OS-random key (32 random bits each)."""
+    """Uniform 32-bit words (or [0, 1) doubles) from AES-CTR under a fresh OS-random key."""
 
     def __init__(self) -> None:
         self._enc = Cipher(algorithms.AES(os.urandom(32)), modes.CTR(bytes(16))).encryptor()
 
+    def words(self, n: int) -> np.ndarray:
+        """n uniform 32-bit words."""
+        return np.frombuffer(self._enc.update(bytes(4 * n)), dtype=np.uint32)
+
     def uniform(self, n: int) -> np.ndarray:
-        words = np.frombuffer(self._enc.update(bytes(4 * n)), dtype=np.uint32)
-        return words * (1.0 / 4294967296.0)
+        return self.words(n) * (1.0 / 4294967296.0)

@@ -7,6 +7,7 @@ every secret held by that set, which is what a server unmasking many clients nee
 """
 from __future__ import annotations
 
+import math
 import secrets
 from collections.abc import Sequence
 
@@ -53,26 +54,37 @@ def split(secrets_: Sequence[int], *, xs: Sequence[int], threshold: int) -> list
         row = []
         for x in xs:
             acc = 0
-            for c in reversed(coeffs):  # Horner
-                acc = (acc * x + c) % PRIME
-            row.append(acc)
+            for c in reversed(coeffs):  # Horner; x is small, so reduce once at the end
+                acc = acc * x + c
+            row.append(acc % PRIME)
         out.append(row)
     return out
 
 
 def lagrange_at_zero(xs: Sequence[int]) -> list[int]:
-    """Coefficients l_j with f(0) = sum_j l_j f(x_j) for any polynomial of degree < len(xs)."""
+    """Coefficients l_j with f(0) = sum_j l_j f(x_j) for any polynomial of degree < len(xs).
+
+    l_j = prod_{m != j} x_m / (x_m - x_j) = P / (x_j * d_j) with P = prod x_m and
+    d_j = prod_{m != j} (x_m - x_j); the n inverses are batched into one (Montgomery's trick).
+    """
     if len(set(xs)) != len(xs):
         raise ValueError("share points must be distinct")
-    coeffs = []
-    for j, xj in enumerate(xs):
-        num, den = 1, 1
-        for m, xm in enumerate(xs):
-            if m != j:
-                num = num * xm % PRIME
-                den = den * (xm - xj) % PRIME
-        coeffs.append(num * pow(den, -1, PRIME) % PRIME)
-    return coeffs
+    total = math.prod(xs) % PRIME
+    dens = [xj * math.prod(xm - xj for xm in xs if xm != xj) % PRIME for xj in xs]
+    return [total * inv % PRIME for inv in _batch_inverse(dens)]
+
+
+def _batch_inverse(values: Sequence[int]) -> list[int]:
+    """Inverses of non-zero field elements with a single modular exponentiation."""
+    prefix = [1]
+    for v in values:
+        prefix.append(prefix[-1] * v % PRIME)
+    inv = pow(prefix[-1], -1, PRIME)
+    out = [0] * len(values)
+    for i in range(len(values) - 1, -1, -1):
+        out[i] = prefix[i] * inv % PRIME
+        inv = inv * values[i] % PRIME
+    return out
 
 
 def combine(xs: Sequence[int], shares: Sequence[Sequence[int]]) -> list[int]:

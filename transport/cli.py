@@ -40,6 +40,16 @@ def synthetic_input(client_id: int, round_id: int, length: int) -> np.ndarray:
     return v
 
 
+def float_input(dim: int, *, n_clients: int, ring: Ring) -> np.ndarray:
+    """What a trivial FL client uploads: a fresh uniform(-0.5, 0.5) float vector of `dim` values with
+    weight 100 (its example count), fixed-point encoded for the ring (length dim + 1)."""
+    from secagg.encoding import EncodingConfig, FixedPointEncoder
+
+    x = np.random.default_rng().uniform(-0.5, 0.5, dim).astype(np.float32)
+    enc = FixedPointEncoder(EncodingConfig(clip=8.0, max_weight=100.0, max_clients=n_clients), ring=ring)
+    return enc.encode(x, weight=100.0)[0]
+
+
 def synthetic_sum(client_ids: Iterable[int], round_id: int, length: int, *, ring: Ring = RING_2_32) -> np.ndarray:
     """The exact ring sum of the synthetic inputs of `client_ids`."""
     total = np.zeros(length, dtype=np.uint32)
@@ -88,7 +98,8 @@ def serve(args: argparse.Namespace) -> int:
             return 2
         failures = 0
         for round_id in range(1, args.rounds + 1):
-            protocol = server_cls(round_id=round_id, clients=sorted(driver.clients), length=args.dim, **params)
+            length = args.dim + 1 if args.float_input else args.dim
+            protocol = server_cls(round_id=round_id, clients=sorted(driver.clients), length=length, **params)
             try:
                 report = driver.run_round(protocol, stage_timeout=args.stage_timeout)
             except AbortError as exc:
@@ -114,7 +125,7 @@ def _round_line(args: argparse.Namespace, round_id: int, report: RoundReport, re
         "bytes_received": sum(report.bytes_received.values()), "bytes_sent": sum(report.bytes_sent.values()),
         "rejected": report.rejected,
     }
-    if args.check:
+    if args.check and not args.float_input:
         expected = synthetic_sum(res.contributors, round_id, args.dim, ring=ring)
         line["sum_ok"] = bool(np.array_equal(expected, res.ring_sum))
     return line
@@ -133,6 +144,8 @@ def client(args: argparse.Namespace) -> int:
             if args.drop_at_input and (args.drop_round is None or round_id == args.drop_round):
                 logging.getLogger(__name__).info("client %d drops before sending its input", cid)
                 raise SystemExit(3)  # a crash at the masked-input stage, for dropout tests
+            if args.float_input:
+                return float_input(args.dim, n_clients=args.max_clients, ring=registry.default_ring(args.protocol))
             return synthetic_input(cid, round_id, args.dim)
         return client_cls(client_id=cid, round_id=round_id, input_fn=input_fn, **params)
 
@@ -173,6 +186,7 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--param", action="append", default=[], metavar="NAME=VALUE")
     s.add_argument("--curve-dir", help="CurveZMQ keys from `keygen`: server secret + client allowlist")
     s.add_argument("--check", action="store_true", help="verify the exact sum of the synthetic inputs")
+    s.add_argument("--float-input", action="store_true", help="clients encode random float vectors (length dim + 1)")
     s.set_defaults(run=serve)
 
     c = sub.add_parser("client", help="answer a server's rounds over a DEALER socket")
@@ -186,6 +200,8 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--idle-timeout", type=float, default=600.0)
     c.add_argument("--drop-at-input", action="store_true", help="exit when asked for the (masked) input")
     c.add_argument("--drop-round", type=int, help="with --drop-at-input: only in this round")
+    c.add_argument("--float-input", action="store_true", help="encode a random float vector, as a trivial FL client")
+    c.add_argument("--max-clients", type=int, default=1000, help="with --float-input: the encoder's client bound")
     c.set_defaults(run=client)
 
     k = sub.add_parser("keygen", help="write CurveZMQ key pairs for a server and its clients")

@@ -1,0 +1,157 @@
+"""Side-by-side, in one run: our plain / SecAgg+ / SecAgg rounds (one process per client over
+tcp://127.0.0.1), Flower 1.42's SecAgg+ round in its own simulation runtime, and the physical floor
+of the mask work. Every client is a trivial FL client: a fresh uniform(-0.5, 0.5) float vector of
+d values with 100 examples, fixed-point encoded (our plain round encodes too, so the secure/plain
+ratio isolates the cost of security).
+
+    python benchmarks/secagg_vs_flower.py --clients 50 --dim 1000000 [--flower-secagg]
+
+The last line is
+    N=.. d=.. ours_plain_s=.. ours_secaggplus_s=.. ours_secagg_s=.. flower_secaggplus_s=.. mask_floor_s=..
+    overhead_vs_plain=.. overhead_vs_floor=.. speedup_vs_flower=..
+with overhead_vs_floor = (ours_secaggplus_s - ours_plain_s) / mask_floor_s. Round times are
+medians over rounds after the first (which pays connection set-up), like Flower's.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.mask_floor import mask_floor_seconds, secagg_plus_mask_count  # noqa: E402
+from secagg.encoding import EncodingConfig, FixedPointEncoder  # noqa: E402
+from secagg.protocols import registry  # noqa: E402
+from secagg.simulate import run_round  # noqa: E402
+
+
+def _loadavg() -> float:
+    try:
+        return float(Path("/proc/loadavg").read_text().split()[0])
+    except OSError:
+        return float("nan")
+
+
+def ours_tcp(*, protocol: str, clients: int, dim: int, rounds: int, params: dict[str, str]) -> dict:
+    """Server and `clients` client processes over loopback tcp; median round wall time after round 1."""
+    py = [sys.executable, "-m", "transport.cli"]
+    extra = [x for k, v in params.items() for x in ("--param", f"{k}={v}")]  # server-side parameters
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    with tempfile.TemporaryDirectory() as tmp:
+        ep_file = Path(tmp) / "endpoint"
+        server = subprocess.Popen(py + ["server", "--protocol", protocol, "--clients", str(clients), "--dim", str(dim),
+                                        "--port", "0", "--endpoint-file", str(ep_file), "--rounds", str(rounds),
+                                        "--float-input", "--stage-timeout", "120", "--register-timeout", "300", *extra],
+                                  cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        deadline = time.monotonic() + 60
+        while not ep_file.exists() or not ep_file.read_text():
+            if time.monotonic() > deadline or server.poll() is not None:
+                server.kill()
+                raise RuntimeError("our server did not start")
+            time.sleep(0.05)
+        endpoint = ep_file.read_text().strip()
+        procs = [subprocess.Popen(py + ["client", "--id", str(i), "--connect", endpoint, "--dim", str(dim),
+                                        "--protocol", protocol, "--float-input", "--max-clients", str(clients)],
+                                  cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                 for i in range(1, clients + 1)]
+        try:
+            out, _ = server.communicate(timeout=1800)
+        finally:
+            for p in procs:
+                try:
+                    p.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+    lines = [json.loads(l) for l in out.splitlines() if l.startswith("{")]
+    done = [l for l in lines if l.get("event") == "round"]
+    if len(done) != rounds or any(len(l["contributors"]) != clients for l in done):
+        raise RuntimeError(f"our {protocol} run did not complete all rounds: {lines[-3:]}")
+    measured = done[1:] if rounds > 1 else done
+    stages = {k: statistics.median(l["stage_seconds"][k] for l in measured) for k in measured[0]["stage_seconds"]}
+    per_client = statistics.median(l["bytes_received"] for l in measured) / clients
+    return {"round_s": statistics.median(l["round_seconds"] for l in measured), "stages": stages,
+            "bytes_per_param": per_client / dim}
+
+
+def ours_in_process(*, protocol: str, clients: int, dim: int, params: dict, repeats: int = 2) -> float:
+    """All parties in this process (in-memory driver), clients run one after another on one core."""
+    ring = registry.default_ring(protocol)
+    enc = FixedPointEncoder(EncodingConfig(clip=8.0, max_weight=100.0, max_clients=clients), ring=ring)
+    rng = np.random.default_rng(0)
+    times = []
+    for r in range(repeats):
+        xs = {c: rng.uniform(-0.5, 0.5, dim).astype(np.float32) for c in range(1, clients + 1)}
+        server = registry.server_class(protocol)(round_id=r + 1, clients=list(xs), length=dim + 1, **params)
+        cls = registry.client_class(protocol)
+        cl = {c: cls(client_id=c, round_id=r + 1, input_fn=lambda x=x: enc.encode(x, weight=100.0)[0]) for c, x in xs.items()}
+        t0 = time.perf_counter()
+        run_round(server, cl)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--clients", type=int, default=50)
+    ap.add_argument("--dim", type=int, default=1_000_000)
+    ap.add_argument("--rounds", type=int, default=4, help="rounds per run; the first is discarded")
+    ap.add_argument("--degree", type=int, default=10, help="SecAgg+ neighbours (Flower's num_shares k = degree + 1)")
+    ap.add_argument("--flower-secagg", action="store_true", help="also time Flower's full SecAgg (minutes per round)")
+    ap.add_argument("--skip-flower", action="store_true")
+    args = ap.parse_args(argv)
+    if args.clients < 3 or args.dim < 1 or args.rounds < 1:
+        raise SystemExit("need --clients >= 3, --dim >= 1, --rounds >= 1")
+    N, d = args.clients, args.dim
+    plus_params = {"degree": str(args.degree)}
+    print(f"load average at start: {_loadavg():.2f} (2 cores)", flush=True)
+
+    ours = {}
+    for name, proto, params in (("plain", "plain", {}), ("secagg+", "secagg+", plus_params), ("secagg", "secagg", {})):
+        ours[name] = ours_tcp(protocol=proto, clients=N, dim=d, rounds=args.rounds, params=params)
+        stages = ", ".join(f"{k} {v:.3f}" for k, v in ours[name]["stages"].items())
+        print(f"ours {name:8s} tcp round {ours[name]['round_s']:.3f} s  [{stages}]  "
+              f"{ours[name]['bytes_per_param']:.3f} B/param uploaded  load {_loadavg():.2f}", flush=True)
+    inproc = {name: ours_in_process(protocol=name, clients=N, dim=d, params=({"degree": args.degree} if name == "secagg+" else {}))
+              for name in ("plain", "secagg+")}
+    floor = mask_floor_seconds(clients=N, degree=args.degree, length=d + 1)
+    n_masks = secagg_plus_mask_count(clients=N, degree=args.degree)
+    print(f"ours in-process (one core): plain {inproc['plain']:.3f} s, secagg+ {inproc['secagg+']:.3f} s; "
+          f"mask floor {floor:.3f} s for {n_masks} masks; in-process overhead_vs_floor "
+          f"{(inproc['secagg+'] - inproc['plain']) / floor:.2f}", flush=True)
+
+    flower_plus = flower_secagg = float("nan")
+    if not args.skip_flower:
+        from benchmarks.flower_baseline import flower_is_installed, measure_flower
+
+        if flower_is_installed():
+            fl = measure_flower(clients=N, dim=d, protocol="secagg+", num_shares=args.degree + 1, rounds=max(args.rounds - 1, 1))
+            flower_plus = fl["round_s"]
+            print(f"flower secagg+ round {flower_plus:.3f} s (cpu {fl.get('cpu_s', float('nan')):.2f} s, "
+                  f"runtime {fl.get('runtime')})  load {_loadavg():.2f}", flush=True)
+            if args.flower_secagg:
+                fs = measure_flower(clients=N, dim=d, protocol="secagg", rounds=1)
+                flower_secagg = fs["round_s"]
+                print(f"flower secagg round {flower_secagg:.3f} s; ours {ours['secagg']['round_s']:.3f} s; "
+                      f"secagg_speedup_vs_flower={flower_secagg / ours['secagg']['round_s']:.2f}", flush=True)
+        else:
+            print("flower not installed: run `make bench-flower` for the Flower columns", flush=True)
+
+    p, s, f = ours["plain"]["round_s"], ours["secagg+"]["round_s"], ours["secagg"]["round_s"]
+    print(f"N={N} d={d} ours_plain_s={p:.3f} ours_secaggplus_s={s:.3f} ours_secagg_s={f:.3f} "
+          f"flower_secaggplus_s={flower_plus:.3f} mask_floor_s={floor:.3f} overhead_vs_plain={s / p:.2f} "
+          f"overhead_vs_floor={(s - p) / floor:.2f} speedup_vs_flower={flower_plus / s:.2f}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

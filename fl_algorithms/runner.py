@@ -65,13 +65,14 @@ class RoundRecord:
 class SimulationRunner:
     def __init__(self, *, algorithm: Algorithm, trainers: Mapping[int, LocalTrainer], config: RunConfig,
                  initial: Mapping[str, np.ndarray] | None = None,
-                 on_round: Callable[[RoundRecord], None] | None = None) -> None:
+                 on_round: Callable[[RoundRecord], None] | None = None, ledger=None, transcript=None) -> None:
         if not trainers:
             raise ValueError("no clients")
         if any(c <= 0 for c in trainers):
             raise ValueError("client ids must be positive")
         self.algorithm, self.trainers, self.config = algorithm, dict(trainers), config
-        self.aggregator = SecureAggregator(config.secure)
+        self.ledger = ledger
+        self.aggregator = SecureAggregator(config.secure, ledger=ledger, transcript=transcript)
         first = next(iter(self.trainers.values()))
         self.initial = dict(initial) if initial is not None else first.get_shared()
         self.on_round = on_round
@@ -97,6 +98,9 @@ class SimulationRunner:
         torch.save({"clients": self.client_states, "trainers": {c: t.state_dict() for c, t in self.trainers.items()},
                     "rng": self.rng.bit_generator.state}, tmp / "clients.pt")
         (tmp / "history.json").write_text(json.dumps([asdict(r) for r in self.history]))
+        if self.ledger is not None:
+            torch.save(self.ledger.state_dict(), tmp / "ledger.pt")
+            self.ledger.write(tmp / "ledger.json")
         final = root / "latest"
         old = root / ".old"
         if old.exists():
@@ -123,6 +127,8 @@ class SimulationRunner:
         for c, st in blob["trainers"].items():
             self.trainers[c].load_state_dict(st)
         self.rng.bit_generator.state = blob["rng"]
+        if self.ledger is not None and (final / "ledger.pt").exists():
+            self.ledger.load_state_dict(torch.load(final / "ledger.pt", weights_only=False))
         raw = json.loads((final / "history.json").read_text())
         self.history = [RoundRecord(**{**r, "metrics": {int(k): v for k, v in r["metrics"].items()},
                                        "bytes_uploaded": {int(k): v for k, v in r["bytes_uploaded"].items()}})

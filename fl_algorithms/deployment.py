@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from fl_algorithms.api import ClientContext
-from fl_algorithms.runner import RoundRecord, RunConfig
+from fl_algorithms.runner import RoundRecord, RunConfig, sample_cohort
 from fl_algorithms.secure_aggregation import Layout, SecureAggregator, build_view
 from fl_algorithms.task import Task
 from secagg.messages import Bytes, Message, ProtocolError, Schema
@@ -107,18 +107,12 @@ class DeployedServer:
         with np.load(root / "state.npz") as z:
             self.state = {k: z[k] for k in z.files}
         meta = json.loads((root / "meta.json").read_text())
-        self.history = [RoundRecord(**{**r, "metrics": {int(k): v for k, v in r["metrics"].items()},
-                                       "bytes_uploaded": {int(k): v for k, v in r["bytes_uploaded"].items()}})
-                        for r in meta["history"]]
+        self.history = [RoundRecord.from_json(r) for r in meta["history"]]
         self.rng.bit_generator.state = meta["rng"]
         return True
 
     def sample(self) -> list[int]:
-        ids = sorted(self.driver.clients)
-        k = self.config.clients_per_round
-        if k is None or k >= len(ids):
-            return ids
-        return sorted(int(c) for c in self.rng.choice(ids, size=k, replace=False))
+        return sample_cohort(self.rng, self.driver.clients, self.config.clients_per_round)
 
     def run_round(self, t: int) -> RoundRecord:
         t0 = time.perf_counter()

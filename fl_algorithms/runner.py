@@ -12,7 +12,7 @@ import os
 import secrets
 import shutil
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -60,6 +60,20 @@ class RoundRecord:
     def mean(self, key: str) -> float:
         vals = [m[key] for m in self.metrics.values() if key in m]
         return float(np.mean(vals)) if vals else float("nan")
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any]) -> "RoundRecord":
+        """Inverse of dataclasses.asdict after a JSON round trip (client ids come back as strings)."""
+        return cls(**{**raw, "metrics": {int(k): v for k, v in raw["metrics"].items()},
+                      "bytes_uploaded": {int(k): v for k, v in raw["bytes_uploaded"].items()}})
+
+
+def sample_cohort(rng: np.random.Generator, clients: Iterable[int], size: int | None) -> list[int]:
+    """A uniformly random cohort of `size` clients (all of them if size is None or too large)."""
+    ids = sorted(clients)
+    if size is None or size >= len(ids):
+        return ids
+    return sorted(int(c) for c in rng.choice(ids, size=size, replace=False))
 
 
 class SimulationRunner:
@@ -130,18 +144,12 @@ class SimulationRunner:
         if self.ledger is not None and (final / "ledger.pt").exists():
             self.ledger.load_state_dict(torch.load(final / "ledger.pt", weights_only=False))
         raw = json.loads((final / "history.json").read_text())
-        self.history = [RoundRecord(**{**r, "metrics": {int(k): v for k, v in r["metrics"].items()},
-                                       "bytes_uploaded": {int(k): v for k, v in r["bytes_uploaded"].items()}})
-                        for r in raw]
+        self.history = [RoundRecord.from_json(r) for r in raw]
         return True
 
     # ---- rounds -------------------------------------------------------------------------------
     def sample(self) -> list[int]:
-        ids = sorted(self.trainers)
-        k = self.config.clients_per_round
-        if k is None or k >= len(ids):
-            return ids
-        return sorted(int(c) for c in self.rng.choice(ids, size=k, replace=False))
+        return sample_cohort(self.rng, self.trainers, self.config.clients_per_round)
 
     def run_round(self, t: int) -> RoundRecord:
         t0 = time.perf_counter()

@@ -42,8 +42,11 @@ def _loadavg() -> float:
         return float("nan")
 
 
-def ours_tcp(*, protocol: str, clients: int, dim: int, rounds: int, params: dict[str, str]) -> dict:
-    """Server and `clients` client processes over loopback tcp; median round wall time after round 1."""
+def ours_tcp(*, protocol: str, clients: int, dim: int, rounds: int, params: dict[str, str], dropouts: int = 0) -> dict:
+    """Server and `clients` client processes over loopback tcp; median round wall time after round 1.
+
+    With `dropouts`, that many clients crash at the masked-input stage of the last round.
+    """
     py = [sys.executable, "-m", "transport.cli"]
     extra = [x for k, v in params.items() for x in ("--param", f"{k}={v}")]  # server-side parameters
     env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
@@ -60,8 +63,10 @@ def ours_tcp(*, protocol: str, clients: int, dim: int, rounds: int, params: dict
                 raise RuntimeError("our server did not start")
             time.sleep(0.05)
         endpoint = ep_file.read_text().strip()
+        drop = ["--drop-at-input", "--drop-round", str(rounds)]
         procs = [subprocess.Popen(py + ["client", "--id", str(i), "--connect", endpoint, "--dim", str(dim),
-                                        "--protocol", protocol, "--float-input", "--max-clients", str(clients)],
+                                        "--protocol", protocol, "--float-input", "--max-clients", str(clients),
+                                        *(drop if i > clients - dropouts else [])],
                                   cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                  for i in range(1, clients + 1)]
         try:
@@ -74,7 +79,8 @@ def ours_tcp(*, protocol: str, clients: int, dim: int, rounds: int, params: dict
                     p.kill()
     lines = [json.loads(l) for l in out.splitlines() if l.startswith("{")]
     done = [l for l in lines if l.get("event") == "round"]
-    if len(done) != rounds or any(len(l["contributors"]) != clients for l in done):
+    expected = [clients] * (rounds - 1) + [clients - dropouts]
+    if [len(l["contributors"]) for l in done] != expected:
         raise RuntimeError(f"our {protocol} run did not complete all rounds: {lines[-3:]}")
     measured = done[1:] if rounds > 1 else done
     stages = {k: statistics.median(l["stage_seconds"][k] for l in measured) for k in measured[0]["stage_seconds"]}

@@ -6,6 +6,7 @@ torch trainer keeps the model, the data and (optionally) the client's DP-SGD acc
 """
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -137,10 +138,18 @@ class TorchTrainer:
             return self.metric_fn(self.model, self.eval_batches[split]())
 
     def state_dict(self) -> dict[str, Any]:
-        return {"model": {k: v.detach().clone() for k, v in self.model.state_dict().items()},
-                "optimizer": self._optimizer.state_dict() if self._optimizer is not None else None}
+        """Trainable parameters and optimiser state only (copies): frozen weights are not client
+        state and would make every checkpoint as large as the backbone."""
+        return {"trainable": {n: p.detach().clone() for n, p in self.model.named_parameters() if p.requires_grad},
+                "optimizer": copy.deepcopy(self._optimizer.state_dict()) if self._optimizer is not None else None}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        self.model.load_state_dict(state["model"])
+        named = dict(self.model.named_parameters())
+        missing = set(state["trainable"]) - set(named)
+        if missing:
+            raise KeyError(f"checkpoint has parameters the model lacks: {sorted(missing)[:5]}")
+        with torch.no_grad():
+            for n, t in state["trainable"].items():
+                named[n].copy_(t)
         if state.get("optimizer") is not None:
-            self.optimizer().load_state_dict(state["optimizer"])
+            self.optimizer().load_state_dict(copy.deepcopy(state["optimizer"]))

@@ -294,11 +294,11 @@ class BagTrainer(TorchTrainer):
         self.set_shared(task.initial)
 
     def train(self, *, epochs: int, proximal: Mapping[str, np.ndarray] | None = None,
-              mu: float = 0.0) -> dict[str, float]:
+              mu: float = 0.0, round: int | None = None) -> dict[str, float]:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(int(np.random.SeedSequence([self.seed, self.client_id, self.calls]).generate_state(1)[0]))
             self.calls += 1
-            return super().train(epochs=epochs, proximal=proximal, mu=mu)
+            return super().train(epochs=epochs, proximal=proximal, mu=mu, round=round)
 
 
 def build_trainers(task: FrontierTask) -> dict[int, BagTrainer]:

@@ -187,11 +187,12 @@ class CachedTextTrainer(TorchTrainer):
             optimizer=OptimizerConfig(name="adamw", lr=config.lr, weight_decay=config.weight_decay),
         )
 
-    def train(self, *, epochs: int, proximal: Mapping[str, np.ndarray] | None = None, mu: float = 0.0) -> dict[str, float]:
+    def train(self, *, epochs: int, proximal: Mapping[str, np.ndarray] | None = None, mu: float = 0.0,
+              round: int | None = None) -> dict[str, float]:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(int(np.random.SeedSequence([self.seed, self.client_id, self.calls]).generate_state(1)[0]))
             self.calls += 1
-            return super().train(epochs=epochs, proximal=proximal, mu=mu)
+            return super().train(epochs=epochs, proximal=proximal, mu=mu, round=round)
 
     def state_dict(self) -> dict[str, Any]:
         return {"trainable": {n: p.detach().clone() for n, p in self.model.named_parameters() if p.requires_grad},

@@ -197,17 +197,9 @@ def run_setting(setting: Setting, task: FrontierTask, cfg: FrontierConfig, *, pr
     runner = SimulationRunner(algorithm=FedAvg(local_epochs=cfg.local_epochs), trainers=trainers, config=run,
                               initial=task.initial, ledger=ledger, transcript=transcript)
     dim = sum(v.size for v in task.initial.values())
-    population = sorted(task.clients)
 
     def on_round(rec: RoundRecord) -> None:
-        if ddp is not None and ddp.sampling_rate < 1:
-            # Outsider amplification charges every client every round, sampled or not. The secure layer
-            # charges only the cohort (it is not told the population): charge the others here.
-            plan = runner.aggregator.ddp_encoder(dim).plan
-            others = sorted(set(population) - set(rec.contributors))
-            ledger.debit_many(others, plan.mechanism(Observer.OUTSIDER), unit=PrivacyUnit.CLIENT,
-                              observer=Observer.OUTSIDER, round_id=rec.round, summary_key="model-update")
-        elif ddp is None and not setting.dpsgd:
+        if ddp is None and not setting.dpsgd:
             seen = ("plaintext upload: the server reads the client's update" if setting.protocol == "plain"
                     else "secure sum without noise: the server reads the cohort's exact sum")
             for observer, reason in ((Observer.SERVER, seen),

@@ -23,7 +23,8 @@ class DPTorchTrainer(TorchTrainer):
         self.per_example_loss, self.collate_fn = per_example_loss, collate_fn
         self._round = 0
 
-    def train(self, *, epochs: int, proximal: Mapping[str, np.ndarray] | None = None, mu: float = 0.0) -> dict[str, float]:
+    def train(self, *, epochs: int, proximal: Mapping[str, np.ndarray] | None = None, mu: float = 0.0,
+              round: int | None = None) -> dict[str, float]:
         if proximal is not None and mu > 0:
             raise NotImplementedError("FedProx's proximal term is not combined with DP-SGD here; use FedAvg or FedOPT")
         if epochs != self.dp_client.config.local_epochs:
@@ -32,7 +33,8 @@ class DPTorchTrainer(TorchTrainer):
         self._round += 1
         report = self.dp_client.train_round(
             model=self.model, optimizer_factory=lambda ps: self.optimizer_config.build(ps), dataset=self.train_dataset,
-            loss_fn=self.per_example_loss, round_id=self._round, collate_fn=self.collate_fn)
+            loss_fn=self.per_example_loss, round_id=round if round is not None else self._round,
+            collate_fn=self.collate_fn)
         return {"train_loss": report.mean_loss, "steps": float(report.steps), "epsilon": report.epsilon,
                 "noise_multiplier": report.noise_multiplier}
 

@@ -35,7 +35,7 @@ class FedAvg(Algorithm[State]):
         return params_of(state)
 
     def local_train(self, *, broadcast: Mapping[str, np.ndarray], client: ClientContext) -> dict[str, float]:
-        return client.trainer.train(epochs=self.local_epochs)
+        return client.trainer.train(epochs=self.local_epochs, round=client.round)
 
     def client_update(self, *, broadcast: Mapping[str, np.ndarray], client: ClientContext) -> tuple[Upload, Mapping[str, Any]]:
         trainer = client.trainer

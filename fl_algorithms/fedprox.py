@@ -22,4 +22,4 @@ class FedProx(FedAvg):
         self.mu = mu
 
     def local_train(self, *, broadcast: Mapping[str, np.ndarray], client: ClientContext) -> dict[str, float]:
-        return client.trainer.train(epochs=self.local_epochs, proximal=broadcast, mu=self.mu)
+        return client.trainer.train(epochs=self.local_epochs, proximal=broadcast, mu=self.mu, round=client.round)

@@ -24,7 +24,7 @@ class Local(Algorithm[State]):
         return {}
 
     def client_update(self, *, broadcast, client: ClientContext) -> tuple[Upload, Mapping[str, Any]]:
-        metrics = client.trainer.train(epochs=self.local_epochs)
+        metrics = client.trainer.train(epochs=self.local_epochs, round=client.round)
         return Upload(metrics=metrics), client.state
 
     def server_update(self, *, state: State, view: AggregateView) -> State:

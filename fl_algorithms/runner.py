@@ -165,7 +165,7 @@ class SimulationRunner:
         contributors = cohort
         if any(u.masked or u.released for u in uploads.values()):
             view = self.aggregator.aggregate(round=t, uploads=uploads, drop_at={"masked": drops} if drops else None,
-                                             stats=stats)
+                                             stats=stats, population=sorted(self.trainers))
             self.state = self.algorithm.server_update(state=self.state, view=view)
             contributors = sorted(view.contributors)
         metrics = {}

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -128,8 +128,12 @@ class SecureAggregator:
         return out
 
     def aggregate(self, *, round: int, uploads: Mapping[int, Upload], drop_at: Mapping[str, set[int]] | None = None,
-                  stats: SecureRoundStats | None = None) -> AggregateView:
-        """Secure-sum the uploads of one round (simulation: all parties in this process)."""
+                  stats: SecureRoundStats | None = None, population: Iterable[int] | None = None) -> AggregateView:
+        """Secure-sum the uploads of one round (simulation: all parties in this process).
+
+        `population` (default: this round's cohort) is every client that could have been sampled:
+        with distributed DP amplified by sampling, all of them are charged against outsiders.
+        """
         if not uploads:
             raise ValueError("no uploads to aggregate")
         layout = Layout.of(next(iter(uploads.values())))
@@ -160,7 +164,8 @@ class SecureAggregator:
         if ddp:
             released_sum = self.ddp_encoder(sum(n for _, n in layout.parts)).release(
                 result.ring_sum, round_seed=self.rotation_seed(round), round_id=round,
-                contributors=result.contributors, ledger=self.ledger, population=uploads.keys())
+                contributors=result.contributors, ledger=self.ledger,
+                population=sorted(population) if population is not None else sorted(uploads))
             groups, start = {}, 0
             for name, n in layout.parts:
                 groups[name] = GroupAggregate(mean=np.asarray(released_sum.payload[start:start + n]),

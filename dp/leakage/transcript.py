@@ -195,7 +195,8 @@ class Transcript:
                         meta: Mapping[str, Any] | None = None) -> None:
         """A DP release (noisy payload plus its JSON-able description)."""
         t, c = _round(round), _client(client_id)
-        vec = np.array(_vector(payload), copy=True)
+        vec = _vector(payload)
+        vec = np.array(vec, dtype=self.dtype or vec.dtype, copy=True)
         vec.setflags(write=False)
         meta = json.loads(json.dumps(dict(meta or {})))  # must be JSON-able; detaches from caller
         slot = self._released.setdefault((t, str(name)), {})

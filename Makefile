@@ -26,7 +26,7 @@ $(STAMP): pyproject.toml constraints.txt
 	touch $(STAMP)
 
 demo: install
-	$(VPY) examples/secagg_demo.py --clients 8 --dim 100000 --protocol secagg+ --dropout 1
+	$(VPY) examples/fedmcp_secure.py
 
 test: install
 	$(VPY) -m pytest tests

@@ -103,7 +103,7 @@ class FedMCPTrainer(Protocol):
     def get_shared(self) -> dict[str, np.ndarray]: ...
     def set_shared(self, params: Mapping[str, np.ndarray]) -> None: ...
     def load_adapter_set(self, name: str, vector: np.ndarray) -> None: ...
-    def fit(self, *, epochs: int, objective: Any) -> dict[str, float]: ...
+    def fit(self, *, epochs: int, objective: Any, round: int | None = None) -> dict[str, float]: ...
 
 
 def contrastive_loss(global_rep: torch.Tensor, private_rep: torch.Tensor, averaged_rep: torch.Tensor) -> torch.Tensor:
@@ -164,6 +164,6 @@ class FedMCP(FedAvg):
         averaged = broadcast[GLOBAL_PART]
         trainer.set_shared({GLOBAL_PART: averaged})           # A_g <- A_g^t
         trainer.load_adapter_set(REFERENCE, averaged)         # Z's adapter, fixed for the round
-        metrics = trainer.fit(epochs=self.local_epochs, objective=self.objective)
+        metrics = trainer.fit(epochs=self.local_epochs, objective=self.objective, round=client.round)
         delta = trainer.get_shared()[GLOBAL_PART] - averaged  # only A_g leaves the client, masked
         return Upload(masked={GLOBAL_PART: Masked(delta, weight=trainer.num_examples)}, metrics=metrics), client.state

@@ -29,8 +29,8 @@ class RepresentationTrainer(Protocol):
 
     def get_shared(self) -> dict[str, np.ndarray]: ...
     def set_shared(self, params: Mapping[str, np.ndarray]) -> None: ...
-    def train_head(self, *, epochs: int) -> dict[str, float]: ...
-    def train_body(self, *, epochs: int) -> dict[str, float]: ...
+    def train_head(self, *, epochs: int, round: int | None = None) -> dict[str, float]: ...
+    def train_body(self, *, epochs: int, round: int | None = None) -> dict[str, float]: ...
 
 
 class FedRep(FedAvg):
@@ -45,8 +45,8 @@ class FedRep(FedAvg):
     def client_update(self, *, broadcast: Mapping[str, np.ndarray], client: ClientContext) -> tuple[Upload, Mapping[str, Any]]:
         trainer: RepresentationTrainer = client.trainer
         trainer.set_shared(broadcast)                                  # phi <- phi^t
-        head = trainer.train_head(epochs=self.head_epochs)             # h_i with phi frozen
-        body = trainer.train_body(epochs=self.body_epochs)             # phi_i with h_i frozen
+        head = trainer.train_head(epochs=self.head_epochs, round=client.round)  # h_i with phi frozen
+        body = trainer.train_body(epochs=self.body_epochs, round=client.round)  # phi_i with h_i frozen
         new = trainer.get_shared()
         deltas = {part: Masked(new[part] - broadcast[part], weight=trainer.num_examples) for part in broadcast}
         metrics = {**{f"head_{k}": v for k, v in head.items()}, **{f"body_{k}": v for k, v in body.items()}}

@@ -225,7 +225,20 @@ def make_head(hidden: int, num_labels: int, *, mlp_hidden: int | None, seed: int
         return SequenceClassifier(hidden, num_labels, dropout=0.1, mlp_hidden=mlp_hidden)
 
 
-class AdapterClassifier(nn.Module):
+class _HeadsAndLabels(nn.Module):
+    """Shared by the model variants: named heads over a pooled representation; labels are batch[2]."""
+
+    heads: nn.ModuleDict
+
+    def classify(self, head: str, representation: torch.Tensor) -> torch.Tensor:
+        return self.heads[head](None, representation)
+
+    @staticmethod
+    def labels(batch: Sequence[torch.Tensor]) -> torch.Tensor:
+        return batch[2]
+
+
+class AdapterClassifier(_HeadsAndLabels):
     """Adapted top layers + named heads over cached prefix states; the FedMCP ``AdapterModel``."""
 
     def __init__(self, top: TopEncoder, heads: Mapping[str, nn.Module], *, bf16: bool = False):
@@ -248,15 +261,8 @@ class AdapterClassifier(nn.Module):
             self.timer["forward " + "+".join(sorted(mixing))] += time.perf_counter() - start
         return pooled
 
-    def classify(self, head: str, representation: torch.Tensor) -> torch.Tensor:
-        return self.heads[head](None, representation)
 
-    @staticmethod
-    def labels(batch: Sequence[torch.Tensor]) -> torch.Tensor:
-        return batch[2]
-
-
-class FullModel(nn.Module):
+class FullModel(_HeadsAndLabels):
     """A whole (trainable) backbone + one head over token ids: FedAvg with full fine-tuning."""
 
     def __init__(self, classifier: TextClassifier, *, bf16: bool = False):
@@ -274,13 +280,6 @@ class FullModel(nn.Module):
         if self.training:
             self.timer["forward full backbone"] += time.perf_counter() - start
         return pooled
-
-    def classify(self, head: str, representation: torch.Tensor) -> torch.Tensor:
-        return self.heads[head](None, representation)
-
-    @staticmethod
-    def labels(batch: Sequence[torch.Tensor]) -> torch.Tensor:
-        return batch[2]
 
 
 class CrossEntropyObjective:

@@ -32,9 +32,9 @@ from torch.nn import functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.data import Dataset, TensorDataset
 
-from fl_algorithms.fedmcp import (FULL_MODEL, GLOBAL, GLOBAL_PART, HEAD_FULL, HEAD_GLOBAL, PRIVATE, REFERENCE,
+from fl_algorithms.algorithms.fedmcp import (FULL_MODEL, GLOBAL, GLOBAL_PART, HEAD_FULL, HEAD_GLOBAL, PRIVATE, REFERENCE,
                                   LossTerms)
-from fl_algorithms.trainer import flatten, unflatten_
+from fl_algorithms.training.trainer import flatten, unflatten_
 from nlp_models.adapters import (_encoder_layers, active, attach_adapters, flatten_set, load_set_, set_parameters,
                                  set_trainable_sets)
 from nlp_models.data.dataset import DatasetSplits, TextDataset, cap, train_validation_test

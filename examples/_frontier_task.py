@@ -35,8 +35,8 @@ from torch.utils.data import Dataset
 
 from dp.ledger import Ledger
 from dp.opacus_client import DPSGDConfig, OpacusClient
-from fl_algorithms.dp_trainer import DPTorchTrainer
-from fl_algorithms.trainer import OptimizerConfig, TorchTrainer
+from fl_algorithms.training.dp_trainer import DPTorchTrainer
+from fl_algorithms.training.trainer import OptimizerConfig, TorchTrainer
 from nlp_models.data.loaders import load_rt_sentiment
 from nlp_models.data.partition import client_splits, natural_partition
 

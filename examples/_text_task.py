@@ -30,7 +30,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from fl_algorithms.trainer import OptimizerConfig, TorchTrainer
+from fl_algorithms.training.trainer import OptimizerConfig, TorchTrainer
 from nlp_models.adapters import _encoder_layers, attach_adapters
 from nlp_models.data.partition import ClientSplit
 from nlp_models.frozen_prefix import PrefixCache, suffix_forward

@@ -66,13 +66,13 @@ from tqdm.auto import tqdm  # noqa: E402
 from _fedmcp_task import (BASELINE_MODEL, FEDMCP_MODEL, LOCAL_MODEL, AdapterTrainer, ClientData,  # noqa: E402
                           FullFineTuneTrainer, TopEncoder, TrainConfig, build_client_data, load_client_splits,
                           fast_bf16, make_head)
-from fl_algorithms.fedavg import FedAvg  # noqa: E402
-from fl_algorithms.fedmcp import FedMCP  # noqa: E402
-from fl_algorithms.fedrep import FedRep  # noqa: E402
-from fl_algorithms.local import Local  # noqa: E402
-from fl_algorithms.results import write_results  # noqa: E402
-from fl_algorithms.runner import RoundRecord, RunConfig, SimulationRunner  # noqa: E402
-from fl_algorithms.secure_aggregation import SecureAggregationConfig  # noqa: E402
+from fl_algorithms.algorithms.fedavg import FedAvg  # noqa: E402
+from fl_algorithms.algorithms.fedmcp import FedMCP  # noqa: E402
+from fl_algorithms.algorithms.fedrep import FedRep  # noqa: E402
+from fl_algorithms.algorithms.local import Local  # noqa: E402
+from fl_algorithms.experiments.results import write_results  # noqa: E402
+from fl_algorithms.engine.sim import RoundRecord, RunConfig, SimulationRunner  # noqa: E402
+from fl_algorithms.engine.secure_sum import SecureAggregationConfig  # noqa: E402
 from secagg.protocols import registry  # noqa: E402
 
 METHODS = ("fedmcp", "fedavg_peft", "local", "fedrep", "fedavg_full")

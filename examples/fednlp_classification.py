@@ -68,12 +68,12 @@ import torch  # noqa: E402
 
 from _text_task import TextTaskConfig, build_text_trainers, prefix_split  # noqa: E402
 from fl_algorithms.api import Algorithm  # noqa: E402
-from fl_algorithms.fedavg import FedAvg  # noqa: E402
-from fl_algorithms.fedopt import FedOpt  # noqa: E402
-from fl_algorithms.fedprox import FedProx  # noqa: E402
-from fl_algorithms.results import write_results  # noqa: E402
-from fl_algorithms.runner import RoundRecord, RunConfig, SimulationRunner  # noqa: E402
-from fl_algorithms.secure_aggregation import SecureAggregationConfig, SecureAggregator  # noqa: E402
+from fl_algorithms.algorithms.fedavg import FedAvg  # noqa: E402
+from fl_algorithms.algorithms.fedopt import FedOpt  # noqa: E402
+from fl_algorithms.algorithms.fedprox import FedProx  # noqa: E402
+from fl_algorithms.experiments.results import write_results  # noqa: E402
+from fl_algorithms.engine.sim import RoundRecord, RunConfig, SimulationRunner  # noqa: E402
+from fl_algorithms.engine.secure_sum import SecureAggregationConfig, SecureAggregator  # noqa: E402
 from nlp_models.data.dataset import TextDataset  # noqa: E402
 from nlp_models.data.loaders import load_bbc_news  # noqa: E402
 from nlp_models.data.partition import PartitionError, client_splits, dirichlet_label_skew  # noqa: E402

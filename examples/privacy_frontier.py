@@ -88,10 +88,10 @@ from dp.leakage import (LeakageReport, Transcript, attribute_tokens, loss_thresh
                         recover_tokens, recoverable_clients, score_attribution, score_tokens)
 from dp.ledger import Ledger, LedgerConfig, NonPrivateMechanism, Observer, PrivacyUnit  # noqa: E402
 from dp.opacus_client import DPSGDConfig, calibrate_noise_multiplier  # noqa: E402
-from fl_algorithms.fedavg import FedAvg  # noqa: E402
-from fl_algorithms.results import write_results  # noqa: E402
-from fl_algorithms.runner import RoundRecord, RunConfig, SimulationRunner  # noqa: E402
-from fl_algorithms.secure_aggregation import SecureAggregationConfig  # noqa: E402
+from fl_algorithms.algorithms.fedavg import FedAvg  # noqa: E402
+from fl_algorithms.experiments.results import write_results  # noqa: E402
+from fl_algorithms.engine.sim import RoundRecord, RunConfig, SimulationRunner  # noqa: E402
+from fl_algorithms.engine.secure_sum import SecureAggregationConfig  # noqa: E402
 
 DEFAULT_OUT = REPO / "results" / "privacy_frontier"
 ATTACKS = ("support", "two_sided", "top_k")

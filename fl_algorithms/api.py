@@ -27,7 +27,7 @@ class PrivacyBoundaryError(RuntimeError):
     """Code tried to read a client's private vector outside the secure-aggregation layer."""
 
 
-_SECURE_LAYER = object()  # capability held by fl_algorithms.secure_aggregation only
+_SECURE_LAYER = object()  # capability held by fl_algorithms.engine.secure_sum only
 
 
 class Masked:

@@ -18,10 +18,10 @@ import sys
 for _v in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):
     os.environ.setdefault(_v, "1")
 
-from fl_algorithms.config import load_toml  # noqa: E402
-from fl_algorithms.deployment import DeployedClient, DeployedServer, DeploymentConfig  # noqa: E402
-from fl_algorithms.runner import RunConfig  # noqa: E402
-from fl_algorithms.task import load_task  # noqa: E402
+from fl_algorithms.experiments.config import load_toml  # noqa: E402
+from fl_algorithms.engine.deploy import DeployedClient, DeployedServer, DeploymentConfig  # noqa: E402
+from fl_algorithms.engine.sim import RunConfig  # noqa: E402
+from fl_algorithms.experiments.task import load_task  # noqa: E402
 
 
 def _options(pairs: list[str]) -> dict[str, str]:

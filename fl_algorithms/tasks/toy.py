@@ -10,9 +10,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from fl_algorithms.fedavg import FedAvg
-from fl_algorithms.task import Task
-from fl_algorithms.trainer import OptimizerConfig, TorchTrainer
+from fl_algorithms.algorithms.fedavg import FedAvg
+from fl_algorithms.experiments.task import Task
+from fl_algorithms.training.trainer import OptimizerConfig, TorchTrainer
 
 
 class ToyModel(nn.Module):

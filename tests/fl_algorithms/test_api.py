@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 
 from fl_algorithms.api import AggregateView, Masked, PrivacyBoundaryError, Upload
-from fl_algorithms.fedavg import FedAvg
-from fl_algorithms.runner import RunConfig, SimulationRunner
-from fl_algorithms.secure_aggregation import SecureAggregationConfig
+from fl_algorithms.algorithms.fedavg import FedAvg
+from fl_algorithms.engine.sim import RunConfig, SimulationRunner
+from fl_algorithms.engine.secure_sum import SecureAggregationConfig
 
 
 def test_masked_payload_is_unreadable_outside_the_secure_layer():

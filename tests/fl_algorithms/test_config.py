@@ -1,7 +1,7 @@
 import pytest
 
-from fl_algorithms.config import from_dict, load_toml
-from fl_algorithms.runner import RunConfig
+from fl_algorithms.experiments.config import from_dict, load_toml
+from fl_algorithms.engine.sim import RunConfig
 
 
 def test_toml_round_trip_into_nested_frozen_configs(tmp_path):

@@ -7,9 +7,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fl_algorithms.deployment import DeployedClient, DeployedServer
-from fl_algorithms.runner import RunConfig, SimulationRunner
-from fl_algorithms.secure_aggregation import SecureAggregationConfig
+from fl_algorithms.engine.deploy import DeployedClient, DeployedServer
+from fl_algorithms.engine.sim import RunConfig, SimulationRunner
+from fl_algorithms.engine.secure_sum import SecureAggregationConfig
 from fl_algorithms.tasks.toy import build
 from transport.simulation import InprocFederation
 
@@ -43,7 +43,7 @@ def test_inproc_deployment_survives_a_client_that_vanishes(tmp_path):
     clients = {c: DeployedClient(client_id=c, task=build({}), config=cfg) for c in range(1, 6)}
     broken = clients[5]
     broken.protocol_for = lambda r: None  # trains and reports ready, then never joins the secure sum
-    from fl_algorithms.deployment import DeploymentConfig
+    from fl_algorithms.engine.deploy import DeploymentConfig
     with InprocFederation(client_ids=clients, factory=lambda c, r: clients[c].protocol_for(r),
                           handlers=lambda c: clients[c].handlers()) as driver:
         server = DeployedServer(task=build({}), config=cfg, driver=driver,

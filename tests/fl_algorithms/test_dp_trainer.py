@@ -7,11 +7,11 @@ from torch.utils.data import TensorDataset
 
 from dp.ledger import Ledger, LedgerConfig, Observer, PrivacyUnit
 from dp.opacus_client import DPSGDConfig, OpacusClient
-from fl_algorithms.dp_trainer import DPTorchTrainer
-from fl_algorithms.fedavg import FedAvg
-from fl_algorithms.fedprox import FedProx
-from fl_algorithms.runner import RunConfig, SimulationRunner
-from fl_algorithms.secure_aggregation import SecureAggregationConfig
+from fl_algorithms.training.dp_trainer import DPTorchTrainer
+from fl_algorithms.algorithms.fedavg import FedAvg
+from fl_algorithms.algorithms.fedprox import FedProx
+from fl_algorithms.engine.sim import RunConfig, SimulationRunner
+from fl_algorithms.engine.secure_sum import SecureAggregationConfig
 from fl_algorithms.tasks.toy import ToyModel, _metric
 
 

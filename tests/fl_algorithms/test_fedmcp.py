@@ -5,10 +5,10 @@ from torch import nn
 from torch.nn import functional as F
 
 from fl_algorithms.api import ClientContext
-from fl_algorithms.fedmcp import (GLOBAL, GLOBAL_PART, HEAD_FULL, HEAD_GLOBAL, PRIVATE, REFERENCE, FedMCP,
+from fl_algorithms.algorithms.fedmcp import (GLOBAL, GLOBAL_PART, HEAD_FULL, HEAD_GLOBAL, PRIVATE, REFERENCE, FedMCP,
                                   contrastive_loss, fedmcp_objective)
-from fl_algorithms.secure_aggregation import SecureAggregationConfig, SecureAggregator
-from fl_algorithms.trainer import flatten, unflatten_
+from fl_algorithms.engine.secure_sum import SecureAggregationConfig, SecureAggregator
+from fl_algorithms.training.trainer import flatten, unflatten_
 from nlp_models.losses import linear_cka
 
 

@@ -5,10 +5,10 @@ from torch import nn
 from torch.nn import functional as F
 
 from fl_algorithms.api import ClientContext
-from fl_algorithms.fedrep import FedRep
-from fl_algorithms.runner import RunConfig, SimulationRunner
-from fl_algorithms.secure_aggregation import SecureAggregationConfig
-from fl_algorithms.trainer import flatten, unflatten_
+from fl_algorithms.algorithms.fedrep import FedRep
+from fl_algorithms.engine.sim import RunConfig, SimulationRunner
+from fl_algorithms.engine.secure_sum import SecureAggregationConfig
+from fl_algorithms.training.trainer import flatten, unflatten_
 
 
 class ToyRepTrainer:

@@ -1,12 +1,12 @@
 import numpy as np
 import pytest
 
-from fl_algorithms.fedavg import FedAvg
-from fl_algorithms.fedopt import FedOpt
-from fl_algorithms.fedprox import FedProx
-from fl_algorithms.local import Local
-from fl_algorithms.runner import RunConfig, SimulationRunner
-from fl_algorithms.secure_aggregation import SecureAggregationConfig
+from fl_algorithms.algorithms.fedavg import FedAvg
+from fl_algorithms.algorithms.fedopt import FedOpt
+from fl_algorithms.algorithms.fedprox import FedProx
+from fl_algorithms.algorithms.local import Local
+from fl_algorithms.engine.sim import RunConfig, SimulationRunner
+from fl_algorithms.engine.secure_sum import SecureAggregationConfig
 
 
 def _run(make, protocol, algorithm=None, rounds=3, **kw):

@@ -6,7 +6,7 @@ from dp.leakage.transcript import Transcript
 from dp.ledger import Ledger, LedgerConfig, Observer, PrivacyUnit
 from dp.released import Released
 from fl_algorithms.api import Masked, Upload
-from fl_algorithms.secure_aggregation import SecureAggregationConfig, SecureAggregator
+from fl_algorithms.engine.secure_sum import SecureAggregationConfig, SecureAggregator
 
 
 def _uploads(n=6, d=40, seed=0):

@@ -6,7 +6,7 @@ import pytest
 from dp.leakage.token_recovery import recover_from_transcript, score_tokens
 from dp.leakage.transcript import Transcript, TranscriptFull
 from fl_algorithms.api import Masked, Upload
-from fl_algorithms.secure_aggregation import SecureAggregationConfig, SecureAggregator
+from fl_algorithms.engine.secure_sum import SecureAggregationConfig, SecureAggregator
 
 
 def _filled() -> Transcript:

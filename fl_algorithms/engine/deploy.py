@@ -26,9 +26,9 @@ import numpy as np
 import torch
 
 from fl_algorithms.api import ClientContext
-from fl_algorithms.runner import RoundRecord, RunConfig, sample_cohort
-from fl_algorithms.secure_aggregation import Layout, SecureAggregator, build_view
-from fl_algorithms.task import Task
+from fl_algorithms.engine.sim import RoundRecord, RunConfig, sample_cohort
+from fl_algorithms.engine.secure_sum import Layout, SecureAggregator, build_view
+from fl_algorithms.experiments.task import Task
 from secagg.messages import Bytes, Message, ProtocolError, Schema
 from secagg.protocols import registry
 

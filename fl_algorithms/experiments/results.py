@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from fl_algorithms.runner import RoundRecord
+from fl_algorithms.engine.sim import RoundRecord
 
 
 def _jsonable(obj: Any) -> Any:

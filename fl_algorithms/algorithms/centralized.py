@@ -8,8 +8,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 
-from fl_algorithms.runner import RoundRecord
-from fl_algorithms.trainer import LocalTrainer
+from fl_algorithms.engine.sim import RoundRecord
+from fl_algorithms.training.trainer import LocalTrainer
 
 
 def run_centralized(*, trainer: LocalTrainer, rounds: int, epochs_per_round: int = 1,

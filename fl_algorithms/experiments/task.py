@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from fl_algorithms.api import Algorithm
-from fl_algorithms.trainer import LocalTrainer
+from fl_algorithms.training.trainer import LocalTrainer
 
 
 @dataclass(frozen=True)

@@ -22,8 +22,8 @@ import torch
 from tqdm.auto import tqdm
 
 from fl_algorithms.api import Algorithm, ClientContext, Upload
-from fl_algorithms.secure_aggregation import SecureAggregationConfig, SecureAggregator, SecureRoundStats
-from fl_algorithms.trainer import LocalTrainer
+from fl_algorithms.engine.secure_sum import SecureAggregationConfig, SecureAggregator, SecureRoundStats
+from fl_algorithms.training.trainer import LocalTrainer
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from fl_algorithms.api import ClientContext, Masked, Upload
-from fl_algorithms.fedavg import FedAvg
+from fl_algorithms.algorithms.fedavg import FedAvg
 
 
 class RepresentationTrainer(Protocol):

@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from fl_algorithms.api import AggregateView
-from fl_algorithms.fedavg import FedAvg, State, params_of
+from fl_algorithms.algorithms.fedavg import FedAvg, State, params_of
 
 
 class FedOpt(FedAvg):

@@ -50,7 +50,7 @@ import torch
 from torch.nn import functional as F
 
 from fl_algorithms.api import ClientContext, Masked, Upload
-from fl_algorithms.fedavg import FedAvg
+from fl_algorithms.algorithms.fedavg import FedAvg
 from nlp_models.losses import linear_cka
 
 GLOBAL, PRIVATE, REFERENCE = "global", "private", "reference"

@@ -12,7 +12,7 @@ import numpy as np
 from torch.utils.data import Dataset
 
 from dp.opacus_client import LossFn, OpacusClient
-from fl_algorithms.trainer import TorchTrainer
+from fl_algorithms.training.trainer import TorchTrainer
 
 
 class DPTorchTrainer(TorchTrainer):

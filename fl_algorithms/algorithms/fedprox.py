@@ -9,7 +9,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from fl_algorithms.api import ClientContext
-from fl_algorithms.fedavg import FedAvg
+from fl_algorithms.algorithms.fedavg import FedAvg
 
 
 class FedProx(FedAvg):

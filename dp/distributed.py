@@ -261,11 +261,13 @@ class DistributedDPEncoder:
         return self.plan.padded_dim
 
     # ---- client side ----------------------------------------------------------------------
-    def encode(self, x: np.ndarray, *, round_seed: Seed, weight: float = 1.0) -> np.ndarray:
-        return self.encode_with_report(x, round_seed=round_seed, weight=weight)[0]
+    def encode(self, x: np.ndarray, *, round_seed: Seed, weight: float = 1.0, rng: CryptoRandom | None = None) -> np.ndarray:
+        return self.encode_with_report(x, round_seed=round_seed, weight=weight, rng=rng)[0]
 
-    def encode_with_report(self, x: np.ndarray, *, round_seed: Seed,
-                           weight: float = 1.0) -> tuple[np.ndarray, EncodeReport]:
+    def encode_with_report(self, x: np.ndarray, *, round_seed: Seed, weight: float = 1.0,
+                           rng: CryptoRandom | None = None) -> tuple[np.ndarray, EncodeReport]:
+        """`rng` replaces the fresh OS-keyed stream for rounding and noise: tests of
+        reproducibility only (a known key makes the noise known, and with it the input)."""
         p = self.plan
         x = np.asarray(x, dtype=np.float64)
         if x.ndim != 1 or x.shape[0] != p.dim:
@@ -281,7 +283,7 @@ class DistributedDPEncoder:
             v *= p.config.l2_clip / norm
         y = rotate(v, seed=round_seed)
         y *= p.scale
-        rng = self._rng_factory()
+        rng = self._rng_factory() if rng is None else rng
         r, attempts = self._conditional_round(y, rng)
         r += self._noise(rng)
         half = p.modulus // 2

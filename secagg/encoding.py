@@ -96,7 +96,9 @@ class FixedPointEncoder:
         sx, sw = 1.0 / self.value_scale, 1.0 / self.weight_scale
         return n_clients * (sx + self.config.clip * sw) / max(total_weight - n_clients * sw, 1e-300)
 
-    def encode(self, x: np.ndarray, *, weight: float) -> tuple[np.ndarray, EncodeReport]:
+    def encode(self, x: np.ndarray, *, weight: float, rounding_key: bytes | None = None) -> tuple[np.ndarray, EncodeReport]:
+        """`rounding_key` (32 bytes) makes the stochastic rounding reproducible: tests only; the
+        default draws a fresh OS-random key, so nobody can predict a client's rounding."""
         x = np.asarray(x)
         if x.ndim != 1:
             raise ValueError("encode expects a flat vector")
@@ -106,7 +108,7 @@ class FixedPointEncoder:
             raise ValueError(f"weight {weight} outside (0, {self.config.max_weight}]")
         d = x.shape[0]
         out = np.empty(d + 1, dtype=np.uint32)
-        rng = _RoundingStream()
+        rng = _RoundingStream(rounding_key)
         out[:1] = self._round(np.array([weight * self.weight_scale]), rng)
         c = self.config.clip
         clipped = 0
@@ -149,8 +151,11 @@ class FixedPointEncoder:
 class _RoundingStream:
     """Uniform 32-bit words (or [0, 1) doubles) from AES-CTR under a fresh OS-random key."""
 
-    def __init__(self) -> None:
-        self._enc = Cipher(algorithms.AES(os.urandom(32)), modes.CTR(bytes(16))).encryptor()
+    def __init__(self, key: bytes | None = None) -> None:
+        key = os.urandom(32) if key is None else key
+        if len(key) != 32:
+            raise ValueError("AES-256 keys are 32 bytes")
+        self._enc = Cipher(algorithms.AES(key), modes.CTR(bytes(16))).encryptor()
 
     def words(self, n: int) -> np.ndarray:
         """n uniform 32-bit words."""

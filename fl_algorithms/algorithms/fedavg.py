@@ -8,7 +8,7 @@ encoding resolves it more finely.
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -31,7 +31,7 @@ class FedAvg(Algorithm[State]):
     def init_state(self, *, initial: Mapping[str, np.ndarray]) -> State:
         return {f"params.{k}": np.asarray(v, dtype=np.float32).copy() for k, v in initial.items()}
 
-    def configure_round(self, *, round: int, state: State) -> Mapping[str, np.ndarray]:
+    def configure_round(self, *, round: int, state: State, cohort: Sequence[int] = ()) -> Mapping[str, np.ndarray]:
         return params_of(state)
 
     def local_train(self, *, broadcast: Mapping[str, np.ndarray], client: ClientContext) -> dict[str, float]:

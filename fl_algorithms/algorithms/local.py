@@ -1,7 +1,7 @@
 """Local: every client trains in isolation; nothing leaves the client (a lower reference)."""
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -20,7 +20,7 @@ class Local(Algorithm[State]):
     def init_state(self, *, initial: Mapping[str, np.ndarray]) -> State:
         return {}
 
-    def configure_round(self, *, round: int, state: State) -> Mapping[str, np.ndarray]:
+    def configure_round(self, *, round: int, state: State, cohort: Sequence[int] = ()) -> Mapping[str, np.ndarray]:
         return {}
 
     def client_update(self, *, broadcast, client: ClientContext) -> tuple[Upload, Mapping[str, Any]]:

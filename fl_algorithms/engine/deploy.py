@@ -1,90 +1,85 @@
-"""Deployment runtime: one server process and client processes over ZeroMQ (tcp:// or inproc://).
+"""Deployment driver: the round engine with a server process and client processes over ZeroMQ.
 
-Each FL round t uses two transport round ids, 2t (broadcast + ready) and 2t + 1 (the secure sum):
+The same `RoundMachine` and `ClientEndpoint` as the simulation; only the transport differs. FL
+round t uses transport round ids t*64 (train/ready), t*64 + 1 + j (secure sum j) and t*64 + 63
+(evaluation); see `fl_algorithms.engine.wire` for the messages:
 
-    server -> cohort   fl_broadcast {public arrays}                     (round id 2t)
-    client             evaluates the received model, runs client_update, encodes its Masked parts
-    client -> server   fl_ready {layout, metrics}                        (round id 2t)
-    server <-> ready   the secure-sum protocol over the encoded parts     (round id 2t + 1)
-    server             decodes the sum, builds the AggregateView, server_update, checkpoints
+    server -> each cohort member   fl_train: its own ClientBroadcast and the run's secure config
+    client                         checks the config (a mismatch is reported naming both sides),
+                                   runs client_update, encodes its inputs, replies fl_ready
+    server <-> members of sum j    the secure-sum protocol over their encoded inputs
+    server                         decodes (Released + ledger under distributed DP), server_update,
+                                   queues Sealed relays, then asks every client to evaluate
+                                   (fl_evaluate / fl_evaluated), logs the round, checkpoints
 
-The server never receives an Upload: only layouts (part names and lengths), client-reported
-evaluation metrics (scalars, sent in the clear; `report_metrics=False` turns them off) and the
-protocol messages. Each client holds only its own shard and checkpoints its own state.
+The server never receives an Upload: only layouts, Sealed ciphertexts for peers, client-reported
+metrics (scalars, in the clear; `report_metrics=False` turns them off) and protocol messages.
+Per-client Released parts are not carried over the wire yet: a client whose upload holds one
+reports an error rather than dropping it silently.
 """
 from __future__ import annotations
 
 import json
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
-from fl_algorithms.api import ClientContext
-from fl_algorithms.engine.sim import RoundRecord, RunConfig, sample_cohort
-from fl_algorithms.engine.secure_sum import Layout, SecureAggregator, build_view
+from fl_algorithms.engine import wire
+from fl_algorithms.engine.roles import ClientRole, ServerRole
+from fl_algorithms.engine.round import (EVAL_SLOT, ClientEndpoint, RelayQueue, RoundMachine, RoundRecord,
+                                        transport_round)
+from fl_algorithms.engine.secure_sum import SecureAggregator
+from fl_algorithms.engine.sim import RunConfig, sample_cohort
 from fl_algorithms.experiments.task import Task
-from secagg.messages import Bytes, Message, ProtocolError, Schema
+from secagg.messages import SERVER, AbortError, Message, ProtocolError
 from secagg.protocols import registry
 
 log = logging.getLogger(__name__)
 
-BROADCAST, READY = "fl_broadcast", "fl_ready"
-EVALUATE, EVALUATED = "fl_evaluate", "fl_evaluated"
-READY_SCHEMA = Schema(READY, {"layout": Bytes(1 << 16), "metrics": Bytes(1 << 16)})
-EVALUATED_SCHEMA = Schema(EVALUATED, {"metrics": Bytes(1 << 16)})
-MAX_PARTS = 64
 
-
-def _layout_bytes(layout: Layout) -> bytes:
-    return json.dumps([[n, k] for n, k in layout.parts]).encode()
-
-
-def _parse_layout(raw: bytes) -> Layout:
-    try:
-        parts = json.loads(raw.decode())
-        if not isinstance(parts, list) or len(parts) > MAX_PARTS:
-            raise ValueError
-        out = tuple((str(n), int(k)) for n, k in parts)
-        if any(k < 0 or k > 1 << 28 for _, k in out):
-            raise ValueError
-    except (ValueError, TypeError, UnicodeDecodeError) as exc:
-        raise ProtocolError("malformed layout") from exc
-    return Layout(out)
-
-
-def _parse_metrics(raw: bytes) -> dict[str, float]:
-    try:
-        m = json.loads(raw.decode())
-        return {str(k): float(v) for k, v in m.items()} if isinstance(m, dict) else {}
-    except (ValueError, TypeError, AttributeError, UnicodeDecodeError):
-        return {}
+class ClientSetupError(RuntimeError):
+    """A client cannot take part: its configuration or model differs from the server's."""
 
 
 @dataclass(frozen=True)
 class DeploymentConfig:
     broadcast_timeout: float = 600.0
-    """How long the server waits for clients to train and report ready."""
+    """How long the server waits for clients to train and report ready (and to evaluate)."""
     stage_timeout: float = 60.0
     report_metrics: bool = True
 
+    def __post_init__(self) -> None:
+        if not self.broadcast_timeout > 0 or not self.stage_timeout > 0:
+            raise ValueError("timeouts must be positive")
+
+
+def _config_digest(config: RunConfig, algorithm_name: str) -> dict[str, Any]:
+    return {"algorithm": algorithm_name, **config.secure.describe()}
+
 
 class DeployedServer:
-    """Runs FL rounds over a connected ServerDriver; checkpoints after each round; resumable."""
+    """Runs FL rounds over a connected ServerDriver; logs and checkpoints after each round; resumable."""
 
-    def __init__(self, *, task: Task, config: RunConfig, driver, deployment: DeploymentConfig = DeploymentConfig()) -> None:
+    def __init__(self, *, task: Task, config: RunConfig, driver, deployment: DeploymentConfig = DeploymentConfig(),
+                 ledger=None, on_round: Callable[[RoundRecord], None] | None = None) -> None:
         self.task, self.config, self.driver, self.deployment = task, config, driver, deployment
         self.algorithm = task.algorithm
-        self.aggregator = SecureAggregator(config.secure)
-        self.state = self.algorithm.init_state(initial=task.initial())
+        self.server = ServerRole(task.algorithm)
+        self.ledger = ledger
+        self.aggregator = SecureAggregator(config.secure, ledger=ledger)
+        self.state = self.server.init_state(initial=task.initial())
+        self.relays = RelayQueue()
         self.history: list[RoundRecord] = []
         self.rng = np.random.default_rng(config.seed)
+        self.on_round = on_round
+        self.digest = _config_digest(config, task.algorithm.name)
 
+    # ---- checkpoints ---------------------------------------------------------------------------
     def _ckpt(self) -> Path | None:
         return Path(self.config.checkpoint_dir) / "server" if self.config.checkpoint_dir else None
 
@@ -92,74 +87,108 @@ class DeployedServer:
         root = self._ckpt()
         if root is None:
             return
-        root.mkdir(parents=True, exist_ok=True)
-        tmp = root / "state.tmp.npz"
-        np.savez(tmp, **self.state)
-        meta = {"history": [asdict(r) for r in self.history], "rng": self.rng.bit_generator.state}
-        (root / "meta.tmp.json").write_text(json.dumps(meta))
-        tmp.replace(root / "state.npz")
-        (root / "meta.tmp.json").replace(root / "meta.json")
+        from fl_algorithms.experiments.checkpoint import save_state
+
+        save_state(root / "latest", {"server": self.state, "relays": self.relays.state_dict(),
+                                     "rng": self.rng.bit_generator.state, "history": [asdict(r) for r in self.history],
+                                     "ledger": self.ledger.state_dict() if self.ledger is not None else None})
+        if self.ledger is not None:
+            self.ledger.write(root / "ledger.json")
 
     def load(self) -> bool:
         root = self._ckpt()
-        if root is None or not (root / "meta.json").exists():
+        if root is None:
             return False
-        with np.load(root / "state.npz") as z:
-            self.state = {k: z[k] for k in z.files}
-        meta = json.loads((root / "meta.json").read_text())
-        self.history = [RoundRecord.from_json(r) for r in meta["history"]]
-        self.rng.bit_generator.state = meta["rng"]
+        from fl_algorithms.experiments.checkpoint import checkpoint_exists, load_state
+
+        if not checkpoint_exists(root / "latest"):
+            return False
+        blob = load_state(root / "latest")
+        self.state = blob["server"]
+        self.relays.load_state_dict(blob["relays"])
+        self.rng.bit_generator.state = blob["rng"]
+        self.history = [RoundRecord.from_json(r) for r in blob["history"]]
+        if self.ledger is not None and blob.get("ledger") is not None:
+            self.ledger.load_state_dict(blob["ledger"])
         return True
 
+    # ---- rounds --------------------------------------------------------------------------------
     def sample(self) -> list[int]:
         return sample_cohort(self.rng, self.driver.clients, self.config.clients_per_round)
+
+    def _send(self, kind: str, round_id: int, client: int, fields: Mapping[str, Any]) -> None:
+        if self.driver.send(Message(kind=kind, round=round_id, sender=SERVER, receiver=client, fields=fields)) is None:
+            log.info("client %d unreachable for '%s'", client, kind)
 
     def run_round(self, t: int) -> RoundRecord:
         t0 = time.perf_counter()
         cohort = self.sample()
-        broadcast = {k: np.ascontiguousarray(v, dtype=np.float32).copy()
-                     for k, v in self.algorithm.configure_round(round=t, state=self.state).items()}
-        self.driver.broadcast(BROADCAST, broadcast, round_id=2 * t, to=cohort)
-        got = self.driver.collect(READY, round_id=2 * t, timeout=self.deployment.broadcast_timeout,
-                                  expect=cohort, schema=READY_SCHEMA)
-        layouts: dict[int, Layout] = {}
-        metrics: dict[int, dict[str, float]] = {}
-        for cid, msg in got.replies.items():
+        population = sorted(self.driver.clients)
+        machine = RoundMachine(server=self.server, state=self.state, round=t, cohort=cohort, population=population,
+                               aggregator=self.aggregator, relays=self.relays)
+        rid = transport_round(t, 0)
+        for c, b in machine.start().items():
+            round_ids = {n: r for n, (r, _) in machine.sums_of(c).items()}
+            self._send(wire.TRAIN, rid, c, wire.broadcast_fields(b, round_ids=round_ids, config=self.digest))
+        got = self.driver.collect(wire.READY, round_id=rid, timeout=self.deployment.broadcast_timeout, expect=cohort)
+        client_metrics: dict[int, dict[str, float]] = {}
+        for c, msg in sorted(got.replies.items()):
             try:
-                layouts[cid] = _parse_layout(msg["layout"])
-            except ProtocolError:
-                log.warning("client %d sent a malformed layout; left out of round %d", cid, t)
+                ready = wire.parse_ready(msg.fields)
+            except ProtocolError as exc:
+                log.warning("round %d: client %d's ready message is malformed (%s); left out", t, c, exc)
                 continue
-            metrics[cid] = _parse_metrics(msg["metrics"])
-        secure_s, sent, contributors = 0.0, {}, []
-        if layouts:
-            layout = max(set(layouts.values()), key=list(layouts.values()).count)
-            ready = sorted(c for c, lay in layouts.items() if lay == layout)
-            if layout.parts:
-                server = registry.server_class(self.config.secure.protocol)(
-                    round_id=2 * t + 1, clients=ready, length=layout.length, ring=self.config.secure.ring,
-                    **dict(self.config.secure.protocol_params))
-                report = self.driver.run_round(server, stage_timeout=self.deployment.stage_timeout)
-                result = report.result
-                groups = self.aggregator.decode(result.ring_sum, layout, len(result.contributors))
-                view = build_view(round=t, groups=groups, released={}, contributors=result.contributors)
-                self.state = self.algorithm.server_update(state=self.state, view=view)
-                secure_s, sent = report.seconds, dict(report.bytes_received)
-                contributors = sorted(result.contributors)
-            else:
-                contributors = ready
-        return RoundRecord(round=t, cohort=cohort, contributors=contributors, metrics=metrics,
-                           seconds=time.perf_counter() - t0, secure_seconds=secure_s, bytes_uploaded=sent, clipped=0)
+            if isinstance(ready, str):
+                raise ClientSetupError(f"client {c} cannot take part in round {t}: {ready}")
+            try:
+                machine.on_ready(c, ready)
+            except ValueError as exc:
+                log.warning("round %d: %s; client %d left out", t, exc, c)
+                continue
+            client_metrics[c] = dict(ready.metrics)
+        sent: dict[int, int] = {}
+        for job in machine.sum_jobs():
+            protocol = registry.server_class(self.config.secure.protocol)(
+                round_id=job.round_id, clients=list(job.members), length=job.length, ring=self.config.secure.ring,
+                **{**dict(self.config.secure.protocol_params), **dict(job.protocol_params)})
+            s0 = time.perf_counter()
+            try:
+                report = self.driver.run_round(protocol, stage_timeout=self.deployment.stage_timeout)
+            except AbortError as exc:
+                machine.on_sum(job.name, error=str(exc), seconds=time.perf_counter() - s0)
+                continue
+            for c, n in report.bytes_received.items():
+                sent[c] = sent.get(c, 0) + n
+            machine.on_sum(job.name, result=report.result, seconds=report.seconds)
+        self.state, view = machine.finish()
+        metrics = self._evaluate(t, lambda c: machine.evaluation_parameters(c))
+        for c, m in client_metrics.items():
+            metrics.setdefault(c, {}).update({k: v for k, v in m.items() if k not in metrics.get(c, {})})
+        return RoundRecord(round=t, cohort=cohort, contributors=sorted(view.contributors),
+                           metrics={c: metrics[c] for c in sorted(metrics)},
+                           seconds=time.perf_counter() - t0, secure_seconds=machine.secure_seconds,
+                           bytes_uploaded=sent, clipped=0,
+                           sums={k: sorted(v) for k, v in view.sum_contributors.items()}, failed=dict(view.failed))
+
+    def _evaluate(self, t: int, parameters: Callable[[int], Mapping[str, np.ndarray]]) -> dict[int, dict[str, float]]:
+        rid = transport_round(t, EVAL_SLOT)
+        clients = sorted(self.driver.clients)
+        for c in clients:
+            self._send(wire.EVALUATE, rid, c, wire.evaluate_fields(parameters(c), round=t))
+        got = self.driver.collect(wire.EVALUATED, round_id=rid, timeout=self.deployment.broadcast_timeout,
+                                  expect=clients)
+        out = {}
+        for c, msg in got.replies.items():
+            try:
+                out[c] = wire.parse_evaluated(msg.fields)
+            except ProtocolError as exc:
+                log.warning("client %d's evaluation is malformed: %s", c, exc)
+        return out
 
     def evaluate(self) -> dict[int, dict[str, float]]:
-        """Ask every client to evaluate the current global parameters (after the last round)."""
-        t = len(self.history) + 1
-        params = {k: np.ascontiguousarray(v, dtype=np.float32).copy()
-                  for k, v in self.algorithm.shared_parameters(self.state).items()}
-        self.driver.broadcast(EVALUATE, params, round_id=2 * t)
-        got = self.driver.collect(EVALUATED, round_id=2 * t, timeout=self.deployment.broadcast_timeout,
-                                  schema=EVALUATED_SCHEMA)
-        return {cid: _parse_metrics(m["metrics"]) for cid, m in got.replies.items()}
+        """Ask every client to evaluate the current parameters (after the last round)."""
+        return self._evaluate(len(self.history) + 1,
+                              lambda c: self.server.client_parameters(state=self.state, client_id=c))
 
     def run(self, *, resume: bool = False) -> list[RoundRecord]:
         if resume:
@@ -168,74 +197,85 @@ class DeployedServer:
             rec = self.run_round(t)
             self.history.append(rec)
             self.save()
-            log.info("round %d: %d/%d contributors, mean accuracy %.4f, %.2f s (secure %.2f s)", t,
-                     len(rec.contributors), len(rec.cohort), rec.mean("accuracy"), rec.seconds, rec.secure_seconds)
+            log.info("round %d: %d/%d contributors, mean accuracy %.4f, %.2f s (secure %.2f s)%s", t,
+                     len(rec.contributors), len(rec.cohort), rec.mean("accuracy"), rec.seconds, rec.secure_seconds,
+                     f", failed sums {rec.failed}" if rec.failed else "")
+            if self.on_round is not None:
+                self.on_round(rec)
         return self.history
 
 
 class DeployedClient:
-    """Client side: answers broadcasts with local training, then joins the round's secure sum."""
+    """Client side: answers broadcasts with local training, joins its secure sums, evaluates."""
 
     def __init__(self, *, client_id: int, task: Task, config: RunConfig, deployment: DeploymentConfig = DeploymentConfig(),
                  checkpoint_dir: str | None = None) -> None:
         self.client_id, self.config, self.deployment = client_id, config, deployment
         self.algorithm = task.algorithm
         self.trainer = task.make_trainer(client_id)
-        self.aggregator = SecureAggregator(config.secure)
-        self.state: Mapping[str, Any] = {}
-        self.expected = {k: v.shape for k, v in self.trainer.get_shared().items()}
+        self.endpoint = ClientEndpoint(client_id=client_id, role=ClientRole(task.algorithm), trainer=self.trainer,
+                                       aggregator=SecureAggregator(config.secure, client_side=True), eval_split=config.eval_split)
+        self.digest = _config_digest(config, task.algorithm.name)
+        self.sizes = {k: int(v.size) for k, v in self.trainer.get_shared().items()}
         self._pending: dict[int, np.ndarray] = {}
         self.ckpt = Path(checkpoint_dir) if checkpoint_dir else None
-        if self.ckpt is not None and (self.ckpt / "client.pt").exists():
-            blob = torch.load(self.ckpt / "client.pt", weights_only=False)
-            self.trainer.load_state_dict(blob["trainer"])
-            self.state = blob["state"]
+        if self.ckpt is not None:
+            from fl_algorithms.experiments.checkpoint import checkpoint_exists, load_state
+
+            if checkpoint_exists(self.ckpt / "client"):
+                self.endpoint.load_state_dict(load_state(self.ckpt / "client"))
+
+    @property
+    def state(self) -> Mapping[str, Any]:
+        return self.endpoint.state
 
     def handlers(self):
-        return {BROADCAST: self.on_broadcast, EVALUATE: self.on_evaluate}
+        return {wire.TRAIN: self.on_train, wire.EVALUATE: self.on_evaluate}
+
+    def _check(self, broadcast, server_config: Mapping[str, Any]) -> str | None:
+        mismatch = wire.config_mismatch(server_config, self.digest)
+        if mismatch:
+            return f"configuration differs from the server's: {mismatch}"
+        for name, arr in broadcast.items():
+            if name in self.sizes and arr.shape[0] != self.sizes[name]:
+                return (f"model size differs for part '{name}': the server sends {arr.shape[0]} values, "
+                        f"client {self.client_id}'s model has {self.sizes[name]}")
+        return None
+
+    def on_train(self, msg: Message) -> Message:
+        from transport.session import reply_to
+
+        broadcast, round_ids, server_config = wire.parse_broadcast(msg.fields)
+        problem = self._check(broadcast, server_config)
+        if problem is None:
+            try:
+                ready, inputs, upload = self.endpoint.on_broadcast(broadcast)
+                if upload.released:
+                    problem = ("per-client Released parts are not carried by the deployment runtime yet "
+                               f"({sorted(upload.released)}); run this algorithm in simulation")
+            except Exception as exc:  # report, rather than vanish: the server names this client
+                log.exception("client %d failed in round %d", self.client_id, broadcast.round)
+                problem = f"{type(exc).__name__}: {exc}"
+        if problem is not None:
+            return reply_to(msg, wire.READY, **wire.ready_fields(None, error=problem))
+        self._pending = {round_ids[name]: enc.vector for name, enc in inputs.items() if enc.layout.parts}
+        if self.ckpt is not None:
+            from fl_algorithms.experiments.checkpoint import save_state
+
+            save_state(self.ckpt / "client", self.endpoint.state_dict())
+        if not self.deployment.report_metrics:
+            ready = type(ready)(layouts=ready.layouts, released=ready.released, sealed=ready.sealed, metrics={})
+        return reply_to(msg, wire.READY, **wire.ready_fields(ready))
 
     def on_evaluate(self, msg: Message) -> Message:
         from transport.session import reply_to
 
-        params = self._parse_params(msg)
-        if params:
-            self.trainer.set_shared(params)
-        metrics = self.trainer.evaluate(split=self.config.eval_split) if self.deployment.report_metrics else {}
-        return reply_to(msg, EVALUATED, metrics=json.dumps(metrics).encode())
-
-    def _parse_params(self, msg: Message) -> dict[str, np.ndarray]:
-        fields = dict(msg.fields)
-        broadcast = {}
-        for name, arr in fields.items():
-            if not isinstance(arr, np.ndarray) or arr.dtype != np.float32 or name not in self.expected \
-                    or arr.shape != (int(np.prod(self.expected[name])),):
-                raise ProtocolError(f"unexpected broadcast part '{name}'")
-            if not np.all(np.isfinite(arr)):
-                raise ProtocolError(f"broadcast part '{name}' is not finite")
-            broadcast[name] = np.array(arr)  # own copy: received arrays are read-only views
-        return broadcast
-
-    def on_broadcast(self, msg: Message) -> Message:
-        broadcast = self._parse_params(msg)
-        t = msg.round // 2
-        metrics: dict[str, float] = {}
-        if broadcast:
-            self.trainer.set_shared(broadcast)
-        if self.deployment.report_metrics:
-            metrics.update(self.trainer.evaluate(split=self.config.eval_split))
-        ctx = ClientContext(client_id=self.client_id, state=self.state, trainer=self.trainer, round=t)
-        upload, self.state = self.algorithm.client_update(broadcast=broadcast, client=ctx)
-        layout = Layout.of(upload)
-        if layout.parts:
-            self._pending = {msg.round + 1: self.aggregator.encode_upload(upload, layout)[0]}
-        if self.ckpt is not None:
-            self.ckpt.mkdir(parents=True, exist_ok=True)
-            torch.save({"trainer": self.trainer.state_dict(), "state": dict(self.state)}, self.ckpt / "client.tmp")
-            (self.ckpt / "client.tmp").replace(self.ckpt / "client.pt")
-        from transport.session import reply_to
-
-        return reply_to(msg, READY, layout=_layout_bytes(layout),
-                        metrics=json.dumps(metrics if self.deployment.report_metrics else {}).encode())
+        params, t = wire.parse_evaluate(msg.fields)
+        for name, arr in params.items():
+            if name in self.sizes and arr.shape[0] != self.sizes[name]:
+                raise ProtocolError(f"evaluation part '{name}' has {arr.shape[0]} values, expected {self.sizes[name]}")
+        metrics = self.endpoint.on_evaluate(params, round=t) if self.deployment.report_metrics else {}
+        return reply_to(msg, wire.EVALUATED, **wire.evaluated_fields(metrics))
 
     def protocol_for(self, round_id: int):
         vec = self._pending.pop(round_id, None)
@@ -243,3 +283,10 @@ class DeployedClient:
             return None
         return registry.client_class(self.config.secure.protocol)(client_id=self.client_id, round_id=round_id,
                                                                  input_fn=lambda: vec)
+
+
+def describe_round(rec: RoundRecord) -> str:
+    """One JSON line per round for logs and CLIs."""
+    return json.dumps({"round": rec.round, "cohort": rec.cohort, "contributors": rec.contributors,
+                       "accuracy": rec.mean("accuracy"), "seconds": round(rec.seconds, 3),
+                       "secure_seconds": round(rec.secure_seconds, 3), "failed": rec.failed})

@@ -1,16 +1,18 @@
-"""Simulation runner: all clients in this process, every upload through the secure layer.
+"""Simulation driver: the round engine with every party in this process.
 
-Each round: sample a cohort, broadcast, run client updates, secure-sum the Masked parts, update
-the server state from the AggregateView alone, evaluate on the clients, checkpoint. A run killed
-at any point resumes from the last completed round with nothing lost (atomic checkpoints of the
-server state, client states, trainers and the RNG).
+Each round: sample a cohort, let the `RoundMachine` plan it, hand each client endpoint only its own
+broadcast, run each secure sum with the in-memory protocol driver over the clients' encoded inputs,
+update the server state from the AggregateView alone, evaluate every client, checkpoint. The
+server role and each client's role are separate objects (`fl_algorithms.engine.roles`).
+
+A run killed at any point resumes from the last completed round with nothing lost: checkpoints
+are written atomically in the project's one format (`fl_algorithms.experiments.checkpoint`,
+safetensors + JSON, no pickle) and hold the server state, relays, client endpoints, the sampler's
+RNG, the history and the ledger.
 """
 from __future__ import annotations
 
-import json
-import os
-import secrets
-import shutil
+import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
@@ -18,12 +20,15 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 from tqdm.auto import tqdm
 
-from fl_algorithms.api import Algorithm, ClientContext, Upload
-from fl_algorithms.engine.secure_sum import SecureAggregationConfig, SecureAggregator, SecureRoundStats
-from fl_algorithms.training.trainer import LocalTrainer
+from fl_algorithms.api import Algorithm
+from fl_algorithms.engine.roles import ClientRole, ServerRole
+from fl_algorithms.engine.round import (ClientEndpoint, RelayQueue, RoundMachine, RoundRecord,  # noqa: F401
+                                        transport_round)
+from fl_algorithms.engine.secure_sum import SecureAggregationConfig, SecureAggregator
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -34,7 +39,7 @@ class RunConfig:
     seed: int = 0
     """Seeds cohort sampling and simulated dropouts (not any cryptographic randomness)."""
     dropout: float = 0.0
-    """Simulated probability that a sampled client drops at the masked-input stage."""
+    """Simulated probability that a sampled client drops at the masked-input stage (simulation only)."""
     eval_split: str = "test"
     secure: SecureAggregationConfig = field(default_factory=SecureAggregationConfig)
     checkpoint_dir: str | None = None
@@ -44,28 +49,8 @@ class RunConfig:
             raise ValueError("rounds must be at least 1")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError("dropout must be in [0, 1)")
-
-
-@dataclass
-class RoundRecord:
-    round: int
-    cohort: list[int]
-    contributors: list[int]
-    metrics: dict[int, dict[str, float]]
-    seconds: float
-    secure_seconds: float
-    bytes_uploaded: dict[int, int]
-    clipped: int
-
-    def mean(self, key: str) -> float:
-        vals = [m[key] for m in self.metrics.values() if key in m]
-        return float(np.mean(vals)) if vals else float("nan")
-
-    @classmethod
-    def from_json(cls, raw: Mapping[str, Any]) -> "RoundRecord":
-        """Inverse of dataclasses.asdict after a JSON round trip (client ids come back as strings)."""
-        return cls(**{**raw, "metrics": {int(k): v for k, v in raw["metrics"].items()},
-                      "bytes_uploaded": {int(k): v for k, v in raw["bytes_uploaded"].items()}})
+        if self.clients_per_round is not None and self.clients_per_round < 1:
+            raise ValueError("clients_per_round must be at least 1 (or None for everyone)")
 
 
 def sample_cohort(rng: np.random.Generator, clients: Iterable[int], size: int | None) -> list[int]:
@@ -77,74 +62,71 @@ def sample_cohort(rng: np.random.Generator, clients: Iterable[int], size: int | 
 
 
 class SimulationRunner:
-    def __init__(self, *, algorithm: Algorithm, trainers: Mapping[int, LocalTrainer], config: RunConfig,
+    def __init__(self, *, algorithm: Algorithm, trainers: Mapping[int, Any], config: RunConfig,
                  initial: Mapping[str, np.ndarray] | None = None,
                  on_round: Callable[[RoundRecord], None] | None = None, ledger=None, transcript=None) -> None:
         if not trainers:
             raise ValueError("no clients")
         if any(c <= 0 for c in trainers):
             raise ValueError("client ids must be positive")
-        self.algorithm, self.trainers, self.config = algorithm, dict(trainers), config
-        self.ledger = ledger
+        self.algorithm, self.config, self.ledger = algorithm, config, ledger
+        self.trainers = dict(trainers)
         self.aggregator = SecureAggregator(config.secure, ledger=ledger, transcript=transcript)
+        self.server = ServerRole(algorithm)
+        self.clients = {c: ClientEndpoint(client_id=c, role=ClientRole(algorithm), trainer=t,
+                                          aggregator=SecureAggregator(config.secure, client_side=True), eval_split=config.eval_split)
+                        for c, t in self.trainers.items()}
         first = next(iter(self.trainers.values()))
         self.initial = dict(initial) if initial is not None else first.get_shared()
         self.on_round = on_round
-        self.state = algorithm.init_state(initial=self.initial)
-        self.client_states: dict[int, dict[str, Any]] = {c: {} for c in self.trainers}
+        self.state = self.server.init_state(initial=self.initial)
+        self.relays = RelayQueue()
         self.history: list[RoundRecord] = []
         self.rng = np.random.default_rng(config.seed)
+        self.last_view = None
 
     # ---- checkpoints --------------------------------------------------------------------------
     @property
     def _ckpt(self) -> Path | None:
         return Path(self.config.checkpoint_dir) if self.config.checkpoint_dir else None
 
+    def state_dict(self) -> dict[str, Any]:
+        return {"server": self.state, "relays": self.relays.state_dict(),
+                "clients": {c: e.state_dict() for c, e in self.clients.items()},
+                "rng": self.rng.bit_generator.state, "history": [asdict(r) for r in self.history],
+                "ledger": self.ledger.state_dict() if self.ledger is not None else None}
+
+    def load_state_dict(self, blob: Mapping[str, Any]) -> None:
+        self.state = blob["server"]
+        self.relays.load_state_dict(blob["relays"])
+        for c, st in blob["clients"].items():
+            self.clients[int(c)].load_state_dict(st)
+        self.rng.bit_generator.state = blob["rng"]
+        self.history = [RoundRecord.from_json(r) for r in blob["history"]]
+        if self.ledger is not None and blob.get("ledger") is not None:
+            self.ledger.load_state_dict(blob["ledger"])
+
     def save(self) -> None:
         """Write the whole run state atomically: a crash leaves the previous checkpoint intact."""
         root = self._ckpt
         if root is None:
             return
-        root.mkdir(parents=True, exist_ok=True)
-        tmp = root / f".tmp-{secrets.token_hex(4)}"
-        tmp.mkdir()
-        np.savez(tmp / "server_state.npz", **self.state)
-        torch.save({"clients": self.client_states, "trainers": {c: t.state_dict() for c, t in self.trainers.items()},
-                    "rng": self.rng.bit_generator.state}, tmp / "clients.pt")
-        (tmp / "history.json").write_text(json.dumps([asdict(r) for r in self.history]))
+        from fl_algorithms.experiments.checkpoint import save_state
+
+        save_state(root / "latest", self.state_dict())
         if self.ledger is not None:
-            torch.save(self.ledger.state_dict(), tmp / "ledger.pt")
-            self.ledger.write(tmp / "ledger.json")
-        final = root / "latest"
-        old = root / ".old"
-        if old.exists():
-            shutil.rmtree(old)
-        if final.exists():
-            os.replace(final, old)
-        os.replace(tmp, final)
-        shutil.rmtree(old, ignore_errors=True)
+            self.ledger.write(root / "ledger.json")
 
     def load(self) -> bool:
         """Restore from the last checkpoint, if any. Returns whether one was found."""
         root = self._ckpt
         if root is None:
             return False
-        final = root / "latest"
-        if not final.exists() and (root / ".old").exists():
-            final = root / ".old"  # crashed between the two renames of save()
-        if not final.exists():
+        from fl_algorithms.experiments.checkpoint import checkpoint_exists, load_state
+
+        if not checkpoint_exists(root / "latest"):
             return False
-        with np.load(final / "server_state.npz") as z:
-            self.state = {k: z[k] for k in z.files}
-        blob = torch.load(final / "clients.pt", weights_only=False)
-        self.client_states = blob["clients"]
-        for c, st in blob["trainers"].items():
-            self.trainers[c].load_state_dict(st)
-        self.rng.bit_generator.state = blob["rng"]
-        if self.ledger is not None and (final / "ledger.pt").exists():
-            self.ledger.load_state_dict(torch.load(final / "ledger.pt", weights_only=False))
-        raw = json.loads((final / "history.json").read_text())
-        self.history = [RoundRecord.from_json(r) for r in raw]
+        self.load_state_dict(load_state(root / "latest"))
         return True
 
     # ---- rounds -------------------------------------------------------------------------------
@@ -154,37 +136,48 @@ class SimulationRunner:
     def run_round(self, t: int) -> RoundRecord:
         t0 = time.perf_counter()
         cohort = self.sample()
-        broadcast = self.algorithm.configure_round(round=t, state=self.state)
-        uploads: dict[int, Upload] = {}
-        for c in cohort:
-            ctx = ClientContext(client_id=c, state=self.client_states[c], trainer=self.trainers[c], round=t)
-            uploads[c], new_state = self.algorithm.client_update(broadcast=broadcast, client=ctx)
-            self.client_states[c] = dict(new_state)
+        machine = RoundMachine(server=self.server, state=self.state, round=t, cohort=cohort,
+                               population=sorted(self.trainers), aggregator=self.aggregator, relays=self.relays)
+        inputs, client_metrics = {}, {}
+        for c, broadcast in machine.start().items():
+            ready, inputs[c], _ = self.clients[c].on_broadcast(broadcast)
+            client_metrics[c] = dict(ready.metrics)
+            machine.on_ready(c, ready)
         drops = {c for c in cohort if self.rng.random() < self.config.dropout}
-        stats = SecureRoundStats()
-        contributors = cohort
-        if any(u.masked or u.released for u in uploads.values()):
-            view = self.aggregator.aggregate(round=t, uploads=uploads, drop_at={"masked": drops} if drops else None,
-                                             stats=stats, population=sorted(self.trainers))
-            self.state = self.algorithm.server_update(state=self.state, view=view)
-            contributors = sorted(view.contributors)
+        sent: dict[int, int] = {}
+        clipped = 0
+        for job in machine.sum_jobs():
+            s0 = time.perf_counter()
+            vectors = {c: inputs[c][job.name].vector for c in job.members}
+            clipped += sum(inputs[c][job.name].clipped for c in job.members)
+            try:
+                result = self.aggregator.run_sum(round_id=job.round_id, inputs=vectors, length=job.length,
+                                                 protocol_params=job.protocol_params,
+                                                 drop_at={"masked": drops & set(job.members)} if drops else None,
+                                                 bytes_sent=sent)
+            except Exception as exc:  # an aborted sum (too few survivors) fails that sum only
+                machine.on_sum(job.name, error=f"{type(exc).__name__}: {exc}", seconds=time.perf_counter() - s0)
+                continue
+            self.aggregator.record_individuals(t, {c: inputs[c][job.name] for c in job.members}, result.contributors)
+            machine.on_sum(job.name, result=result, seconds=time.perf_counter() - s0)
+        self.state, view = machine.finish()
+        self.last_view = view
+        if self.aggregator.transcript is not None and machine.jobs:
+            self.aggregator.transcript.record_view(view, cohort=cohort)
         metrics = {}
-        for c in sorted(self.trainers):
-            m = dict(uploads[c].metrics) if c in uploads else {}
-            m.update(self.evaluate_client(c))
+        for c in sorted(self.clients):
+            m = client_metrics.get(c, {})
+            m.update(self.clients[c].on_evaluate(machine.evaluation_parameters(c), round=t))
             metrics[c] = m
-        rec = RoundRecord(round=t, cohort=cohort, contributors=contributors, metrics=metrics,
-                          seconds=time.perf_counter() - t0, secure_seconds=stats.seconds,
-                          bytes_uploaded=stats.bytes_uploaded, clipped=stats.clipped)
-        return rec
+        return RoundRecord(round=t, cohort=cohort, contributors=sorted(view.contributors), metrics=metrics,
+                           seconds=time.perf_counter() - t0, secure_seconds=machine.secure_seconds,
+                           bytes_uploaded=sent, clipped=clipped,
+                           sums={k: sorted(v) for k, v in view.sum_contributors.items()}, failed=dict(view.failed))
 
     def evaluate_client(self, c: int) -> dict[str, float]:
         """Client-side evaluation of the model the client would use (global parts + its own)."""
-        trainer = self.trainers[c]
-        shared = self.algorithm.shared_parameters(self.state)
-        if shared:
-            trainer.set_shared(shared)
-        return trainer.evaluate(split=self.config.eval_split)
+        params = self.server.client_parameters(state=self.state, client_id=c)
+        return self.clients[c].on_evaluate(params, round=len(self.history))
 
     def run(self, *, resume: bool = False, progress: bool = True, desc: str = "rounds") -> list[RoundRecord]:
         if resume:

@@ -65,13 +65,18 @@ class SpyFedAvg(FedAvg):
 
 
 def test_server_update_never_reaches_a_per_client_vector(toy_trainers):
-    algo = SpyFedAvg()
     cfg = RunConfig(rounds=2, secure=SecureAggregationConfig(protocol="secagg+", clip=4.0, max_weight=100, max_clients=8))
-    SimulationRunner(algorithm=algo, trainers=toy_trainers(4), config=cfg).run(progress=False)
-    arrays = [o for o in algo.seen if isinstance(o, np.ndarray)]
+    runner = SimulationRunner(algorithm=SpyFedAvg(), trainers=toy_trainers(4), config=cfg)
+    runner.run(progress=False)
+    server = runner.server.algorithm
+    # The engine runs the two sides on separate copies: what a client stashes on `self` stays there.
+    assert server.client_deltas == [] and server is not runner.algorithm
+    client_deltas = [d for e in runner.clients.values() for d in e.role.algorithm.client_deltas]
+    assert len(client_deltas) == 2 * 4 and all(e.role.algorithm.seen == [] for e in runner.clients.values())
+    arrays = [o for o in server.seen if isinstance(o, np.ndarray)]
     assert arrays, "the spy saw the aggregate means"
-    assert not any(isinstance(o, (Upload, Masked)) for o in algo.seen)
-    for delta in algo.client_deltas:
+    assert not any(isinstance(o, (Upload, Masked)) for o in server.seen)
+    for delta in client_deltas:
         for v in delta.values():
             for a in arrays:
                 if a.shape == v.shape:

@@ -1,0 +1,290 @@
+"""One federated round as a sans-IO state machine, and the client endpoint that answers it.
+
+Both runtimes drive the same two objects; only how messages move differs (in memory, or ZeroMQ
+processes over tcp). A round, server side (`RoundMachine`):
+
+    start()          the plan: one ClientBroadcast per cohort member (its own public parts and
+                     the Sealed messages relayed to it), and the secure sums it is a member of
+    on_ready(i, r)   client i's answer: the layout of each sum it joins, Released values, Sealed
+                     messages for peers, client-local metrics
+    sum_jobs()       closes collection: one job per secure sum (members that answered with the
+                     sum's majority layout; a group below its minimum size is skipped, never run)
+    on_sum(name, …)  the protocol's ring sum (or why it failed)
+    finish()         decode every sum (Released + ledger under distributed DP), build the
+                     AggregateView, server_update; Sealed messages queue for their receivers
+
+Client side (`ClientEndpoint`): `on_broadcast` runs the algorithm's client role and encodes its
+Masked parts for each sum; `on_evaluate` evaluates the parameters the server names for it.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from fl_algorithms.api import (MAX_SUMS_PER_ROUND, ClientBroadcast, ClientContext, Relayed, RoundPlan, Sealed,
+                               SumSpec, Upload)
+from fl_algorithms.engine.roles import ClientRole, ServerRole
+from fl_algorithms.engine.secure_sum import EncodedInput, Layout, SecureAggregator, build_view
+
+log = logging.getLogger(__name__)
+
+ROUND_STRIDE = 64
+"""Transport round ids of FL round t: t*64 (broadcast/ready), t*64 + 1 + j (sum j), t*64 + 63 (evaluation)."""
+EVAL_SLOT = ROUND_STRIDE - 1
+MAX_SEALED_PER_CLIENT = 64
+"""Most Sealed messages one client may send in one round."""
+MAX_RELAY_QUEUE = 256
+"""Most relayed messages held for one receiver; older ones are dropped (and logged) beyond it."""
+
+
+def transport_round(t: int, slot: int) -> int:
+    return t * ROUND_STRIDE + slot
+
+
+class RoundError(RuntimeError):
+    """A round cannot go on (for example, every secure sum failed)."""
+
+
+@dataclass(frozen=True)
+class ClientReady:
+    """A client's answer to its broadcast: everything except its masked inputs."""
+
+    layouts: Mapping[str, Layout]
+    released: Mapping[str, Any] = field(default_factory=dict)
+    sealed: tuple[Sealed, ...] = ()
+    metrics: Mapping[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class SumJob:
+    """One secure sum to run: who, how long the vectors are, and under which transport round id."""
+
+    name: str
+    round_id: int
+    members: tuple[int, ...]
+    layout: Layout
+    length: int
+    protocol_params: Mapping[str, object]
+
+
+@dataclass
+class RoundRecord:
+    round: int
+    cohort: list[int]
+    contributors: list[int]
+    metrics: dict[int, dict[str, float]]
+    seconds: float
+    secure_seconds: float
+    bytes_uploaded: dict[int, int]
+    clipped: int
+    sums: dict[str, list[int]] = field(default_factory=dict)
+    """Contributors of each secure sum."""
+    failed: dict[str, str] = field(default_factory=dict)
+    """Secure sums that did not finish, with the reason."""
+
+    def mean(self, key: str) -> float:
+        vals = [m[key] for m in self.metrics.values() if key in m]
+        return float(np.mean(vals)) if vals else float("nan")
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any]) -> "RoundRecord":
+        """Inverse of dataclasses.asdict after a JSON round trip (client ids come back as strings)."""
+        return cls(**{**raw, "metrics": {int(k): v for k, v in raw["metrics"].items()},
+                      "bytes_uploaded": {int(k): v for k, v in raw["bytes_uploaded"].items()}})
+
+
+class RelayQueue:
+    """Sealed messages the server holds until their receiver's next broadcast (server state)."""
+
+    def __init__(self) -> None:
+        self.pending: dict[int, list[Relayed]] = {}
+
+    def put(self, *, sender: int, round: int, sealed: Sealed) -> None:
+        queue = self.pending.setdefault(sealed.receiver, [])
+        queue.append(Relayed(sender=sender, round=round, ciphertext=sealed.ciphertext))
+        if len(queue) > MAX_RELAY_QUEUE:
+            log.warning("relay queue of client %d is full: dropping its oldest message", sealed.receiver)
+            del queue[0]
+
+    def take(self, receiver: int) -> tuple[Relayed, ...]:
+        return tuple(self.pending.pop(receiver, ()))
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"pending": {c: [[r.sender, r.round, r.ciphertext] for r in q] for c, q in self.pending.items()}}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.pending = {int(c): [Relayed(sender=int(s), round=int(t), ciphertext=bytes(b)) for s, t, b in q]
+                        for c, q in state["pending"].items()}
+
+
+class RoundMachine:
+    """The server side of one round, sans IO. Drivers call its methods in the order of the module doc."""
+
+    def __init__(self, *, server: ServerRole, state: Any, round: int, cohort: Sequence[int], population: Sequence[int],
+                 aggregator: SecureAggregator, relays: RelayQueue) -> None:
+        if not cohort:
+            raise ValueError("a round needs a non-empty cohort")
+        self.server, self.state, self.round = server, state, round
+        self.cohort, self.population = sorted(cohort), sorted(population)
+        self.aggregator, self.relays = aggregator, relays
+        self.plan: RoundPlan = server.plan(round=round, state=state, cohort=self.cohort)
+        self.specs: tuple[SumSpec, ...] = self.plan.sums_for(self.cohort)
+        if len(self.specs) > MAX_SUMS_PER_ROUND:
+            raise ValueError(f"at most {MAX_SUMS_PER_ROUND} secure sums per round")
+        self.ready: dict[int, ClientReady] = {}
+        self.jobs: dict[str, SumJob] = {}
+        self.results: dict[str, Any] = {}
+        self.failed: dict[str, str] = {}
+        self.stage = "new"
+        self.secure_seconds = 0.0
+
+    # ---- broadcast -----------------------------------------------------------------------------
+    def sums_of(self, client_id: int) -> dict[str, tuple[int, tuple[str, ...] | None]]:
+        """The sums client `client_id` is a member of: name -> (transport round id, parts)."""
+        return {s.name: (transport_round(self.round, 1 + j), s.parts)
+                for j, s in enumerate(self.specs) if client_id in s.members}
+
+    def start(self) -> dict[int, ClientBroadcast]:
+        if self.stage != "new":
+            raise RuntimeError("start() runs once")
+        self.stage = "collect"
+        out = {}
+        for c in self.cohort:
+            out[c] = self.plan.broadcast.for_client(c, round=self.round, inbox=self.relays.take(c),
+                                                    sums={n: p for n, (_, p) in self.sums_of(c).items()})
+        return out
+
+    def on_ready(self, client_id: int, ready: ClientReady) -> None:
+        """Accept one client's answer; a malformed one leaves that client out of the round."""
+        if self.stage != "collect":
+            raise RuntimeError("ready answers are accepted only while collecting")
+        if client_id not in self.cohort or client_id in self.ready:
+            raise ValueError(f"client {client_id} is not expected (or answered twice)")
+        expected = set(self.sums_of(client_id))
+        if set(ready.layouts) != expected:
+            raise ValueError(f"client {client_id} answered for sums {sorted(ready.layouts)}, expected {sorted(expected)}")
+        if len(ready.sealed) > MAX_SEALED_PER_CLIENT:
+            raise ValueError(f"client {client_id} sent {len(ready.sealed)} sealed messages (limit {MAX_SEALED_PER_CLIENT})")
+        for s in ready.sealed:
+            if s.receiver not in self.population or s.receiver == client_id:
+                raise ValueError(f"client {client_id} sealed a message for unknown client {s.receiver}")
+        self.ready[client_id] = ready
+
+    # ---- secure sums -----------------------------------------------------------------------------
+    def sum_jobs(self) -> list[SumJob]:
+        if self.stage != "collect":
+            raise RuntimeError("sum_jobs() runs once, after collection")
+        self.stage = "sums"
+        for j, spec in enumerate(self.specs):
+            ready = [c for c in self.cohort if c in spec.members and c in self.ready]
+            layouts = [self.ready[c].layouts[spec.name] for c in ready]
+            if not layouts:
+                self.failed[spec.name] = "no member answered"
+                continue
+            layout = max(set(layouts), key=layouts.count)
+            if not layout.parts:
+                continue  # nothing masked in this sum (e.g. Local)
+            members = tuple(c for c, lay in zip(ready, layouts) if lay == layout)
+            odd = sorted(set(ready) - set(members))
+            if odd:
+                log.warning("round %d, sum '%s': clients %s sent another layout; left out", self.round, spec.name, odd)
+            if len(members) < spec.min_size:
+                self.failed[spec.name] = f"{len(members)} members ready, minimum {spec.min_size}"
+                continue
+            self.jobs[spec.name] = SumJob(name=spec.name, round_id=transport_round(self.round, 1 + j), members=members,
+                                          layout=layout, length=self.aggregator.input_length(layout),
+                                          protocol_params=dict(spec.protocol_params))
+        return list(self.jobs.values())
+
+    def on_sum(self, name: str, *, result: Any = None, error: str | None = None, seconds: float = 0.0) -> None:
+        if self.stage != "sums" or name not in self.jobs or name in self.results or name in self.failed:
+            raise RuntimeError(f"unexpected result for sum '{name}'")
+        self.secure_seconds += seconds
+        if error is not None:
+            self.failed[name] = error
+        else:
+            self.results[name] = result
+
+    # ---- update ----------------------------------------------------------------------------------
+    def finish(self) -> tuple[Any, Any]:
+        """Decode, update the server state, queue relays. Returns (new state, the AggregateView)."""
+        if self.stage != "sums" or set(self.jobs) - set(self.results) - set(self.failed):
+            raise RuntimeError("finish() needs every sum job answered")
+        self.stage = "done"
+        t0 = time.perf_counter()
+        sums, contributors_of, released = {}, {}, {}
+        for name, job in self.jobs.items():
+            if name not in self.results:
+                continue
+            result = self.results[name]
+            try:
+                groups, rel = self.aggregator.server_decode(result.ring_sum, layout=job.layout,
+                                                            contributors=result.contributors, round=self.round,
+                                                            sum_name=name, population=self.population)
+            except Exception as exc:  # e.g. too few survivors for the DP noise: this sum only
+                self.failed[name] = f"{type(exc).__name__}: {exc}"
+                continue
+            sums[name] = groups
+            contributors_of[name] = frozenset(result.contributors)
+            if rel is not None:
+                released["model-update" if name == "all" else f"model-update/{name}"] = {0: rel}
+        # who the round's result depends on: every sum's contributors (or, with nothing masked, who answered)
+        everyone = frozenset().union(*contributors_of.values()) if self.jobs else frozenset(self.ready)
+        for part in {n for r in self.ready.values() for n in r.released}:
+            released[part] = {c: self.ready[c].released[part] for c in sorted(everyone)
+                              if part in self.ready[c].released}
+        for c in sorted(self.ready):
+            for s in self.ready[c].sealed:
+                self.relays.put(sender=c, round=self.round, sealed=s)
+        view = build_view(round=self.round, released=released, contributors=everyone, sums=sums,
+                          sum_contributors=contributors_of, failed=self.failed)
+        if self.jobs and not sums:
+            raise RoundError(f"round {self.round}: every secure sum failed: {self.failed}")
+        if self.jobs:  # decoding is part of the secure sum's cost
+            self.secure_seconds += time.perf_counter() - t0
+        self.state = self.server.server_update(state=self.state, view=view)
+        return self.state, view
+
+    def evaluation_parameters(self, client_id: int) -> Mapping[str, np.ndarray]:
+        return self.server.client_parameters(state=self.state, client_id=client_id)
+
+
+class ClientEndpoint:
+    """A client, sans IO: its role, trainer and private state; answers broadcasts and evaluations."""
+
+    def __init__(self, *, client_id: int, role: ClientRole, trainer: Any, aggregator: SecureAggregator,
+                 eval_split: str = "test") -> None:
+        if client_id <= 0:
+            raise ValueError("client ids must be positive")
+        self.client_id, self.role, self.trainer = client_id, role, trainer
+        self.aggregator, self.eval_split = aggregator, eval_split
+        self.state: dict[str, Any] = {}
+
+    def context(self, round: int) -> ClientContext:
+        return ClientContext(client_id=self.client_id, state=self.state, trainer=self.trainer, round=round)
+
+    def on_broadcast(self, broadcast: ClientBroadcast) -> tuple[ClientReady, dict[str, EncodedInput], Upload]:
+        """Local update, then this client's input to each of its sums (encoded here, on the client)."""
+        upload, new_state = self.role.client_update(broadcast=broadcast, client=self.context(broadcast.round))
+        self.state = dict(new_state)
+        inputs = {name: self.aggregator.client_encode(upload, parts=parts, round=broadcast.round, sum_name=name,
+                                                      client_id=self.client_id)
+                  for name, parts in broadcast.sums.items()}
+        ready = ClientReady(layouts={n: e.layout for n, e in inputs.items()}, released=dict(upload.released),
+                            sealed=tuple(upload.sealed), metrics=dict(upload.metrics))
+        return ready, inputs, upload
+
+    def on_evaluate(self, parameters: Mapping[str, np.ndarray], *, round: int) -> dict[str, float]:
+        return self.role.evaluate(parameters=parameters, client=self.context(round), split=self.eval_split)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"trainer": self.trainer.state_dict(), "state": dict(self.state)}
+
+    def load_state_dict(self, blob: Mapping[str, Any]) -> None:
+        self.trainer.load_state_dict(blob["trainer"])
+        self.state = dict(blob["state"])

@@ -1,0 +1,199 @@
+"""The round engine's messages on the wire (deployment), and their validation before use.
+
+    server -> client  fl_train      a ClientBroadcast: arrays 'c/…', 'g/…', 'p/…' (float32), relayed
+                                    ciphertexts 'i/k' (bytes), and 'meta' (JSON: group, sums with their
+                                    transport round ids, relay senders, the run's secure config)
+    client -> server  fl_ready      'meta' (JSON: layout per sum, metrics, sealed receivers, or an
+                                    error naming what did not match) and sealed ciphertexts 's/k'
+    server -> client  fl_evaluate   the parameters this client evaluates ('p/…')
+    client -> server  fl_evaluated  'meta' (JSON metrics)
+
+Everything received is checked here (sizes, types, names, counts) before the engine uses it; a
+check that fails raises ProtocolError and the message is dropped.
+"""
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from fl_algorithms.api import MAX_SEALED_BYTES, ClientBroadcast, Relayed, Sealed
+from fl_algorithms.engine.round import MAX_SEALED_PER_CLIENT, ClientReady
+from fl_algorithms.engine.secure_sum import MAX_PARTS, Layout
+from secagg.messages import ProtocolError, Value
+
+TRAIN, READY, EVALUATE, EVALUATED = "fl_train", "fl_ready", "fl_evaluate", "fl_evaluated"
+MAX_META_BYTES = 1 << 20
+MAX_FIELDS = 4096
+MAX_METRICS = 256
+
+
+def _meta(obj: Mapping[str, Any]) -> bytes:
+    raw = json.dumps(obj, sort_keys=True, allow_nan=False).encode()
+    if len(raw) > MAX_META_BYTES:
+        raise ValueError(f"message metadata of {len(raw)} bytes exceeds {MAX_META_BYTES}")
+    return raw
+
+
+def _parse_meta(fields: Mapping[str, Value]) -> dict[str, Any]:
+    raw = fields.get("meta")
+    if type(raw) is not bytes or len(raw) > MAX_META_BYTES:
+        raise ProtocolError("missing or oversized 'meta' field")
+    try:
+        meta = json.loads(raw.decode())
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ProtocolError("'meta' is not JSON") from exc
+    if not isinstance(meta, dict):
+        raise ProtocolError("'meta' must be a JSON object")
+    return meta
+
+
+def _arrays(fields: Mapping[str, Value], prefix: str) -> dict[str, np.ndarray]:
+    out = {}
+    for name, value in fields.items():
+        if not name.startswith(prefix):
+            continue
+        if not isinstance(value, np.ndarray) or value.dtype != np.float32 or value.ndim != 1:
+            raise ProtocolError(f"field '{name}' must be a 1-D float32 array")
+        if not np.all(np.isfinite(value)):
+            raise ProtocolError(f"field '{name}' is not finite")
+        out[name[len(prefix):]] = np.array(value)  # own, writable copy (received arrays are views)
+    return out
+
+
+def _check_field_names(fields: Mapping[str, Value], allowed: tuple[str, ...]) -> None:
+    if len(fields) > MAX_FIELDS:
+        raise ProtocolError(f"{len(fields)} fields (limit {MAX_FIELDS})")
+    for name in fields:
+        if name != "meta" and not name.startswith(allowed):
+            raise ProtocolError(f"unexpected field '{name}'")
+
+
+def _metrics(raw: Any) -> dict[str, float]:
+    if not isinstance(raw, dict) or len(raw) > MAX_METRICS:
+        raise ProtocolError("metrics must be a small JSON object")
+    out = {}
+    for k, v in raw.items():
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v):
+            raise ProtocolError(f"metric '{k}' is not a finite number")
+        out[str(k)[:128]] = float(v)
+    return out
+
+
+# ---- broadcast -----------------------------------------------------------------------------------
+
+def broadcast_fields(b: ClientBroadcast, *, round_ids: Mapping[str, int], config: Mapping[str, Any]) -> dict[str, Value]:
+    fields: dict[str, Value] = {}
+    for prefix, parts in (("c/", b.common), ("g/", b.group_parts), ("p/", b.own)):
+        for name, arr in parts.items():
+            fields[prefix + name] = np.ascontiguousarray(arr, dtype=np.float32)
+    for k, r in enumerate(b.inbox):
+        fields[f"i/{k}"] = r.ciphertext
+    fields["meta"] = _meta({"round": b.round, "group": b.group, "config": dict(config),
+                            "sums": {n: [round_ids[n], list(p) if p is not None else None] for n, p in b.sums.items()},
+                            "inbox": [[r.sender, r.round] for r in b.inbox]})
+    return fields
+
+
+def parse_broadcast(fields: Mapping[str, Value]) -> tuple[ClientBroadcast, dict[str, int], dict[str, Any]]:
+    """(the broadcast, transport round id of each sum, the server's secure config)."""
+    _check_field_names(fields, ("c/", "g/", "p/", "i/"))
+    meta = _parse_meta(fields)
+    try:
+        round_ = int(meta["round"])
+        group = meta["group"]
+        if group is not None and not isinstance(group, str):
+            raise ValueError
+        sums, round_ids = {}, {}
+        if not isinstance(meta["sums"], dict) or len(meta["sums"]) > 64:
+            raise ValueError
+        for name, (rid, parts) in meta["sums"].items():
+            round_ids[str(name)] = int(rid)
+            sums[str(name)] = None if parts is None else tuple(str(p) for p in parts)
+        senders = meta["inbox"]
+        inbox = tuple(Relayed(sender=int(s), round=int(t), ciphertext=fields[f"i/{k}"])
+                      for k, (s, t) in enumerate(senders))
+        if len(inbox) != sum(1 for n in fields if n.startswith("i/")):
+            raise ValueError
+        if any(type(r.ciphertext) is not bytes or len(r.ciphertext) > MAX_SEALED_BYTES for r in inbox):
+            raise ValueError
+        config = dict(meta["config"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ProtocolError("malformed broadcast metadata") from exc
+    b = ClientBroadcast(round=round_, common=_arrays(fields, "c/"), group=group, group_parts=_arrays(fields, "g/"),
+                        own=_arrays(fields, "p/"), inbox=inbox, sums=sums)
+    return b, round_ids, config
+
+
+# ---- ready ----------------------------------------------------------------------------------------
+
+def ready_fields(ready: ClientReady | None, *, error: str | None = None) -> dict[str, Value]:
+    if ready is None:
+        return {"meta": _meta({"error": (error or "failed")[:2000]})}
+    fields: dict[str, Value] = {f"s/{k}": s.ciphertext for k, s in enumerate(ready.sealed)}
+    fields["meta"] = _meta({"layouts": {n: [list(p) for p in lay.parts] for n, lay in ready.layouts.items()},
+                            "metrics": {k: float(v) for k, v in ready.metrics.items() if math.isfinite(float(v))},
+                            "sealed": [s.receiver for s in ready.sealed], "error": None})
+    return fields
+
+
+def parse_ready(fields: Mapping[str, Value]) -> ClientReady | str:
+    """The client's answer, or the error it reported (a string)."""
+    _check_field_names(fields, ("s/",))
+    meta = _parse_meta(fields)
+    if meta.get("error"):
+        return str(meta["error"])[:2000]
+    try:
+        layouts = {}
+        if not isinstance(meta["layouts"], dict) or len(meta["layouts"]) > 64:
+            raise ValueError
+        for name, parts in meta["layouts"].items():
+            if not isinstance(parts, list) or len(parts) > MAX_PARTS:
+                raise ValueError
+            layouts[str(name)] = Layout(tuple((str(n), int(k), int(c)) for n, k, c in parts)).validate()
+        receivers = meta["sealed"]
+        if not isinstance(receivers, list) or len(receivers) > MAX_SEALED_PER_CLIENT:
+            raise ValueError
+        if len(receivers) != sum(1 for n in fields if n.startswith("s/")):
+            raise ValueError
+        sealed = tuple(Sealed(receiver=int(r), ciphertext=fields[f"s/{k}"]) for k, r in enumerate(receivers))
+        metrics = _metrics(meta["metrics"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ProtocolError("malformed ready message") from exc
+    return ClientReady(layouts=layouts, sealed=sealed, metrics=metrics)
+
+
+# ---- evaluation -----------------------------------------------------------------------------------
+
+def evaluate_fields(parameters: Mapping[str, np.ndarray], *, round: int) -> dict[str, Value]:
+    fields: dict[str, Value] = {f"p/{k}": np.ascontiguousarray(v, dtype=np.float32).ravel() for k, v in parameters.items()}
+    fields["meta"] = _meta({"round": round})
+    return fields
+
+
+def parse_evaluate(fields: Mapping[str, Value]) -> tuple[dict[str, np.ndarray], int]:
+    _check_field_names(fields, ("p/",))
+    meta = _parse_meta(fields)
+    try:
+        return _arrays(fields, "p/"), int(meta["round"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ProtocolError("malformed evaluation request") from exc
+
+
+def evaluated_fields(metrics: Mapping[str, float]) -> dict[str, Value]:
+    return {"meta": _meta({"metrics": {k: float(v) for k, v in metrics.items() if math.isfinite(float(v))}})}
+
+
+def parse_evaluated(fields: Mapping[str, Value]) -> dict[str, float]:
+    _check_field_names(fields, ())
+    return _metrics(_parse_meta(fields).get("metrics"))
+
+
+def config_mismatch(server: Mapping[str, Any], client: Mapping[str, Any]) -> str | None:
+    """A message naming both sides of every setting they disagree on (None if they agree)."""
+    keys = sorted(set(server) | set(client))
+    diffs = [f"{k}: server {server.get(k)!r}, client {client.get(k)!r}" for k in keys if server.get(k) != client.get(k)]
+    return "; ".join(diffs) if diffs else None

@@ -1,6 +1,6 @@
 """`Released`: one noisy per-client (or per-group) value, charged to the privacy ledger.
 
-This is the only form in which a per-client value may cross the privacy boundary (DESIGN.md).
+This is the only form in which a per-client value may cross the privacy boundary (docs/ARCHITECTURE.md).
 Only DP mechanisms in `dp` hold the module-private capability that `Released.__init__` checks;
 any other construction, `dataclasses.replace`, pickling or mutation raises. (Python cannot stop
 code that deliberately reaches into `dp._mint` or calls object.__new__: this is a type boundary

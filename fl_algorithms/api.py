@@ -14,9 +14,9 @@ A `RoundPlan` holds the broadcast, a common public part plus per-group and per-c
 parts (each client receives only its own), and the round's secure sums: each `SumSpec` names a
 group of the cohort, the Masked parts it adds up, and its own minimum size and threshold.
 
-A client's `Upload` leaves the client only in the three permitted forms (DESIGN.md):
+A client's `Upload` leaves the client only in the three permitted forms:
 `Masked` parts go through secure aggregation, `Released` parts are DP outputs charged to a ledger
-(constructed only by `dp`), and `Sealed` parts are ciphertexts for named peers. Server code never
+(constructed only by `dp`), and `Sealed` parts are ciphertexts for named peers (docs/ARCHITECTURE.md). Server code never
 sees an Upload: it receives an `AggregateView`, which only the secure-aggregation layer can build,
 holding group means, total weights and Released values.
 """

@@ -1,81 +1,135 @@
 """Run a federated experiment as separate processes over tcp.
 
     python -m fl_algorithms.deploy_cli server --task fl_algorithms.tasks.toy:build --clients 3 \\
-        --bind tcp://127.0.0.1:5555 [--config run.toml] [--resume]
+        --bind tcp://127.0.0.1:5555 [--config run.toml] [--rounds N] [--protocol secagg+] \\
+        [--checkpoint-dir DIR] [--resume]
     python -m fl_algorithms.deploy_cli client --task fl_algorithms.tasks.toy:build --id 1 \\
-        --connect tcp://127.0.0.1:5555 [--config run.toml] [--checkpoint-dir DIR]
+        --connect tcp://127.0.0.1:5555 [--config run.toml] [--protocol secagg+] [--checkpoint-dir DIR]
 
-The server prints one JSON line per round and a final evaluation line.
+The server prints one JSON line per round as the round completes, then a final evaluation line.
+Server and clients must agree on the configuration (protocol, encoding, DP): a client that differs
+is refused with an error that names both sides. `--checkpoint-dir` holds the server's checkpoint
+(and `ledger.json` under distributed DP) or the client's own; `--resume` continues the server's run.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
-import os
 import sys
 
-for _v in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):
-    os.environ.setdefault(_v, "1")
-
-from fl_algorithms.experiments.config import load_toml  # noqa: E402
-from fl_algorithms.engine.deploy import DeployedClient, DeployedServer, DeploymentConfig  # noqa: E402
-from fl_algorithms.engine.sim import RunConfig  # noqa: E402
-from fl_algorithms.experiments.task import load_task  # noqa: E402
+from fl_algorithms.engine.deploy import DeployedClient, DeployedServer, DeploymentConfig, describe_round
+from fl_algorithms.engine.sim import RunConfig
+from fl_algorithms.experiments.config import load_toml
+from fl_algorithms.experiments.task import load_task
+from secagg.protocols import registry
 
 
-def _options(pairs: list[str]) -> dict[str, str]:
+def _options(pairs: list[str], parser: argparse.ArgumentParser) -> dict[str, str]:
     out = {}
     for p in pairs:
         k, sep, v = p.partition("=")
-        if not sep:
-            raise SystemExit(f"--option takes key=value, got {p!r}")
+        if not sep or not k:
+            parser.error(f"--option takes key=value, got {p!r}")
         out[k] = v
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def _positive(kind):
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        if not value > 0:
+            raise argparse.ArgumentTypeError(f"must be positive, got {text}")
+        return value
+    return parse
+
+
+def _endpoint(text: str) -> str:
+    if not text.startswith(("tcp://", "ipc://", "inproc://")):
+        raise argparse.ArgumentTypeError(f"endpoint must start with tcp://, ipc:// or inproc://, got {text!r}")
+    return text
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m fl_algorithms.deploy_cli", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("role", choices=["server", "client"])
     ap.add_argument("--task", required=True, help="module:function returning a Task")
     ap.add_argument("--option", action="append", default=[], help="task option key=value (repeatable)")
-    ap.add_argument("--config", help="TOML file with RunConfig fields")
-    ap.add_argument("--clients", type=int, help="server: clients to wait for")
-    ap.add_argument("--bind", default="tcp://127.0.0.1:5555")
-    ap.add_argument("--connect", default="tcp://127.0.0.1:5555")
-    ap.add_argument("--id", type=int, help="client id (positive)")
-    ap.add_argument("--checkpoint-dir")
-    ap.add_argument("--resume", action="store_true")
-    ap.add_argument("--register-timeout", type=float, default=120.0)
+    ap.add_argument("--config", help="TOML file with RunConfig fields (see examples/configs/)")
+    ap.add_argument("--rounds", type=_positive(int), help="override the config's rounds")
+    ap.add_argument("--protocol", choices=registry.names(), help="override the config's secure-aggregation protocol")
+    ap.add_argument("--clients", type=_positive(int), help="server: clients to wait for")
+    ap.add_argument("--bind", type=_endpoint, default="tcp://127.0.0.1:5555")
+    ap.add_argument("--connect", type=_endpoint, default="tcp://127.0.0.1:5555")
+    ap.add_argument("--id", type=_positive(int), help="client id (positive)")
+    ap.add_argument("--checkpoint-dir", help="server: run checkpoints and ledger; client: its own state")
+    ap.add_argument("--resume", action="store_true", help="server: continue from --checkpoint-dir")
+    ap.add_argument("--register-timeout", type=_positive(float), default=120.0)
+    ap.add_argument("--broadcast-timeout", type=_positive(float), default=600.0)
+    ap.add_argument("--stage-timeout", type=_positive(float), default=60.0)
+    return ap
+
+
+def run_config(args: argparse.Namespace, ap: argparse.ArgumentParser) -> RunConfig:
+    try:
+        config = load_toml(RunConfig, args.config) if args.config else RunConfig()
+        secure = config.secure if args.protocol is None else dataclasses.replace(config.secure, protocol=args.protocol)
+        changes = {"secure": secure}
+        if args.rounds is not None:
+            changes["rounds"] = args.rounds
+        if args.role == "server" and args.checkpoint_dir:
+            changes["checkpoint_dir"] = args.checkpoint_dir
+        return dataclasses.replace(config, **changes)
+    except (OSError, ValueError, TypeError, KeyError) as exc:
+        ap.error(f"--config {args.config}: {exc}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = parser()
     args = ap.parse_args(argv)
+    if args.role == "server" and args.clients is None:
+        ap.error("server needs --clients N")
+    if args.role == "client" and args.id is None:
+        ap.error("client needs --id K")
+    if args.resume and not (args.role == "server" and args.checkpoint_dir):
+        ap.error("--resume is for the server and needs --checkpoint-dir")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s", stream=sys.stderr)
-    config = load_toml(RunConfig, args.config) if args.config else RunConfig()
-    task = load_task(args.task, _options(args.option))
+    config = run_config(args, ap)
+    try:
+        task = load_task(args.task, _options(args.option, ap))
+    except (ImportError, AttributeError, ValueError) as exc:
+        ap.error(f"--task {args.task}: {exc}")
+    deployment = DeploymentConfig(broadcast_timeout=args.broadcast_timeout, stage_timeout=args.stage_timeout)
     if args.role == "server":
         from transport.server import ServerDriver
 
-        if not args.clients or args.clients < 1:
-            raise SystemExit("server needs --clients N")
+        ledger = None
+        if config.secure.distributed_dp is not None:
+            from dp.ledger import Ledger
+
+            ledger = Ledger()
         with ServerDriver(args.bind) as driver:
             got = driver.wait_for_clients(count=args.clients, timeout=args.register_timeout)
             if len(got) < args.clients:
-                raise SystemExit(f"only {len(got)} of {args.clients} clients registered")
-            server = DeployedServer(task=task, config=config, driver=driver)
-            for rec in server.run(resume=args.resume)[-config.rounds:]:
-                print(json.dumps({"round": rec.round, "contributors": rec.contributors,
-                                  "accuracy_before_round": rec.mean("accuracy"), "seconds": round(rec.seconds, 3),
-                                  "secure_seconds": round(rec.secure_seconds, 3)}), flush=True)
-            final = server.evaluate()
+                print(f"error: only {len(got)} of {args.clients} clients registered", file=sys.stderr)
+                return 1
+            server = DeployedServer(task=task, config=config, driver=driver, deployment=deployment, ledger=ledger,
+                                    on_round=lambda rec: print(describe_round(rec), flush=True))
+            server.run(resume=args.resume)
+            final = server.history[-1].metrics if server.history else server.evaluate()
             accs = [m["accuracy"] for m in final.values() if "accuracy" in m]
             print(json.dumps({"final_accuracy": sum(accs) / max(len(accs), 1), "clients": sorted(final)}), flush=True)
             driver.shutdown()
         return 0
     from transport.client import run_client
 
-    if not args.id or args.id < 1:
-        raise SystemExit("client needs --id K (positive)")
     client = DeployedClient(client_id=args.id, task=task, config=config, checkpoint_dir=args.checkpoint_dir,
-                            deployment=DeploymentConfig())
+                            deployment=deployment)
     summary = run_client(endpoint=args.connect, client_id=args.id, factory=client.protocol_for,
                          handlers=client.handlers())
     print(json.dumps({"client": args.id, "exit": summary.exit_reason, "rounds": len(summary.rounds)}), flush=True)

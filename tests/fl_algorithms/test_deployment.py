@@ -91,4 +91,4 @@ def test_multiprocess_tcp_run(tmp_path):
     assert [r["round"] for r in rounds] == [1, 2, 3]
     assert all(r["contributors"] == [1, 2, 3] for r in rounds)
     assert lines[-1]["clients"] == [1, 2, 3] and lines[-1]["final_accuracy"] > 0.5
-    assert all((tmp_path / f"c{i}" / "client.pt").exists() for i in (1, 2, 3))
+    assert all((tmp_path / f"c{i}" / "client").is_dir() for i in (1, 2, 3))

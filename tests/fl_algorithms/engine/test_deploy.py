@@ -13,7 +13,7 @@ from fl_algorithms.engine.secure_sum import SecureAggregationConfig
 from fl_algorithms.tasks.toy import build
 from transport.simulation import InprocFederation
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def _config(protocol="secagg+", **kw):

@@ -9,7 +9,7 @@ export HF_DATASETS_OFFLINE=1
 export TRANSFORMERS_OFFLINE=1
 export TOKENIZERS_PARALLELISM=false
 
-.PHONY: install demo test bench bench-flower secagg-demo clean
+.PHONY: install demo test test-fast bench bench-flower secagg-demo clean
 
 install: $(STAMP)
 
@@ -30,6 +30,11 @@ demo: install
 
 test: install
 	$(VPY) -m pytest tests
+
+# The inner loop (< 3 min on 2 cores): everything but multi-process runs and the examples' end-to-end tests.
+test-fast: install
+	$(VPY) -m pytest tests -x -m "not slow" --ignore=tests/examples/test_fednlp_classification.py \
+	  --ignore=tests/examples/test_fedmcp_secure.py --ignore=tests/examples/test_privacy_frontier.py
 
 bench: install
 	$(VPY) -m pytest benchmarks --benchmark-only

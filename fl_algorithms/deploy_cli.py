@@ -18,6 +18,7 @@ import dataclasses
 import json
 import logging
 import sys
+from pathlib import Path
 
 from fl_algorithms.engine.deploy import DeployedClient, DeployedServer, DeploymentConfig, describe_round
 from fl_algorithms.engine.sim import RunConfig
@@ -69,6 +70,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--id", type=_positive(int), help="client id (positive)")
     ap.add_argument("--checkpoint-dir", help="server: run checkpoints and ledger; client: its own state")
     ap.add_argument("--resume", action="store_true", help="server: continue from --checkpoint-dir")
+    ap.add_argument("--run-dir", help="server: a run directory (config.toml, metrics.jsonl/csv per round as it "
+                                      "completes, results.json, ledger.json); also the checkpoint dir if none given")
     ap.add_argument("--register-timeout", type=_positive(float), default=120.0)
     ap.add_argument("--broadcast-timeout", type=_positive(float), default=600.0)
     ap.add_argument("--stage-timeout", type=_positive(float), default=60.0)
@@ -82,8 +85,8 @@ def run_config(args: argparse.Namespace, ap: argparse.ArgumentParser) -> RunConf
         changes = {"secure": secure}
         if args.rounds is not None:
             changes["rounds"] = args.rounds
-        if args.role == "server" and args.checkpoint_dir:
-            changes["checkpoint_dir"] = args.checkpoint_dir
+        if args.role == "server" and (args.checkpoint_dir or args.run_dir):
+            changes["checkpoint_dir"] = args.checkpoint_dir or str(Path(args.run_dir) / "checkpoints")
         return dataclasses.replace(config, **changes)
     except (OSError, ValueError, TypeError, KeyError) as exc:
         ap.error(f"--config {args.config}: {exc}")
@@ -96,8 +99,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("server needs --clients N")
     if args.role == "client" and args.id is None:
         ap.error("client needs --id K")
-    if args.resume and not (args.role == "server" and args.checkpoint_dir):
-        ap.error("--resume is for the server and needs --checkpoint-dir")
+    if args.resume and not (args.role == "server" and (args.checkpoint_dir or args.run_dir)):
+        ap.error("--resume is for the server and needs --checkpoint-dir or --run-dir")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s", stream=sys.stderr)
     config = run_config(args, ap)
     try:
@@ -118,12 +121,32 @@ def main(argv: list[str] | None = None) -> int:
             if len(got) < args.clients:
                 print(f"error: only {len(got)} of {args.clients} clients registered", file=sys.stderr)
                 return 1
+            run = None
+            if args.run_dir:
+                from fl_algorithms.experiments.rundir import RunDirectory
+
+                run = RunDirectory(Path(args.run_dir))
+                run.path.mkdir(parents=True, exist_ok=True)
+                run.write_config({"run": config, "task": args.task, "options": _options(args.option, ap)})
+
+            def on_round(rec) -> None:
+                print(describe_round(rec), flush=True)
+                if run is not None:
+                    run.log_round(dataclasses.asdict(rec))
+
             server = DeployedServer(task=task, config=config, driver=driver, deployment=deployment, ledger=ledger,
-                                    on_round=lambda rec: print(describe_round(rec), flush=True))
-            server.run(resume=args.resume)
+                                    on_round=on_round)
+            if args.resume and server.load() and run is not None:
+                run.truncate_rounds(after=len(server.history))
+            server.run()
             final = server.history[-1].metrics if server.history else server.evaluate()
             accs = [m["accuracy"] for m in final.values() if "accuracy" in m]
-            print(json.dumps({"final_accuracy": sum(accs) / max(len(accs), 1), "clients": sorted(final)}), flush=True)
+            summary = {"final_accuracy": sum(accs) / max(len(accs), 1), "clients": sorted(final)}
+            if run is not None:
+                run.write_results({"summary": summary, "rounds": [dataclasses.asdict(r) for r in server.history]})
+                if ledger is not None:
+                    ledger.write(run.ledger_path)
+            print(json.dumps(summary), flush=True)
             driver.shutdown()
         return 0
     from transport.client import run_client

@@ -70,7 +70,8 @@ def test_multiprocess_tcp_run(tmp_path):
     cfg.write_text('rounds = 3\n[secure]\nprotocol = "secagg+"\nclip = 4.0\nmax_weight = 100.0\nmax_clients = 8\n')
     common = [sys.executable, "-m", "fl_algorithms.deploy_cli"]
     task = ["--task", "fl_algorithms.tasks.toy:build", "--config", str(cfg)]
-    server = subprocess.Popen(common + ["server", *task, "--clients", "3", "--bind", endpoint],
+    server = subprocess.Popen(common + ["server", *task, "--clients", "3", "--bind", endpoint,
+                                        "--run-dir", str(tmp_path / "run")],
                               cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     clients = [subprocess.Popen(common + ["client", *task, "--id", str(i), "--connect", endpoint,
                                           "--checkpoint-dir", str(tmp_path / f"c{i}")],
@@ -92,3 +93,8 @@ def test_multiprocess_tcp_run(tmp_path):
     assert all(r["contributors"] == [1, 2, 3] for r in rounds)
     assert lines[-1]["clients"] == [1, 2, 3] and lines[-1]["final_accuracy"] > 0.5
     assert all((tmp_path / f"c{i}" / "client").is_dir() for i in (1, 2, 3))
+    run = tmp_path / "run"  # the run directory: config, per-round metrics, results, checkpoints
+    assert [json.loads(x)["round"] for x in (run / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3]
+    assert "secagg+" in (run / "config.toml").read_text() and (run / "metrics.csv").is_file()
+    assert json.loads((run / "results.json").read_text())["summary"] == lines[-1]
+    assert (run / "checkpoints" / "server" / "latest" / "state.json").is_file()

@@ -22,11 +22,6 @@ from pathlib import Path
 
 import numpy as np
 
-try:
-    import transport  # noqa: F401  (installed with `pip install -e .`)
-except ImportError:  # run from a checkout without installing
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 from secagg.encoding import EncodingConfig, FixedPointEncoder
 from secagg.messages import AbortError
 from secagg.protocols import registry
@@ -172,6 +167,20 @@ def _fmt_dropped(dropped) -> str:
     return ", ".join(f"{sorted(ids)} in '{stage}'" for stage, ids in dropped.items()) or "none"
 
 
+def _check_params(p: argparse.ArgumentParser, protocol: str, pairs: list[str]) -> None:
+    """Every --param must be NAME=VALUE with NAME a keyword of the protocol's server."""
+    import inspect
+
+    known = sorted(n for n, prm in inspect.signature(registry.server_class(protocol)).parameters.items()
+                   if prm.kind is prm.KEYWORD_ONLY and n not in ("round_id", "clients", "length", "ring"))
+    for pair in pairs:
+        name, sep, _ = pair.partition("=")
+        if not sep or not name:
+            p.error(f"--param takes NAME=VALUE, got {pair!r}")
+        if name not in known:
+            p.error(f"--param {name}: {protocol} has no such parameter; it takes {known}")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--clients", type=int, default=8)
@@ -181,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--drop-stage", default="input",
                    help="'input' (the masked-input stage) or k: crash on the k-th server request")
     p.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
-                   help="extra server protocol argument, e.g. threshold=5")
+                   help="extra server protocol argument, e.g. threshold_fraction=0.6 (checked against the protocol)")
     p.add_argument("--client-param", action="append", default=[], metavar="NAME=VALUE",
                    help="extra client protocol argument")
     p.add_argument("--seed", type=int, default=0)
@@ -190,6 +199,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--id", type=int, help=argparse.SUPPRESS)
     p.add_argument("--connect", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.clients < 2:
+        p.error("--clients must be at least 2 (a secure sum of one client is that client's input)")
+    if args.dim < 1:
+        p.error("--dim must be at least 1")
+    if not args.stage_timeout > 0:
+        p.error("--stage-timeout must be positive")
+    _check_params(p, args.protocol, args.param)
     if args.drop_stage not in ("input", "none") and not args.drop_stage.isdigit():
         p.error("--drop-stage is 'input' or a positive integer")
     if not 0 <= args.dropout < args.clients:

@@ -168,21 +168,42 @@ def keygen(args: argparse.Namespace) -> int:
     return 0
 
 
+def _at_least(kind, low):
+    """argparse type: a `kind` number >= low (an argparse error, exit code 2, otherwise)."""
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        if not value >= low:
+            raise argparse.ArgumentTypeError(f"must be at least {low}, got {text}")
+        return value
+    return parse
+
+
+def _positive_float(text: str) -> float:
+    value = _at_least(float, 0.0)(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError("must be positive")
+    return value
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m transport.cli", description=__doc__.split("\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
 
     s = sub.add_parser("server", help="run rounds over a ROUTER socket")
-    s.add_argument("--protocol", default="plain", choices=registry.names())
-    s.add_argument("--clients", type=int, required=True, help="wait for this many clients")
-    s.add_argument("--dim", type=int, required=True, help="vector length summed per round")
+    s.add_argument("--protocol", default="secagg+", choices=registry.names(),
+                   help="secure-sum protocol (default secagg+); clients must run the same one")
+    s.add_argument("--clients", type=_at_least(int, 2), required=True, help="wait for this many clients")
+    s.add_argument("--dim", type=_at_least(int, 1), required=True, help="vector length summed per round")
     s.add_argument("--host", default="127.0.0.1")
-    s.add_argument("--port", type=int, default=0, help="0 picks a free port (see --endpoint-file)")
+    s.add_argument("--port", type=_at_least(int, 0), default=0, help="0 picks a free port (see --endpoint-file)")
     s.add_argument("--endpoint", help="bind here instead of tcp://HOST:PORT (e.g. ipc:///tmp/sa)")
     s.add_argument("--endpoint-file", help="write the bound endpoint to this file")
-    s.add_argument("--rounds", type=int, default=1)
-    s.add_argument("--stage-timeout", type=float, default=60.0)
-    s.add_argument("--register-timeout", type=float, default=60.0)
+    s.add_argument("--rounds", type=_at_least(int, 1), default=1)
+    s.add_argument("--stage-timeout", type=_positive_float, default=60.0)
+    s.add_argument("--register-timeout", type=_positive_float, default=60.0)
     s.add_argument("--param", action="append", default=[], metavar="NAME=VALUE")
     s.add_argument("--curve-dir", help="CurveZMQ keys from `keygen`: server secret + client allowlist")
     s.add_argument("--check", action="store_true", help="verify the exact sum of the synthetic inputs")
@@ -190,14 +211,15 @@ def parser() -> argparse.ArgumentParser:
     s.set_defaults(run=serve)
 
     c = sub.add_parser("client", help="answer a server's rounds over a DEALER socket")
-    c.add_argument("--id", type=int, required=True)
+    c.add_argument("--id", type=_at_least(int, 1), required=True)
     c.add_argument("--connect", required=True)
-    c.add_argument("--dim", type=int, required=True)
-    c.add_argument("--protocol", default="plain", choices=registry.names())
+    c.add_argument("--dim", type=_at_least(int, 1), required=True)
+    c.add_argument("--protocol", default="secagg+", choices=registry.names(),
+                   help="must match the server's (default secagg+)")
     c.add_argument("--param", action="append", default=[], metavar="NAME=VALUE")
     c.add_argument("--curve-dir")
-    c.add_argument("--hello-timeout", type=float, default=60.0)
-    c.add_argument("--idle-timeout", type=float, default=600.0)
+    c.add_argument("--hello-timeout", type=_positive_float, default=60.0)
+    c.add_argument("--idle-timeout", type=_positive_float, default=600.0)
     c.add_argument("--drop-at-input", action="store_true", help="exit when asked for the (masked) input")
     c.add_argument("--drop-round", type=int, help="with --drop-at-input: only in this round")
     c.add_argument("--float-input", action="store_true", help="encode a random float vector, as a trivial FL client")
@@ -206,7 +228,7 @@ def parser() -> argparse.ArgumentParser:
 
     k = sub.add_parser("keygen", help="write CurveZMQ key pairs for a server and its clients")
     k.add_argument("--dir", required=True)
-    k.add_argument("--clients", type=int, required=True)
+    k.add_argument("--clients", type=_at_least(int, 1), required=True)
     k.set_defaults(run=keygen)
     return p
 

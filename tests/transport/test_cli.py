@@ -57,7 +57,7 @@ def test_server_and_client_processes_over_tcp_sum_exactly(tmp_path) -> None:
     assert [r["round"] for r in rounds] == [1, 2]
     assert all(r["sum_ok"] for r in rounds)
     assert rounds[0]["contributors"] == [1, 2, 3] and rounds[0]["dropped"] == {}
-    assert rounds[1]["contributors"] == [1, 2] and rounds[1]["dropped"] == {"collect": [3]}
+    assert rounds[1]["contributors"] == [1, 2] and rounds[1]["dropped"] == {"masked": [3]}  # SecAgg+ (the default)
     assert rounds[0]["bytes_received"] >= 3 * 4 * dim
     exits = [json.loads(out.splitlines()[-1]) for _, out, _ in client_results[:2]]
     assert [e["reason"] for e in exits] == ["shutdown", "shutdown"]

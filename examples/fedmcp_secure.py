@@ -42,7 +42,6 @@ import argparse
 import copy
 import json
 import os
-import sys
 import time
 from collections import defaultdict
 from collections.abc import Sequence
@@ -50,30 +49,27 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-for _var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):
-    os.environ.setdefault(_var, "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+import numpy as np
+import torch
+from tqdm.auto import tqdm
 
-_ROOT = Path(__file__).resolve().parents[1]
-for _path in (str(_ROOT), str(Path(__file__).resolve().parent)):
-    if _path not in sys.path:  # run from a checkout without installing
-        sys.path.insert(0, _path)
-
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-from tqdm.auto import tqdm  # noqa: E402
-
-from _fedmcp_task import (BASELINE_MODEL, FEDMCP_MODEL, LOCAL_MODEL, AdapterTrainer, ClientData,  # noqa: E402
-                          FullFineTuneTrainer, TopEncoder, TrainConfig, build_client_data, load_client_splits,
-                          fast_bf16, make_head)
-from fl_algorithms.algorithms.fedavg import FedAvg  # noqa: E402
-from fl_algorithms.algorithms.fedmcp import FedMCP  # noqa: E402
-from fl_algorithms.algorithms.fedrep import FedRep  # noqa: E402
-from fl_algorithms.algorithms.local import Local  # noqa: E402
-from fl_algorithms.experiments.results import write_results  # noqa: E402
-from fl_algorithms.engine.sim import RoundRecord, RunConfig, SimulationRunner  # noqa: E402
-from fl_algorithms.engine.secure_sum import SecureAggregationConfig  # noqa: E402
-from secagg.protocols import registry  # noqa: E402
+from dp.opacus_client import DPSGDConfig
+from fl_algorithms.algorithms.fedavg import FedAvg
+from fl_algorithms.algorithms.fedmcp import FedMCP
+from fl_algorithms.algorithms.fedrep import FedRep
+from fl_algorithms.algorithms.local import Local
+from fl_algorithms.engine.secure_sum import SecureAggregationConfig
+from fl_algorithms.engine.sim import RoundRecord, RunConfig, SimulationRunner
+from fl_algorithms.experiments.results import write_results
+from fl_algorithms.training.adapter_trainer import (BASELINE_MODEL, FEDMCP_MODEL, LOCAL_MODEL, AdapterTrainer,
+                                                    FullFineTuneTrainer, TrainConfig)
+from fl_algorithms.training.dp_trainer import quiet_dp_libraries
+from nlp_models._offline import ensure_offline
+from nlp_models.backbone import load_backbone, load_tokenizer, tiny_bert
+from nlp_models.classifiers import make_head
+from nlp_models.cpu import fast_bf16
+from nlp_models.data.cross_task import ClientData, build_client_data, load_client_splits
+from secagg.protocols import registry
 
 METHODS = ("fedmcp", "fedavg_peft", "local", "fedrep", "fedavg_full")
 """Selectable methods; 'fedmcp_plain' (FedMCP with plaintext aggregation) is added automatically."""
@@ -218,8 +214,8 @@ def options_from_args(args: argparse.Namespace) -> Options:
 
 # ---------------------------------------------------------------- building runs
 
-def load_backbone_for(options: Options):
-    from nlp_models.backbone import load_backbone, load_tokenizer, tiny_bert
+def load_backbone_for(options: Options) -> tuple[torch.nn.Module, Any]:
+    """MiniLM (or the tests' tiny random BERT) with its tokenizer, frozen: clients share its weights."""
     if options.tiny_backbone:
         backbone, tokenizer = tiny_bert(layers=3, hidden=32, heads=2, max_positions=512), load_tokenizer()
     else:
@@ -244,7 +240,6 @@ def make_algorithm(method: str, options: Options):
 def train_config(options: Options) -> TrainConfig:
     dp = None
     if options.dp:
-        from dp.opacus_client import DPSGDConfig
         dp = DPSGDConfig(noise_multiplier=options.dp_noise, max_grad_norm=options.dp_clip,
                          batch_size=options.batch_size, delta=options.dp_delta)
     return TrainConfig(batch_size=options.batch_size, lr=options.lr, dp=dp, dp_delta=options.dp_delta,
@@ -272,11 +267,8 @@ def build_trainers(method: str, clients: Sequence[ClientData], backbone, options
                                                  config=config, seed=seed) for c in clients}
     spec = {"fedmcp": FEDMCP_MODEL, "fedmcp_plain": FEDMCP_MODEL, "fedavg_peft": BASELINE_MODEL,
             "fedrep": BASELINE_MODEL, "local": LOCAL_MODEL}[method]
-    return {c.client_id: AdapterTrainer(data=c, spec=spec,
-                                        top=TopEncoder(backbone, split_layer=c.split_layer,
-                                                       dropout=config.backbone_dropout),
-                                        bottleneck=options.bottleneck, head_hidden=options.head_hidden,
-                                        config=config, seed=seed) for c in clients}
+    return {c.client_id: AdapterTrainer(data=c, backbone=backbone, spec=spec, bottleneck=options.bottleneck,
+                                        head_hidden=options.head_hidden, config=config, seed=seed) for c in clients}
 
 
 @dataclass
@@ -474,18 +466,6 @@ def timing_report(summary: dict[str, Any], prefix_seconds: float, wall: float) -
 
 # ---------------------------------------------------------------- main
 
-def quiet_dp_libraries() -> None:
-    """Silence known, stated library notices that would otherwise repeat every client and round."""
-    import warnings
-    warnings.filterwarnings("ignore", message="Secure RNG turned off")  # stated once in our own output
-    warnings.filterwarnings("ignore", message="Full backward hook is firing")  # frozen inputs: expected
-    try:  # dp_accounting drops RDP orders whose series does not converge (epsilon stays an upper bound)
-        from absl import logging as absl_logging
-        absl_logging.set_verbosity(absl_logging.ERROR)
-    except ImportError:  # pragma: no cover
-        pass
-
-
 def prepare_run_dir(args: argparse.Namespace) -> tuple[Path, Options]:
     if args.resume:
         run_dir = Path(args.resume)
@@ -505,7 +485,35 @@ def prepare_run_dir(args: argparse.Namespace) -> tuple[Path, Options]:
     return run_dir, options
 
 
+def prepare_clients(backbone: torch.nn.Module, tokenizer: Any, options: Options, *,
+                    progress: bool) -> list[ClientData]:
+    """The four task clients, each split tokenised once and cached below the adapted layers."""
+    splits = load_client_splits(cap_to=options.cap, seed=0)
+    bar = tqdm(total=len(splits), desc="frozen prefix", disable=not progress, leave=False)
+    clients = build_client_data(backbone, tokenizer, splits, max_length=options.max_length,
+                                adapter_layers=options.adapter_layers, bf16=use_bf16(options),
+                                progress=lambda key: bar.update(1))
+    bar.close()
+    return clients
+
+
+def print_report(document: dict[str, Any], options: Options, *, verbose: bool, run_dir: Path) -> None:
+    print()
+    print(f"Test accuracy (%) after {options.rounds} rounds, {options.seeds} seed(s); aggregation: "
+          f"{options.protocol} (FedMCP also in plaintext); Comm. relative to uploading the "
+          f"{document['backbone_params'] / 1e6:.1f} M backbone parameters")
+    print(document["table"])
+    if options.dp:
+        print("epsilon: example-level, per client, at delta "
+              f"{options.dp_delta:g} (Opacus RDP accountant kept across rounds)")
+    if verbose:
+        print(document["timing"])
+    print(f"results: {run_dir / 'results.json'}  plot: {run_dir / 'accuracy.png'}")
+    print(document["final_line"])
+
+
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    ensure_offline()
     wall_start = time.perf_counter()
     args = parse_args(argv)
     try:
@@ -522,13 +530,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     depth = backbone.config.num_hidden_layers
     if options.adapter_layers > depth:
         raise SystemExit(f"error: --adapter-layers {options.adapter_layers} exceeds the backbone's {depth} layers")
-    splits = load_client_splits(cap_to=options.cap, seed=0)
     start = time.perf_counter()
-    bar = tqdm(total=len(splits), desc="frozen prefix", disable=not progress, leave=False)
-    clients = build_client_data(backbone, tokenizer, splits, max_length=options.max_length,
-                                adapter_layers=options.adapter_layers, bf16=use_bf16(options),
-                                progress=lambda key: bar.update(1))
-    bar.close()
+    clients = prepare_clients(backbone, tokenizer, options, progress=progress)
     prefix_seconds = time.perf_counter() - start
     sizes = ", ".join(f"{c.title} {len(c.splits['train'])}/{len(c.splits['validation'])}/{len(c.splits['test'])}"
                       for c in clients)
@@ -570,18 +573,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                   runs={f"{m}/seed{r.seed}": r.history for m, rs in runs.items() for r in rs}, summary=document)
     plot_curves(summary, run_dir / "accuracy.png")
 
-    print()
-    print(f"Test accuracy (%) after {options.rounds} rounds, {options.seeds} seed(s); aggregation: "
-          f"{options.protocol} (FedMCP also in plaintext); Comm. relative to uploading the {backbone_params / 1e6:.1f} M "
-          "backbone parameters")
-    print(table)
-    if options.dp:
-        print("epsilon: example-level, per client, at delta "
-              f"{options.dp_delta:g} (Opacus RDP accountant kept across rounds)")
-    if args.verbose:
-        print(timing)
-    print(f"results: {run_dir / 'results.json'}  plot: {run_dir / 'accuracy.png'}")
-    print(line)
+    print_report(document, options, verbose=args.verbose, run_dir=run_dir)
     return document
 
 

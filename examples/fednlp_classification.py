@@ -17,7 +17,8 @@ Setup and choices (and where they depart from FedNLP):
 - Model: all-MiniLM-L6-v2, frozen; Houlsby adapters (bottleneck 16) only in the top 2 of its 6
   layers, plus a linear head on the mean-pooled tokens. SIMPLIFICATION: FedNLP fine-tunes whole
   models (DistilBERT); here the bottom layers are frozen and computed once for all methods and
-  rounds (exact, see nlp_models.frozen_prefix), which makes a 2-core CPU run take minutes.
+  rounds (exact, see nlp_models.frozen_prefix; the clients are
+  fl_algorithms.training.classification), which makes a 2-core CPU run take minutes.
 - Shared (uploaded through SecAgg+) part: the adapters and the head; FedAvg-style deltas.
 - Data: BBC News (5 topics), duplicates dropped, articles truncated to 64 (--quick) / 128 tokens.
   Label skew: the per-class Dirichlet partition with alpha = 0.5 (FedNLP used alpha = 1 for 20News
@@ -46,40 +47,32 @@ import argparse
 import dataclasses
 import json
 import math
-import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:  # run from a checkout without installing
-    sys.path.insert(0, str(REPO))
-if str(REPO / "examples") not in sys.path:
-    sys.path.insert(0, str(REPO / "examples"))
+import numpy as np
+import torch
 
-from nlp_models._offline import ensure_offline  # noqa: E402
+from fl_algorithms.algorithms.fedavg import FedAvg
+from fl_algorithms.algorithms.fedopt import FedOpt
+from fl_algorithms.algorithms.fedprox import FedProx
+from fl_algorithms.api import Algorithm
+from fl_algorithms.engine.secure_sum import SecureAggregationConfig, SecureAggregator
+from fl_algorithms.engine.sim import RoundRecord, RunConfig, SimulationRunner
+from fl_algorithms.experiments.results import write_results
+from fl_algorithms.training.classification import TextTaskConfig, build_text_trainers
+from fl_algorithms.training.trainer import SeededTorchTrainer
+from nlp_models._offline import ensure_offline
+from nlp_models.backbone import load_backbone
+from nlp_models.data.dataset import TextDataset
+from nlp_models.data.loaders import load_bbc_news
+from nlp_models.data.partition import ClientSplit, Partition, PartitionError, client_splits, dirichlet_label_skew
+from nlp_models.frozen_prefix import PrefixCache, build_prefix_cache, prefix_split
 
-ensure_offline()
-
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-
-from _text_task import TextTaskConfig, build_text_trainers, prefix_split  # noqa: E402
-from fl_algorithms.api import Algorithm  # noqa: E402
-from fl_algorithms.algorithms.fedavg import FedAvg  # noqa: E402
-from fl_algorithms.algorithms.fedopt import FedOpt  # noqa: E402
-from fl_algorithms.algorithms.fedprox import FedProx  # noqa: E402
-from fl_algorithms.experiments.results import write_results  # noqa: E402
-from fl_algorithms.engine.sim import RoundRecord, RunConfig, SimulationRunner  # noqa: E402
-from fl_algorithms.engine.secure_sum import SecureAggregationConfig, SecureAggregator  # noqa: E402
-from nlp_models.data.dataset import TextDataset  # noqa: E402
-from nlp_models.data.loaders import load_bbc_news  # noqa: E402
-from nlp_models.data.partition import PartitionError, client_splits, dirichlet_label_skew  # noqa: E402
-from nlp_models.frozen_prefix import build_prefix_cache  # noqa: E402
-
-DEFAULT_OUT = REPO / "results" / "fednlp"
+DEFAULT_OUT = Path(__file__).resolve().parents[1] / "results" / "fednlp"
 METHODS = ("fedavg", "fedprox", "fedopt", "fedavg_plain")
 LABELS = {"fedavg": "FedAvg", "fedprox": "FedProx", "fedopt": "FedOPT (Adam)", "fedavg_plain": "FedAvg"}
 
@@ -306,19 +299,24 @@ def backbone_label(backbone: torch.nn.Module, default: bool) -> str:
     return f"{name} ({cfg.num_hidden_layers} layers, hidden {cfg.hidden_size})"
 
 
-def main(argv: Sequence[str] | None = None, *, backbone: tuple[torch.nn.Module, Any] | None = None) -> dict[str, Any]:
-    """Run the comparison; `backbone` = (model, tokenizer) replaces MiniLM (tests use a tiny BERT)."""
-    args, settings = parse_settings(argv)
-    torch.set_num_threads(args.threads)
-    progress = not args.no_progress
-    t_start = time.perf_counter()
+@dataclass(frozen=True)
+class Clients:
+    """The partitioned corpus and its frozen-prefix cache, shared by every method's fresh clients."""
 
-    default_backbone = backbone is None
-    if backbone is None:
-        from nlp_models.backbone import load_backbone
+    dataset: TextDataset
+    labels: np.ndarray
+    partition: Partition
+    splits: tuple[ClientSplit, ...]
+    cache: PrefixCache
+    task: TextTaskConfig
 
-        backbone = load_backbone()
-    model, tokenizer = backbone
+    def trainers(self, model: torch.nn.Module) -> dict[int, SeededTorchTrainer]:
+        return build_text_trainers(backbone=model, cache=self.cache, labels=self.labels, splits=self.splits,
+                                   num_labels=self.dataset.num_labels, config=self.task)
+
+
+def check_backbone(model: torch.nn.Module, settings: Settings) -> int:
+    """The cached prefix depth for `settings`, or a clear exit when the backbone cannot serve them."""
     try:
         split = prefix_split(model, settings.adapter_layers)
     except ValueError as error:
@@ -326,7 +324,10 @@ def main(argv: Sequence[str] | None = None, *, backbone: tuple[torch.nn.Module, 
     if settings.max_length > model.config.max_position_embeddings:
         raise SystemExit(f"error: --max-length {settings.max_length} exceeds the backbone's "
                          f"{model.config.max_position_embeddings} positions")
+    return split
 
+
+def partition_data(settings: Settings) -> tuple[TextDataset, np.ndarray, Partition, tuple[ClientSplit, ...]]:
     dataset = load_data(settings)
     labels = dataset.label_array()
     try:
@@ -335,6 +336,92 @@ def main(argv: Sequence[str] | None = None, *, backbone: tuple[torch.nn.Module, 
         splits = client_splits(partition, seed=settings.seed, labels=labels)
     except PartitionError as error:
         raise SystemExit(f"error: cannot partition {len(dataset)} documents: {error}") from None
+    return dataset, labels, partition, splits
+
+
+def run_methods(clients: Clients, model: torch.nn.Module, settings: Settings, run_dir: Path, *, resume: bool,
+                progress: bool) -> dict[str, Any]:
+    """Every method from the same initial model and cohorts; FedAvg's global model after each round (this
+    process's rounds) for the secure-vs-plain comparison."""
+    probe = clients.trainers(model)
+    sizes = {c: t.num_examples for c, t in probe.items()}
+    initial = probe[1].get_shared()
+    del probe
+    histories: dict[str, list[RoundRecord]] = {}
+    finals: dict[str, np.ndarray] = {}
+    snapshots: dict[str, dict[int, np.ndarray]] = {"fedavg": {}, "fedavg_plain": {}}
+    for method in METHODS:
+        config = RunConfig(rounds=settings.rounds, clients_per_round=settings.clients_per_round, seed=settings.seed,
+                           secure=secure_config(method, settings, max(sizes.values())),
+                           checkpoint_dir=str(run_dir / "checkpoints" / method))
+        algorithm = make_algorithm(method, settings)
+        runner = SimulationRunner(algorithm=algorithm, trainers=clients.trainers(model), config=config,
+                                  initial=initial)
+        if method in snapshots:
+            runner.on_round = lambda rec, r=runner, a=algorithm, m=method: snapshots[m].__setitem__(
+                rec.round, flat(a.shared_parameters(r.state)))
+        histories[method] = list(runner.run(resume=resume, progress=progress, desc=method))
+        finals[method] = flat(algorithm.shared_parameters(runner.state))
+    return {"histories": histories, "finals": finals, "snapshots": snapshots, "sizes": sizes,
+            "n_shared": {part: int(v.size) for part, v in initial.items()}}
+
+
+def secure_vs_plain(runs: Mapping[str, Any], settings: Settings) -> dict[str, Any]:
+    """How far FedAvg under SecAgg+ ends from FedAvg under a plaintext sum, next to the encoder's bound."""
+    finals, snapshots, sizes = runs["finals"], runs["snapshots"], runs["sizes"]
+    encoder = SecureAggregator(secure_config("fedavg", settings, max(sizes.values()))).encoder
+    return {
+        "secure_vs_plain_max_abs_diff": float(np.max(np.abs(finals["fedavg"] - finals["fedavg_plain"]))),
+        "secure_vs_plain_max_abs_diff_by_round": {
+            t: float(np.max(np.abs(v - snapshots["fedavg_plain"][t])))
+            for t, v in sorted(snapshots["fedavg"].items()) if t in snapshots["fedavg_plain"]},
+        "encoder_mean_error_bound_per_round": max(
+            encoder.mean_error_bound(n_clients=len(r.contributors),
+                                     total_weight=float(sum(sizes[c] for c in r.contributors)))
+            for r in runs["histories"]["fedavg"]),
+        "encoder_step": encoder.step,
+    }
+
+
+def print_report(summary: Mapping[str, Any], settings: Settings, *, title: str, model_label: str, layers: int,
+                 first_round: np.ndarray | None) -> None:
+    n_shared, diff = summary["shared_parameters"], summary["secure_vs_plain_max_abs_diff"]
+    bound = summary["encoder_mean_error_bound_per_round"]
+    print(f"\nFedNLP text classification: {title}, {settings.rounds} rounds, {settings.max_length} tokens")
+    print(f"model: {model_label}, frozen; adapters (bottleneck {settings.bottleneck}) "
+          f"only in the top {settings.adapter_layers} of {layers} layers + linear head "
+          f"(simplification: FedNLP fine-tunes the whole model)")
+    print(f"uploaded through secure aggregation: adapter ({n_shared['adapter']:,}) + head ({n_shared['head']:,}) "
+          f"parameters, as per-round deltas")
+    print(f"clients: AdamW lr {settings.client_lr:g}, {settings.local_epochs} local epoch(s), batch "
+          f"{settings.batch_size}; FedProx mu {settings.fedprox_mu:g}; FedOPT server Adam lr {settings.server_lr:g}, "
+          f"tau 1e-3")
+    print("accuracy: mean over clients of their own test-split accuracy under the global model "
+          "(pooled over all test examples in results.json)\n")
+    print(format_table(summary["methods"]))
+    clipped = sum(s["clipped_values"] for s in summary["methods"].values())
+    print(f"\nsecure vs plain FedAvg: max |difference| of final global parameters {diff:.3e}; "
+          f"encoder error bound per round and coordinate {bound:.3e}; clipped values {clipped}")
+    by_round = summary["secure_vs_plain_max_abs_diff_by_round"]
+    if 1 in by_round and first_round is not None:
+        # each run: encoder error <= bound, then float32 storage of w + mean update rounds by <= ulp/2
+        limit = 2 * bound + float(np.spacing(np.float32(np.max(np.abs(first_round)))))
+        print(f"  after round 1 it is {by_round[1]:.3e} (limit: 2 x bound + float32 rounding = {limit:.3e}); "
+              f"later rounds' local training carries the difference forward")
+
+
+def main(argv: Sequence[str] | None = None, *, backbone: tuple[torch.nn.Module, Any] | None = None) -> dict[str, Any]:
+    """Run the comparison; `backbone` = (model, tokenizer) replaces MiniLM (tests use a tiny BERT)."""
+    ensure_offline()
+    args, settings = parse_settings(argv)
+    torch.set_num_threads(args.threads)
+    progress = not args.no_progress
+    t_start = time.perf_counter()
+
+    default_backbone = backbone is None
+    model, tokenizer = load_backbone() if backbone is None else backbone
+    split = check_backbone(model, settings)
+    dataset, labels, partition, splits = partition_data(settings)
     if args.resume:
         run_dir = Path(args.resume)
     else:  # created only once the arguments, backbone and partition have been checked
@@ -346,88 +433,34 @@ def main(argv: Sequence[str] | None = None, *, backbone: tuple[torch.nn.Module, 
                                progress=progress)
     task = TextTaskConfig(adapter_layers=settings.adapter_layers, bottleneck=settings.bottleneck,
                           batch_size=settings.batch_size, lr=settings.client_lr, seed=settings.seed)
+    clients = Clients(dataset, labels, partition, splits, cache, task)
+    runs = run_methods(clients, model, settings, run_dir, resume=bool(args.resume), progress=progress)
 
-    def fresh_trainers():
-        return build_text_trainers(backbone=model, cache=cache, labels=labels, splits=splits,
-                                   num_labels=dataset.num_labels, config=task)
-
-    probe = fresh_trainers()
-    sizes = {c: t.num_examples for c, t in probe.items()}
-    initial = probe[1].get_shared()
-    n_shared = {part: int(v.size) for part, v in initial.items()}
-    del probe
-
-    histories: dict[str, list[RoundRecord]] = {}
-    finals: dict[str, np.ndarray] = {}
-    snapshots: dict[str, dict[int, np.ndarray]] = {"fedavg": {}, "fedavg_plain": {}}  # rounds run in this process
-    for method in METHODS:
-        config = RunConfig(rounds=settings.rounds, clients_per_round=settings.clients_per_round, seed=settings.seed,
-                           secure=secure_config(method, settings, max(sizes.values())),
-                           checkpoint_dir=str(run_dir / "checkpoints" / method))
-        algorithm = make_algorithm(method, settings)
-        runner = SimulationRunner(algorithm=algorithm, trainers=fresh_trainers(), config=config, initial=initial)
-        if method in snapshots:
-            runner.on_round = lambda rec, r=runner, a=algorithm, m=method: snapshots[m].__setitem__(
-                rec.round, flat(a.shared_parameters(r.state)))
-        histories[method] = list(runner.run(resume=bool(args.resume), progress=progress, desc=method))
-        finals[method] = flat(algorithm.shared_parameters(runner.state))
-
-    max_abs_diff = float(np.max(np.abs(finals["fedavg"] - finals["fedavg_plain"])))
-    diff_by_round = {t: float(np.max(np.abs(v - snapshots["fedavg_plain"][t])))
-                     for t, v in sorted(snapshots["fedavg"].items()) if t in snapshots["fedavg_plain"]}
-    encoder = SecureAggregator(secure_config("fedavg", settings, max(sizes.values()))).encoder
-    error_bound = max(encoder.mean_error_bound(n_clients=len(r.contributors),
-                                               total_weight=float(sum(sizes[c] for c in r.contributors)))
-                      for r in histories["fedavg"])
-    summaries = {m: method_summary(h) for m, h in histories.items()}
-    label_counts = partition.label_counts(labels, dataset.num_labels)
-
+    histories = runs["histories"]
     cohort = "all" if settings.clients_per_round is None else str(settings.clients_per_round)
     title = (f"BBC News, {len(dataset)} docs, {settings.clients} clients, Dir({settings.alpha}) label skew, "
              f"{cohort} clients/round")
     curve_path = plot_curves(run_dir / "curve.png", histories, title)
+    summaries = {m: method_summary(h) for m, h in histories.items()}
     summary = {
         "methods": summaries,
         "curves": {m: curve(h) for m, h in histories.items()},
         "pooled_curves": {m: pooled_curve(h) for m, h in histories.items()},
-        "secure_vs_plain_max_abs_diff": max_abs_diff,
-        "secure_vs_plain_max_abs_diff_by_round": diff_by_round,
-        "encoder_mean_error_bound_per_round": error_bound,
-        "encoder_step": encoder.step,
-        "shared_parameters": n_shared, "prefix_split": split,
-        "documents": len(dataset), "client_train_sizes": sizes,
-        "client_label_counts": label_counts.tolist(),
+        **secure_vs_plain(runs, settings),
+        "shared_parameters": runs["n_shared"], "prefix_split": split,
+        "documents": len(dataset), "client_train_sizes": runs["sizes"],
+        "client_label_counts": partition.label_counts(labels, dataset.num_labels).tolist(),
         "accuracy_definition": "mean over clients of each client's own test-split accuracy under the global model",
         "wall_seconds": time.perf_counter() - t_start,
     }
     results_path = write_results(run_dir / "results.json", config=settings, runs=histories, summary=summary)
-
-    layers = model.config.num_hidden_layers
-    print(f"\nFedNLP text classification: {title}, {settings.rounds} rounds, {settings.max_length} tokens")
-    print(f"model: {backbone_label(model, default_backbone)}, frozen; adapters (bottleneck {settings.bottleneck}) "
-          f"only in the top {settings.adapter_layers} of {layers} layers + linear head "
-          f"(simplification: FedNLP fine-tunes the whole model)")
-    print(f"uploaded through secure aggregation: adapter ({n_shared['adapter']:,}) + head ({n_shared['head']:,}) "
-          f"parameters, as per-round deltas")
-    print(f"clients: AdamW lr {settings.client_lr:g}, {settings.local_epochs} local epoch(s), batch "
-          f"{settings.batch_size}; FedProx mu {settings.fedprox_mu:g}; FedOPT server Adam lr {settings.server_lr:g}, "
-          f"tau 1e-3")
-    print("accuracy: mean over clients of their own test-split accuracy under the global model "
-          "(pooled over all test examples in results.json)\n")
-    print(format_table(summaries))
-    clipped = sum(s["clipped_values"] for s in summaries.values())
-    print(f"\nsecure vs plain FedAvg: max |difference| of final global parameters {max_abs_diff:.3e}; "
-          f"encoder error bound per round and coordinate {error_bound:.3e}; clipped values {clipped}")
-    if 1 in diff_by_round:
-        # each run: encoder error <= bound, then float32 storage of w + mean update rounds by <= ulp/2
-        limit = 2 * error_bound + float(np.spacing(np.float32(np.max(np.abs(snapshots["fedavg"][1])))))
-        print(f"  after round 1 it is {diff_by_round[1]:.3e} (limit: 2 x bound + float32 rounding = {limit:.3e}); "
-              f"later rounds' local training carries the difference forward")
+    print_report(summary, settings, title=title, model_label=backbone_label(model, default_backbone),
+                 layers=model.config.num_hidden_layers, first_round=runs["snapshots"]["fedavg"].get(1))
     print(f"plot: {curve_path}\nresults: {results_path}\ntime: {summary['wall_seconds']:.0f} s")
     line = (f"fedavg_acc={summaries['fedavg']['final_accuracy']:.4f} "
             f"fedprox_acc={summaries['fedprox']['final_accuracy']:.4f} "
             f"fedopt_acc={summaries['fedopt']['final_accuracy']:.4f} "
-            f"secure_vs_plain_max_abs_diff={max_abs_diff:.3e}")
+            f"secure_vs_plain_max_abs_diff={summary['secure_vs_plain_max_abs_diff']:.3e}")
     print(line, flush=True)
     return {"run_dir": run_dir, "summary": summary, "last_line": line}
 

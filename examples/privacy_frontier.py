@@ -3,7 +3,7 @@
     python examples/privacy_frontier.py --quick      # 20 clients, 8 rounds: < 10 min on 2 cores
     python examples/privacy_frontier.py              # 40 clients, all 12.7k snippets, 20 rounds
 
-One task (examples/_frontier_task.py: a bag-of-token-embeddings sentiment classifier on Rotten
+One task (nlp_models.bag_of_tokens: a bag-of-token-embeddings sentiment classifier on Rotten
 Tomatoes, V = 30,522 trainable embedding rows, clients = groups of movies, FedAvg with plain-SGD
 clients), one cohort schedule (same seed, so every setting samples the same cohorts), six settings:
 
@@ -15,7 +15,7 @@ clients), one cohort schedule (same seed, so every setting samples the same coho
 | dpsgd     | Opacus DP-SGD update (protocol 'plain')  | every client's update, example-level DP  |
 
 Every run records what the server actually received (`dp.leakage.Transcript`), saves it to disk,
-reloads it and measures leakage on the reloaded copy only:
+reloads it and measures leakage on the reloaded copy only (`dp.leakage.measure_leakage`):
 - token-set recovery from the embedding rows (support / two-sided row-norm test / top-k with the
   true k, an oracle upper bound); precision, recall, F1 against the true token set of the client
   (individual view) or of the union of the cohort (aggregate view); the best F1 and the best
@@ -55,46 +55,31 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
-import math
 import os
-import sys
 import time
-import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:  # run from a checkout without installing
-    sys.path.insert(0, str(REPO))
-if str(REPO / "examples") not in sys.path:
-    sys.path.insert(0, str(REPO / "examples"))
+import numpy as np
+import torch
+from tqdm.auto import tqdm
 
-from nlp_models._offline import ensure_offline  # noqa: E402
+from dp.distributed import DistributedDPConfig
+from dp.leakage import Transcript, measure_leakage
+from dp.ledger import Ledger, LedgerConfig, NonPrivateMechanism, Observer, PrivacyUnit
+from fl_algorithms.algorithms.fedavg import FedAvg
+from fl_algorithms.engine.secure_sum import SecureAggregationConfig
+from fl_algorithms.engine.sim import RoundRecord, RunConfig, SimulationRunner
+from fl_algorithms.experiments.results import write_results
+from fl_algorithms.training.bag_trainer import (build_dp_trainers, build_trainers, calibrated_dpsgd_configs,
+                                                example_losses)
+from fl_algorithms.training.dp_trainer import quiet_dp_libraries
+from nlp_models._offline import ensure_offline
+from nlp_models.bag_of_tokens import EMBEDDING_PART, HEAD_PART, BagTask, BagTaskConfig, load_bag_task
 
-ensure_offline()
-
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-from tqdm.auto import tqdm  # noqa: E402
-
-from _frontier_task import (EMBEDDING_PART, HEAD_PART, FrontierTask, FrontierTaskConfig,  # noqa: E402
-                            build_dp_trainers, build_trainers, example_losses, load_frontier_task)
-from dp.distributed import DistributedDPConfig  # noqa: E402
-from dp.leakage import (LeakageReport, Transcript, attribute_tokens, loss_threshold_attack, mean_scores,  # noqa: E402
-                        recover_tokens, recoverable_clients, score_attribution, score_tokens)
-from dp.ledger import Ledger, LedgerConfig, NonPrivateMechanism, Observer, PrivacyUnit  # noqa: E402
-from dp.opacus_client import DPSGDConfig, calibrate_noise_multiplier  # noqa: E402
-from fl_algorithms.algorithms.fedavg import FedAvg  # noqa: E402
-from fl_algorithms.experiments.results import write_results  # noqa: E402
-from fl_algorithms.engine.sim import RoundRecord, RunConfig, SimulationRunner  # noqa: E402
-from fl_algorithms.engine.secure_sum import SecureAggregationConfig  # noqa: E402
-
-DEFAULT_OUT = REPO / "results" / "privacy_frontier"
-ATTACKS = ("support", "two_sided", "top_k")
+DEFAULT_OUT = Path(__file__).resolve().parents[1] / "results" / "privacy_frontier"
 LEDGERS_FORMAT = "fedsecure-nlp/privacy-frontier-ledgers/v1"
 
 
@@ -109,7 +94,7 @@ class Setting:
 
 @dataclass(frozen=True)
 class FrontierConfig:
-    task: FrontierTaskConfig = field(default_factory=FrontierTaskConfig)
+    task: BagTaskConfig = field(default_factory=BagTaskConfig)
     rounds: int = 20
     cohort: int = 10
     local_epochs: int = 5
@@ -162,26 +147,16 @@ def ddp_config(cfg: FrontierConfig, epsilon: float) -> DistributedDPConfig:
                                rounds=cfg.rounds, sampling_rate=cfg.cohort / n, target_observer=cfg.target_observer)
 
 
-@lru_cache(maxsize=64)
-def _dpsgd_z(target: float, delta: float, batches: int, steps: int) -> float:
-    return calibrate_noise_multiplier(target_epsilon=target, delta=delta, sample_rate=1.0 / batches, steps=steps)
+def dpsgd_trainers(task: BagTask, cfg: FrontierConfig, ledger: Ledger) -> tuple[dict[int, Any], list[float]]:
+    """DP-SGD clients at the target epsilon for a client sampled in every round, and their distinct z."""
+    configs = calibrated_dpsgd_configs(task, target_epsilon=cfg.dpsgd_epsilon, delta=cfg.delta,
+                                       max_grad_norm=cfg.dpsgd_clip, local_epochs=cfg.local_epochs,
+                                       planned_rounds=cfg.rounds)
+    return (build_dp_trainers(task, dp_config=configs, ledger=ledger),
+            sorted({c.noise_multiplier for c in configs.values()}))
 
 
-def dpsgd_trainers(task: FrontierTask, cfg: FrontierConfig, ledger: Ledger) -> tuple[dict[int, Any], dict[int, float]]:
-    """DP-SGD clients, z calibrated once per distinct loader length (the same z Opacus' client would
-    solve for with target_epsilon: planned_rounds = R participations x local epochs x batches)."""
-    configs, zs = {}, {}
-    bs = task.config.batch_size
-    for c, data in task.clients.items():
-        batches = math.ceil(len(data.train) / bs)
-        zs[c] = _dpsgd_z(cfg.dpsgd_epsilon, cfg.delta, batches, cfg.rounds * cfg.local_epochs * batches)
-        configs[c] = DPSGDConfig(max_grad_norm=cfg.dpsgd_clip, noise_multiplier=zs[c], delta=cfg.delta, batch_size=bs,
-                                 local_epochs=cfg.local_epochs, planned_rounds=cfg.rounds,
-                                 grad_sample_mode="ghost")
-    return build_dp_trainers(task, dp_config=configs, ledger=ledger), zs
-
-
-def run_setting(setting: Setting, task: FrontierTask, cfg: FrontierConfig, *, progress: bool) -> RunOutput:
+def run_setting(setting: Setting, task: BagTask, cfg: FrontierConfig, *, progress: bool) -> RunOutput:
     ledger = Ledger(LedgerConfig(delta=cfg.delta))
     transcript = Transcript(protocol=setting.protocol, dtype="float32")
     zs = None
@@ -213,170 +188,28 @@ def run_setting(setting: Setting, task: FrontierTask, cfg: FrontierConfig, *, pr
     seconds = time.perf_counter() - t0
     final = {k: np.asarray(v) for k, v in runner.algorithm.shared_parameters(runner.state).items()}
     plan = runner.aggregator.ddp_encoder(dim).plan.summary() if ddp is not None else None
-    return RunOutput(setting, history, final, ledger, transcript, seconds, plan,
-                     None if zs is None else sorted(set(zs.values())))
+    return RunOutput(setting, history, final, ledger, transcript, seconds, plan, zs)
 
 
 # ---- measuring leakage on the server's view ---------------------------------------------------------
 
-def _scores(vec: np.ndarray, truth: frozenset[int], *, shape: tuple[int, int]) -> dict[str, tuple]:
-    """(recovered set, TokenScores) of every attack on one embedding update."""
-    out = {}
-    for method in ATTACKS:
-        got = recover_tokens(vec, shape=shape, method=method, k=len(truth) if method == "top_k" else None)
-        out[method] = (got, score_tokens(got, truth, vocab_size=shape[0]))
-    return out
-
-
-def token_advantage(f1: float, chance: float | None) -> float:
-    """Token F1 above chance, normalised: 0 = random guessing of as many tokens, 1 = exact recovery.
-    Makes individual and aggregate views comparable (their chance levels differ)."""
-    c = chance or 0.0
-    return (f1 - c) / (1.0 - c) if c < 1 else 0.0
-
-
-def token_leakage(transcript: Transcript, task: FrontierTask) -> dict[str, Any]:
-    """Token-set recovery on every view the transcript holds, and the attribution of client-unique tokens."""
-    shape = task.embedding_shape
-    truth = {c: d.token_set for c, d in task.clients.items()}
-    holders: dict[int, int] = {}
-    for toks in truth.values():
-        for x in toks:
-            holders[x] = holders.get(x, 0) + 1
-    private = {c: frozenset(x for x in toks if holders[x] == 1) for c, toks in truth.items()}
-    n_private = sum(len(p) for p in private.values())
-    result: dict[str, Any] = {}
-
-    indiv = {m: [] for m in ATTACKS}
-    claimed = {m: {c: set() for c in truth} for m in ATTACKS}  # individual view: tokens read from c's uploads
-    agg = {m: [] for m in ATTACKS}
-    agg_sets = {m: {} for m in ATTACKS}
-    cohorts = {}
-    for t in transcript.rounds:
-        for c, vec in transcript.individuals(t, EMBEDDING_PART).items():
-            for m, (got, s) in _scores(vec, truth[c], shape=shape).items():
-                indiv[m].append(s)
-                claimed[m][c] |= got
-        rec = transcript.aggregate(t, EMBEDDING_PART)
-        if rec is not None:
-            union = frozenset().union(*(truth[c] for c in rec.contributors))
-            cohorts[t] = rec.contributors
-            for m, (got, s) in _scores(rec.mean, union, shape=shape).items():
-                agg[m].append(s)
-                agg_sets[m][t] = got
-
-    def summarise(per: Mapping[str, list]) -> dict[str, Any]:
-        means = {m: mean_scores(v) for m, v in per.items()}
-        best = max(ATTACKS, key=lambda m: means[m].f1)
-        adv = {m: token_advantage(means[m].f1, means[m].chance_f1) for m in ATTACKS}
-        top = max(ATTACKS, key=adv.get)
-        return {"best_method": best, **asdict(means[best]), "advantage": adv[top], "advantage_method": top,
-                "methods": {m: {**asdict(s), "advantage": adv[m]} for m, s in means.items()}}
-
-    def pick(attack: str, scores: Mapping[str, Mapping[str, float]]) -> dict[str, Any]:
-        """The method whose attribution has the best F1 of rate (recall of client-unique tokens) and
-        precision: attributing every token to someone must not count as success."""
-        best = max(ATTACKS, key=lambda m: _hmean(scores[m]["rate"], scores[m]["precision"]))
-        return {"attack": attack, "method": best, "rate": scores[best]["rate"],
-                "precision": scores[best]["precision"], "methods": dict(scores), "private_tokens": n_private}
-
-    if any(indiv.values()):
-        view = summarise(indiv)
-        scores = {}
-        for m in ATTACKS:
-            attributed = sum(len(claimed[m][c]) for c in truth)
-            right = sum(len(claimed[m][c] & truth[c]) for c in truth)
-            correct = sum(len(claimed[m][c] & private[c]) for c in truth)
-            scores[m] = {"rate": correct / n_private if n_private else 0.0, "attributed": attributed,
-                         "correct": correct, "precision": right / attributed if attributed else 1.0}
-        view["attribution"] = pick("own uploads", scores)
-        result["individual"] = view
-    if any(agg.values()):
-        view = summarise(agg)
-        scores = {m: asdict(score_attribution(attribute_tokens(agg_sets[m], cohorts, clients=truth), truth))
-                  for m in ATTACKS}
-        view["attribution"] = pick("cross-round intersection", scores)
-        result["aggregate"] = view
-    result["server_view"] = "individual" if "individual" in result else "aggregate"
-    return result
-
-
-def _hmean(a: float, b: float) -> float:
-    return 2 * a * b / (a + b) if a + b > 0 else 0.0
-
-
-def recoverability(transcript: Transcript, clients: Sequence[int], *, part: str = HEAD_PART) -> dict[str, Any]:
-    """Clients whose update is determined by what the server received: in the same round (each
-    round's update is a fresh vector), and across rounds if the vector were fixed (rank test)."""
-    per_round: set[int] = set()
-    releases: list[tuple[int, ...]] = []
-    for t in transcript.rounds:
-        rel = [(c,) for c in transcript.individuals(t, part)]
-        rec = transcript.aggregate(t, part)
-        if rec is not None:
-            rel.append(rec.contributors)
-        if rel:
-            per_round |= set(recoverable_clients(rel, clients=clients).exposed)
-            releases += rel
-    fixed = recoverable_clients(releases, clients=clients) if releases else None
-    return {"per_round": len(per_round), "per_round_fraction": len(per_round) / len(clients),
-            "if_fixed": fixed.count if fixed else 0, "if_fixed_fraction": fixed.fraction if fixed else 0.0,
-            "rank": fixed.rank if fixed else 0, "releases": len(releases)}
-
-
-def membership(task: FrontierTask, final: Mapping[str, np.ndarray], participants: Sequence[int]) -> dict[str, Any]:
-    members = example_losses(task, final, split="train", clients=participants)
-    nonmembers = example_losses(task, final, split="test")
-    return asdict(loss_threshold_attack(members, nonmembers))
-
-
-def ledger_epsilons(ledger: Ledger) -> dict[str, float]:
-    """Max over clients of each (unit/observer) epsilon the ledger reports."""
-    out: dict[str, float] = {}
-    for c in ledger.clients():
-        for unit, observer in ledger.labels(c):
-            key = f"{unit.value}/{observer.value}"
-            out[key] = max(out.get(key, 0.0), ledger.epsilon(c, unit=unit, observer=observer))
-    return out
-
-
-def measure(run: RunOutput, task: FrontierTask, out_dir: Path, *, save_transcript: bool) -> dict[str, Any]:
-    transcript = run.transcript
-    if save_transcript:  # measure on exactly what was exported
-        stem = out_dir / "transcript"
-        transcript.save(stem)
-        transcript = Transcript.load(stem)
+def measure(run: RunOutput, task: BagTask, out_dir: Path, *, save_transcript: bool) -> dict[str, Any]:
+    """Leakage from the run's transcript (exported and reloaded first), plus accuracy and cost."""
     participants = sorted(set().union(*(r.contributors for r in run.history)))
-    tokens = token_leakage(transcript, task)
-    view = tokens[tokens["server_view"]]
-    rec = recoverability(transcript, sorted(task.clients))
-    mia = membership(task, run.final, participants)
-    eps = ledger_epsilons(run.ledger)
-    unit = "example" if run.setting.dpsgd else "client"
-    headline_eps = eps.get(f"{unit}/server")
-    report = LeakageReport(
-        server_view="plain" if tokens["server_view"] == "individual" else "secure",
-        token_precision=view["precision"], token_recall=view["recall"], token_f1=view["f1"],
-        token_chance_f1=view["chance_f1"], intersection_attribution_rate=view["attribution"]["rate"],
-        mia_auc=mia["auc"], mia_tpr_at_1pct_fpr=mia["tpr_at_1pct_fpr"], mia_tpr_at_01pct_fpr=mia["tpr_at_01pct_fpr"],
-        recoverable_clients=rec["per_round"], recoverable_fraction=rec["per_round_fraction"], epsilon=headline_eps)
-    last = run.history[-1]
+    leakage = measure_leakage(
+        run.transcript, embedding_part=EMBEDDING_PART, vector_part=HEAD_PART, truth=task.token_sets(),
+        shape=task.embedding_shape, ledger=run.ledger, unit="example" if run.setting.dpsgd else "client",
+        member_losses=example_losses(task, run.final, split="train", clients=participants),
+        nonmember_losses=example_losses(task, run.final, split="test"),
+        export=out_dir / "transcript" if save_transcript else None)
     return {
-        "setting": asdict(run.setting), "accuracy": last.mean("accuracy"),
-        "token_f1": view["f1"], "token_chance_f1": view["chance_f1"],
-        "token_advantage": view["advantage"],
+        "setting": asdict(run.setting), "accuracy": run.history[-1].mean("accuracy"), **leakage,
         "accuracy_curve": [r.mean("accuracy") for r in run.history],
         "participations": {str(c): sum(c in r.contributors for r in run.history) for c in sorted(task.clients)},
-        "tokens": tokens, "recoverability": rec, "membership": mia, "epsilon": {k: _j(v) for k, v in eps.items()},
-        "epsilon_unit": unit, "report": report.to_dict(), "seconds": run.seconds,
-        "clipped_values": int(sum(r.clipped for r in run.history)), "ddp_plan": run.ddp_plan,
-        "dpsgd_noise_multiplier": run.dpsgd_noise_multiplier,
+        "seconds": run.seconds, "clipped_values": int(sum(r.clipped for r in run.history)),
+        "ddp_plan": run.ddp_plan, "dpsgd_noise_multiplier": run.dpsgd_noise_multiplier,
         "transcript_bytes": run.transcript.nbytes,
     }
-
-
-def _j(x: float) -> float | str:
-    return x if math.isfinite(x) else "inf"
 
 
 # ---- reporting ----------------------------------------------------------------------------------------
@@ -519,7 +352,7 @@ def config_from(args: argparse.Namespace) -> FrontierConfig:
     quick = args.quick
     clients = args.clients or (20 if quick else 40)
     max_examples = args.max_examples if args.max_examples is not None else (6000 if quick else None)
-    task = FrontierTaskConfig(num_clients=clients, max_examples=max_examples, seed=args.seed)
+    task = BagTaskConfig(num_clients=clients, max_examples=max_examples, seed=args.seed)
     return FrontierConfig(task=task, rounds=args.rounds or (8 if quick else 20),
                           cohort=args.cohort or (5 if quick else 10),
                           local_epochs=args.local_epochs, epsilons=tuple(args.epsilons), ddp_clip=args.ddp_clip,
@@ -527,16 +360,10 @@ def config_from(args: argparse.Namespace) -> FrontierConfig:
                           save_transcripts=not args.no_transcripts, seed=args.seed)
 
 
-def _quiet() -> None:
-    logging.getLogger("absl").setLevel(logging.ERROR)  # dp_accounting: "excluding this order" per RDP order
-    warnings.filterwarnings("ignore", module="opacus")
-    warnings.filterwarnings("ignore", message=".*[Ss]ecure RNG.*")
-    warnings.filterwarnings("ignore", message="Full backward hook is firing")  # opacus on an input-free graph
-
-
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    ensure_offline()
     args = parse_args(argv)
-    _quiet()
+    quiet_dp_libraries()
     torch.set_num_threads(1)  # small kernels; a shared 2-core machine
     cfg = config_from(args)
     run_name = args.run_name or time.strftime("%Y%m%d-%H%M%S") + ("-quick" if args.quick else "")
@@ -544,7 +371,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     load_start = _loadavg()
     t0 = time.perf_counter()
-    task = load_frontier_task(cfg.task)
+    task = load_bag_task(cfg.task)
     progress = not args.no_progress
     runs: dict[str, RunOutput] = {}
     results: dict[str, dict[str, Any]] = {}

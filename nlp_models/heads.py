@@ -9,11 +9,12 @@ Opacus: the backbone is always called with batch-sized, contiguous ``position_id
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import NamedTuple
 
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 from nlp_models.adapters import AdapterControl, freeze_backbone
 
@@ -33,6 +34,17 @@ def mean_pool(hidden_states: torch.Tensor, attention_mask: torch.Tensor) -> torc
     """Mean of the token states where ``attention_mask`` is 1: (B, L, H) -> (B, H)."""
     mask = attention_mask.unsqueeze(-1).to(hidden_states.dtype)
     return (hidden_states * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1.0)
+
+
+def classification_metrics(outputs: Iterable[tuple[torch.Tensor, torch.Tensor]]) -> dict[str, float]:
+    """Accuracy and mean cross-entropy over (logits, labels) batches, plus the example count (to pool
+    accuracies over clients)."""
+    correct, loss, count = 0, 0.0, 0
+    for logits, labels in outputs:
+        correct += int((logits.argmax(-1) == labels).sum())
+        loss += float(F.cross_entropy(logits, labels, reduction="sum"))
+        count += int(labels.shape[0])
+    return {"accuracy": correct / max(count, 1), "loss": loss / max(count, 1), "examples": float(count)}
 
 
 class SequenceClassifier(nn.Module):

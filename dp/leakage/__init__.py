@@ -4,10 +4,13 @@ Record what the server received (`Transcript`), then run the cheap default attac
 token-set recovery from embedding updates, the cross-round intersection attribution, the
 recoverability of individual vectors from released sums, and the LOSS membership-inference
 attack on the final model; collect the numbers in a `LeakageReport` next to the ledger's epsilon.
+`measure_leakage` (``dp.leakage.pipeline``) runs all of them on one run's transcript.
 """
 from dp.leakage.intersection import Attribution, AttributionScores, attribute_tokens, score_attribution
 from dp.leakage.membership import (MembershipScores, loss_threshold_attack, per_example_losses, score_attack,
                                    zlib_ratio_scores)
+from dp.leakage.pipeline import (ATTACKS, json_epsilon, ledger_epsilons, measure_leakage, recoverable_updates,
+                                 token_advantage, token_leakage)
 from dp.leakage.recoverability import (Recoverability, ReconstructionScores, exposure_curve, membership_matrix,
                                        reconstruct, reconstruction_cosine, recoverable_clients,
                                        recoverable_from_transcript)
@@ -25,4 +28,6 @@ __all__ = [
     "Recoverability", "ReconstructionScores", "recoverable_clients", "exposure_curve", "membership_matrix",
     "reconstruct", "reconstruction_cosine", "recoverable_from_transcript",
     "LeakageReport",
+    "ATTACKS", "measure_leakage", "token_leakage", "token_advantage", "recoverable_updates", "ledger_epsilons",
+    "json_epsilon",
 ]

@@ -96,7 +96,7 @@ class AdapterModel(Protocol):
 
 
 class FedMCPTrainer(Protocol):
-    """A client trainer FedMCP can drive (see examples/_fedmcp_task.py for one)."""
+    """A client trainer FedMCP can drive (see fl_algorithms.training.adapter_trainer.AdapterTrainer for one)."""
 
     num_examples: int
 

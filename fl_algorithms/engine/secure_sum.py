@@ -23,10 +23,11 @@ import numpy as np
 from fl_algorithms.api import _SECURE_LAYER, DEFAULT_SUM, AggregateView, GroupAggregate, Upload
 from secagg.encoding import EncodingConfig, FixedPointEncoder
 from secagg.protocols import registry
+from secagg.protocols.base import MAX_VECTOR_LENGTH
 from secagg.simulate import run_round
 
-MAX_PART_LENGTH = 1 << 28
-"""Largest Masked part (2^28 values = 1 GiB of uint32 on the wire): a layout naming more is refused."""
+MAX_PART_LENGTH = MAX_VECTOR_LENGTH
+"""Largest Masked part: a layout naming more is refused before it costs memory."""
 MAX_PARTS = 64
 """Most Masked parts in one secure sum."""
 MAX_CLUSTERS = 1024

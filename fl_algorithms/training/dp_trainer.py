@@ -5,6 +5,8 @@ every round debits the run's ledger and reports the client's example-level epsil
 """
 from __future__ import annotations
 
+import logging
+import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -45,3 +47,13 @@ class DPTorchTrainer(TorchTrainer):
         super().load_state_dict(state)
         self.dp_client.load_state_dict(state["dp"])
         self._round = int(state["dp_round"])
+
+
+def quiet_dp_libraries() -> None:
+    """Silence known, stated notices of Opacus and dp_accounting that would otherwise repeat every client
+    and round: the non-secure RNG (a program states it once itself), the full-backward-hook notice (frozen
+    inputs: expected), and dp_accounting's dropped RDP orders (epsilon stays an upper bound)."""
+    warnings.filterwarnings("ignore", module="opacus")
+    warnings.filterwarnings("ignore", message=".*[Ss]ecure RNG.*")
+    warnings.filterwarnings("ignore", message="Full backward hook is firing")
+    logging.getLogger("absl").setLevel(logging.ERROR)

@@ -15,6 +15,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from fl_algorithms.training.loop import run_epochs, seeded, sequence_seed
+
 
 class LocalTrainer(Protocol):
     num_examples: int
@@ -22,7 +24,25 @@ class LocalTrainer(Protocol):
     def get_shared(self) -> dict[str, np.ndarray]: ...
     def set_shared(self, params: Mapping[str, np.ndarray]) -> None: ...
     def train(self, *, epochs: int, proximal: Mapping[str, np.ndarray] | None = None, mu: float = 0.0,
-              round: int | None = None) -> dict[str, float]: ...
+              round: int | None = None) -> dict[str, float]:
+        """Local epochs; `round` is the global FL round (for accounting), unused here."""
+        self.model.train()
+        opt = self.optimizer()
+        anchors = {}
+        if proximal is not None and mu > 0:
+            for part, vec in proximal.items():
+                t = torch.from_numpy(np.ascontiguousarray(vec, dtype=np.float32))
+                off = 0
+                for p in self._shared[part]:
+                    anchors[p] = t[off : off + p.numel()].view_as(p)
+                    off += p.numel()
+
+        def proximal_term() -> torch.Tensor:  # FedProx: + mu/2 ||w - w_global||^2 on the shared parameters
+            return 0.5 * mu * sum(((p - a) ** 2).sum() for p, a in anchors.items())
+
+        return run_epochs(batches=self.train_batches, loss=lambda batch: self.loss_fn(self.model, batch),
+                          optimizer=opt, epochs=epochs, penalty=proximal_term if anchors else None)
+
     def evaluate(self, *, split: str = "test") -> dict[str, float]: ...
     def state_dict(self) -> dict[str, Any]: ...
     def load_state_dict(self, state: Mapping[str, Any]) -> None: ...
@@ -156,3 +176,28 @@ class TorchTrainer:
                 named[n].copy_(t)
         if state.get("optimizer") is not None:
             self.optimizer().load_state_dict(copy.deepcopy(state["optimizer"]))
+
+
+class SeededTorchTrainer(TorchTrainer):
+    """A TorchTrainer whose every local run is seeded by (seed, client id, runs so far).
+
+    The run counter is part of the checkpoint, so a resumed run repeats the uninterrupted one, and
+    two runs that differ only in the aggregation protocol differ only by what the aggregation did.
+    """
+
+    def __init__(self, *, client_id: int, seed: int, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.client_id, self.seed, self.calls = client_id, seed, 0
+
+    def train(self, *, epochs: int, proximal: Mapping[str, np.ndarray] | None = None, mu: float = 0.0,
+              round: int | None = None) -> dict[str, float]:
+        with seeded(sequence_seed(self.seed, self.client_id, self.calls)):
+            self.calls += 1
+            return super().train(epochs=epochs, proximal=proximal, mu=mu, round=round)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "calls": self.calls}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.calls = int(state["calls"])

@@ -117,6 +117,11 @@ class ServerProtocol(ABC):
         return Message(kind=kind, round=self.round_id, sender=SERVER, receiver=to, fields=fields)
 
 
+MAX_VECTOR_LENGTH = 1 << 28
+"""Longest vector a secure-sum round accepts (2^28 ring elements = 1 GiB of uint32): every protocol
+and the engine's layouts refuse more before allocating for it."""
+
+
 class ClientProtocol(ABC):
     """Client side of one secure-sum round: answers each server request with at most one reply."""
 
@@ -124,7 +129,7 @@ class ClientProtocol(ABC):
     schemas: Mapping[str, Schema] = {}
     """Schema of each request kind the client accepts, by kind."""
 
-    def __init__(self, *, client_id: int, round_id: int, input_fn: InputFn, max_length: int = 1 << 28) -> None:
+    def __init__(self, *, client_id: int, round_id: int, input_fn: InputFn, max_length: int = MAX_VECTOR_LENGTH) -> None:
         if client_id <= SERVER:
             raise ValueError("client ids are positive")
         self.client_id = client_id

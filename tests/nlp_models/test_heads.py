@@ -65,3 +65,14 @@ def test_freeze_backbone_keeps_heads_and_adapters_trainable(classifier):
     with classifier.adapters.active({}):
         assert classifier.adapters.mixing == {}
     assert classifier.adapters.mixing == {"global": 1.0}
+
+
+def test_classification_metrics_pool_accuracy_and_loss_over_batches():
+    from nlp_models.heads import classification_metrics
+
+    logits = [torch.tensor([[2.0, 0.0], [0.0, 2.0]]), torch.tensor([[1.0, 0.0]])]
+    labels = [torch.tensor([0, 0]), torch.tensor([0])]
+    out = classification_metrics(zip(logits, labels))
+    expected_loss = float(sum(torch.nn.functional.cross_entropy(x, y, reduction="sum") for x, y in zip(logits, labels)))
+    assert out == pytest.approx({"accuracy": 2 / 3, "loss": expected_loss / 3, "examples": 3.0})
+    assert classification_metrics([]) == {"accuracy": 0.0, "loss": 0.0, "examples": 0.0}

@@ -1,0 +1,389 @@
+"""Adapter clients over a frozen backbone: FedMCP's global and private adapters and its baselines.
+
+A client owns its adapter sets (in the top layers, `nlp_models.frozen_prefix.TopEncoder`) and its
+heads (`nlp_models.classifiers.AdapterClassifier`) and trains on cached prefix states
+(`nlp_models.frozen_prefix.CachedSplit`). A `MethodModel` says which adapter sets a method's clients
+have, which of them train and which leave the client; `FEDMCP_MODEL`, `BASELINE_MODEL` and
+`LOCAL_MODEL` are the ones of FedMCP's comparison (Zhao et al. 2024, Sec. V-B).
+
+`AdapterTrainer` implements the LocalTrainer protocol, FedMCP's ``fit``/``load_adapter_set`` and
+FedRep's ``train_head``/``train_body``. `FullFineTuneTrainer` is FedAvg (Full FT): every backbone
+weight trains and is uploaded. Both run `fl_algorithms.training.loop.run_epochs`, seeded per call.
+"""
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+from torch.nn import functional as F
+from torch.utils.data import Dataset, TensorDataset
+
+from fl_algorithms.algorithms.fedmcp import (FULL_MODEL, GLOBAL, GLOBAL_PART, HEAD_FULL, HEAD_GLOBAL, PRIVATE,
+                                             REFERENCE, LossTerms)
+from fl_algorithms.training.loop import run_epochs, seeded, tagged_seed
+from fl_algorithms.training.trainer import flatten, unflatten_
+from nlp_models.adapters import attach_adapters, flatten_set, load_set_, set_parameters, set_trainable_sets
+from nlp_models.classifiers import AdapterClassifier, FullModel, HeadsAndLabels, make_head
+from nlp_models.data.cross_task import ClientData
+from nlp_models.frozen_prefix import CachedSplit, TopEncoder
+from nlp_models.heads import TextClassifier
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    batch_size: int = 64
+    lr: float = 5e-4
+    eval_batch_size: int = 128
+    dp: Any = None
+    """A dp.opacus_client.DPSGDConfig for example-level DP-SGD, or None."""
+    dp_delta: float = 1e-5
+    backbone_dropout: bool = False
+    """Dropout inside the frozen adapted layers (off by default; the classifier heads keep theirs)."""
+    bf16: bool = False
+    """bfloat16 autocast in the encoder layers (off under DP: Opacus' per-sample gradients stay float32)."""
+
+    def __post_init__(self) -> None:
+        if self.batch_size < 1 or self.eval_batch_size < 1:
+            raise ValueError("batch sizes must be positive")
+        if not self.lr > 0:
+            raise ValueError("lr must be positive")
+
+
+@dataclass(frozen=True)
+class MethodModel:
+    """Which adapter sets a method's clients have, which leave the client, and how they predict."""
+
+    sets: tuple[str, ...]
+    trainable: tuple[str, ...]
+    shared: Mapping[str, tuple[str, ...]]
+    heads: tuple[str, ...]
+    predict_mixing: Mapping[str, float]
+    predict_head: str
+
+
+FEDMCP_MODEL = MethodModel(sets=(GLOBAL, PRIVATE, REFERENCE), trainable=(GLOBAL, PRIVATE),
+                           shared={GLOBAL_PART: (GLOBAL,)}, heads=(HEAD_FULL, HEAD_GLOBAL),
+                           predict_mixing=FULL_MODEL, predict_head=HEAD_FULL)
+# The baselines keep FedMCP's architecture (Sec. V-B: same adapters, same positions, outputs averaged);
+# FedAvg and FedRep aggregate both adapters, as in Table I (1.16% communicated).
+BASELINE_SETS = ("adapter1", "adapter2")
+BASELINE_MODEL = MethodModel(sets=BASELINE_SETS, trainable=BASELINE_SETS, shared={"adapters": BASELINE_SETS},
+                             heads=("head",), predict_mixing={s: 0.5 for s in BASELINE_SETS}, predict_head="head")
+LOCAL_MODEL = replace(BASELINE_MODEL, shared={})
+
+
+class CrossEntropyObjective:
+    """The plain supervised objective of the baselines: CE of one head under one adapter mixing."""
+
+    def __init__(self, *, mixing: Mapping[str, float], head: str) -> None:
+        self.mixing, self.head = dict(mixing), head
+
+    def __call__(self, model: HeadsAndLabels, batch: Any) -> LossTerms:
+        logits = model.classify(self.head, model.represent(batch, mixing=self.mixing))
+        per_example = F.cross_entropy(logits, model.labels(batch), reduction="none")
+        return LossTerms(per_example, None, {"loss": float(per_example.detach().mean()) if len(per_example) else 0.0})
+
+
+def _snapshot(optimizer: torch.optim.Optimizer | None) -> dict[str, Any] | None:
+    # A copy: Optimizer.state_dict() returns live tensors, and load_state_dict keeps Adam's 'step'
+    # tensor by reference, so two trainers restored from one live dict would share it.
+    return copy.deepcopy(optimizer.state_dict()) if optimizer is not None else None
+
+
+class AdapterTrainer:
+    """One client's adapters and heads over its cached prefix.
+
+    Without DP, Adam (one optimiser over all trainable adapters and heads) is kept across rounds like
+    any private client state. With DP, every local pass is an Opacus DP-SGD round through
+    ``dp.opacus_client.OpacusClient`` whose accountant persists across rounds; objectives with a
+    batch-level term are refused (no per-example sensitivity bound).
+    Batch order and dropout are seeded by (seed, client, call count), so a resumed run is exact.
+    """
+
+    def __init__(self, *, data: ClientData, backbone: nn.Module, spec: MethodModel, bottleneck: int,
+                 head_hidden: int | None, config: TrainConfig, seed: int) -> None:
+        self.data, self.spec, self.config, self.seed = data, spec, config, seed
+        self.client_id = data.client_id
+        self.num_examples = len(data.splits["train"])
+        top = TopEncoder(backbone, split=data.split_layer, dropout=config.backbone_dropout)
+        attach_adapters(top, {name: bottleneck for name in spec.sets}, seed=seed)
+        hidden = top.config.hidden_size
+        heads = {name: make_head(hidden, data.num_labels, mlp_hidden=head_hidden,
+                                 seed=tagged_seed(seed, data.client_id, name)) for name in spec.heads}
+        self.model = AdapterClassifier(top, heads, bf16=config.bf16 and config.dp is None)
+        set_trainable_sets(top, spec.trainable)
+        self.timer = self.model.timer
+        self.calls = 0
+        self._optimizer: torch.optim.Optimizer | None = None
+        self.dp_client = None
+        if config.dp is not None:
+            from dp.ledger import Ledger, LedgerConfig
+            from dp.opacus_client import OpacusClient
+            self.ledger = Ledger(LedgerConfig(delta=config.dp.delta))
+            self.dp_client = OpacusClient(client_id=data.client_id, config=config.dp, ledger=self.ledger)
+
+    # ---- parameters ---------------------------------------------------------------------------
+    def _trainable_params(self) -> list[nn.Parameter]:
+        adapters = [p for name in self.spec.trainable for p in set_parameters(self.model.top, name)]
+        return adapters + [p for head in self.model.heads.values() for p in head.parameters()]
+
+    def trainable_count(self) -> int:
+        return sum(p.numel() for p in self._trainable_params())
+
+    def shared_count(self) -> int:
+        return sum(v.size for v in self.get_shared().values())
+
+    def optimizer(self) -> torch.optim.Optimizer:
+        if self._optimizer is None:
+            self._optimizer = torch.optim.Adam(self._trainable_params(), lr=self.config.lr)
+        return self._optimizer
+
+    def get_shared(self) -> dict[str, np.ndarray]:
+        return {part: np.concatenate([flatten_set(self.model.top, s) for s in sets])
+                for part, sets in self.spec.shared.items()}
+
+    def set_shared(self, params: Mapping[str, np.ndarray]) -> None:
+        for part, vector in params.items():
+            sets = self.spec.shared[part]
+            sizes = [sum(p.numel() for p in set_parameters(self.model.top, s)) for s in sets]
+            if np.asarray(vector).shape != (sum(sizes),):
+                raise ValueError(f"part {part!r} needs {sum(sizes)} values, got shape {np.shape(vector)}")
+            for s, piece in zip(sets, np.split(np.asarray(vector), np.cumsum(sizes)[:-1])):
+                load_set_(self.model.top, s, piece)
+
+    def load_adapter_set(self, name: str, vector: np.ndarray) -> None:
+        if name not in self.spec.sets:
+            raise KeyError(f"no adapter set {name!r}")
+        load_set_(self.model.top, name, vector)
+
+    def _freeze_all_but(self, *, sets: Sequence[str], heads: Sequence[str]) -> None:
+        set_trainable_sets(self.model.top, tuple(sets))
+        for name, head in self.model.heads.items():
+            head.requires_grad_(name in heads)
+
+    @contextmanager
+    def _seeded(self, tag: str) -> Iterator[torch.Generator]:
+        self.calls += 1
+        with seeded(tagged_seed(self.seed, self.client_id, self.calls, tag)) as generator:
+            yield generator  # torch's global RNG drives dropout and Opacus' noise/sampling
+
+    # ---- training -----------------------------------------------------------------------------
+    def default_objective(self) -> CrossEntropyObjective:
+        return CrossEntropyObjective(mixing=self.spec.predict_mixing, head=self.spec.predict_head)
+
+    def train(self, *, epochs: int, proximal: Mapping[str, np.ndarray] | None = None, mu: float = 0.0,
+              round: int | None = None) -> dict[str, float]:
+        if proximal is not None and mu > 0:
+            raise NotImplementedError("this trainer has no proximal term (FedProx is not part of this example)")
+        return self.fit(epochs=epochs, objective=self.default_objective(), round=round)
+
+    def fit(self, *, epochs: int, objective: Any, round: int | None = None) -> dict[str, float]:
+        """All trainable adapters and heads, ``epochs`` passes over the training split."""
+        return self._run(objective, epochs=epochs, sets=self.spec.trainable, heads=tuple(self.model.heads), tag="fit",
+                         round=round)
+
+    def train_body(self, *, epochs: int, round: int | None = None) -> dict[str, float]:
+        """FedRep's representation step: adapters trainable, heads frozen."""
+        return self._run(self.default_objective(), epochs=epochs, sets=self.spec.trainable, heads=(), tag="body",
+                         round=round)
+
+    def train_head(self, *, epochs: int, round: int | None = None) -> dict[str, float]:
+        """FedRep's head step with the adapters frozen. The representation is fixed during this step,
+        so it is computed once (eval mode: encoder dropout off) and the head trains on it."""
+        start = time.perf_counter()
+        head = self.spec.predict_head
+        self._freeze_all_but(sets=(), heads=(head,))
+        train = self.data.splits["train"]
+        reps = self._represent_split(train, mixing=self.spec.predict_mixing)
+        self.model.train()
+        module = self.model.heads[head]
+        with self._seeded("head") as generator:
+            if self.dp_client is not None:
+                def per_example(m: nn.Module, batch: Sequence[torch.Tensor]) -> torch.Tensor:
+                    return F.cross_entropy(m(None, batch[0]), batch[1], reduction="none")
+                metrics = self._dp_round(module, TensorDataset(reps, train.labels), per_example, epochs=epochs,
+                                         round=round, timer_key=None)  # timed as the head step
+            else:
+                metrics = run_epochs(
+                    batches=lambda: torch.randperm(len(train), generator=generator).split(self.config.batch_size),
+                    loss=lambda index: F.cross_entropy(module(None, reps[index]), train.labels[index]),
+                    optimizer=self.optimizer(), epochs=epochs)
+        self._freeze_all_but(sets=self.spec.trainable, heads=tuple(self.model.heads))
+        self.timer["fedrep head step"] += time.perf_counter() - start
+        return metrics
+
+    def _run(self, objective: Any, *, epochs: int, sets: Sequence[str], heads: Sequence[str], tag: str,
+             round: int | None) -> dict[str, float]:
+        if epochs < 1:
+            raise ValueError("epochs must be at least 1")
+        self._freeze_all_but(sets=sets, heads=heads)
+        self.model.train()
+        train = self.data.splits["train"]
+        try:
+            with self._seeded(tag) as generator:
+                if self.dp_client is not None:
+                    def per_example(m: nn.Module, batch: Sequence[torch.Tensor]) -> torch.Tensor:
+                        terms = objective(getattr(m, "_module", m), batch)
+                        if terms.batch is not None:
+                            raise ValueError("a batch-level loss term has no per-example sensitivity bound under "
+                                             "DP-SGD; set its weight to 0 (FedMCP: mu = 0)")
+                        return terms.per_example
+                    return self._dp_round(self.model, train.dataset(), per_example, epochs=epochs, round=round)
+                return run_epochs(
+                    batches=lambda: (train.batch(index) for index in
+                                     torch.randperm(len(train), generator=generator).split(self.config.batch_size)),
+                    loss=lambda batch: objective(self.model, batch), optimizer=self.optimizer(), epochs=epochs,
+                    timer=self.timer)
+        finally:
+            self._freeze_all_but(sets=self.spec.trainable, heads=tuple(self.model.heads))
+
+    def _dp_round(self, module: nn.Module, dataset: Dataset, per_example: Any, *, epochs: int, round: int | None,
+                  timer_key: str | None = "dp-sgd (clipping, noise, backward)") -> dict[str, float]:
+        client = self.dp_client
+        client.config = replace(client.config, local_epochs=epochs)  # OpacusClient reads epochs from its config
+        forward_before = sum(v for k, v in self.timer.items() if k.startswith("forward"))
+        start = time.perf_counter()
+        report = client.train_round(model=module, optimizer_factory=lambda ps: torch.optim.Adam(ps, lr=self.config.lr),
+                                    dataset=dataset, loss_fn=per_example,
+                                    round_id=round if round is not None else self.calls)
+        if timer_key is not None:  # the forward passes inside are already timed by the model
+            forward = sum(v for k, v in self.timer.items() if k.startswith("forward")) - forward_before
+            self.timer[timer_key] += time.perf_counter() - start - forward
+        return {"train_loss": report.mean_loss, "steps": float(report.steps), "epsilon": report.opacus_epsilon,
+                "noise_multiplier": report.noise_multiplier}
+
+    def epsilon(self) -> float:
+        return self.dp_client.epsilon() if self.dp_client is not None else float("nan")
+
+    # ---- evaluation ---------------------------------------------------------------------------
+    @torch.no_grad()
+    def _represent_split(self, split: CachedSplit, *, mixing: Mapping[str, float]) -> torch.Tensor:
+        self.model.eval()
+        order = torch.argsort(split.attention_mask.sum(dim=1))
+        reps = torch.empty(len(split), self.model.top.config.hidden_size)
+        for index in order.split(self.config.eval_batch_size):
+            reps[index] = self.model.represent(split.batch(index), mixing=mixing)
+        return reps
+
+    @torch.no_grad()
+    def evaluate(self, *, split: str = "test") -> dict[str, float]:
+        start = time.perf_counter()
+        data = self.data.splits[split]
+        reps = self._represent_split(data, mixing=self.spec.predict_mixing)
+        predictions = self.model.classify(self.spec.predict_head, reps).argmax(dim=-1)
+        self.timer["evaluation"] += time.perf_counter() - start
+        return {"accuracy": float((predictions == data.labels).float().mean())}
+
+    # ---- checkpoints --------------------------------------------------------------------------
+    def _own_state(self) -> dict[str, torch.Tensor]:
+        return {k: v.detach().clone() for k, v in self.model.state_dict().items()
+                if ".adapters." in k or k.startswith("heads.")}
+
+    def state_dict(self) -> dict[str, Any]:
+        state = {"model": self._own_state(), "calls": self.calls, "optimizer": _snapshot(self._optimizer)}
+        if self.dp_client is not None:
+            state["dp"] = self.dp_client.state_dict()
+            state["ledger"] = self.ledger.state_dict()
+        return state
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        missing, unexpected = self.model.load_state_dict(state["model"], strict=False)
+        if unexpected or any(".adapters." in k or k.startswith("heads.") for k in missing):
+            raise ValueError(f"checkpoint does not match this client's model ({unexpected or missing})")
+        self.calls = int(state["calls"])
+        if state.get("optimizer") is not None:
+            self.optimizer().load_state_dict(state["optimizer"])
+        if self.dp_client is not None and "dp" in state:
+            self.dp_client.load_state_dict(state["dp"])
+            self.ledger.load_state_dict(state["ledger"])
+
+
+class FullFineTuneTrainer:
+    """FedAvg (Full FT): every backbone parameter trains and is uploaded (the paper's 100% row).
+
+    The clients of a simulation share one backbone object: every client_update loads the broadcast
+    into it first, so only the heads and Adam states are per client. Runs on token ids, not on the
+    cached prefix (a cached prefix would freeze the bottom layers: that is not full fine-tuning).
+    """
+
+    def __init__(self, *, data: ClientData, backbone: nn.Module, head_hidden: int | None, config: TrainConfig,
+                 seed: int) -> None:
+        if config.dp is not None:
+            raise ValueError("DP-SGD is offered for the adapters only; full fine-tuning under DP is not supported")
+        self.data, self.config, self.seed, self.client_id = data, config, seed, data.client_id
+        self.num_examples = len(data.splits["train"])
+        self.backbone = backbone
+        head = make_head(backbone.config.hidden_size, data.num_labels, mlp_hidden=head_hidden,
+                         seed=tagged_seed(seed, data.client_id, "head"))
+        self.model = FullModel(TextClassifier(backbone, {"head": head}), bf16=config.bf16)
+        self.timer = self.model.timer
+        self.params = list(backbone.parameters())
+        self.calls = 0
+        self._optimizer: torch.optim.Optimizer | None = None
+        self.objective = CrossEntropyObjective(mixing={}, head="head")
+
+    def trainable_count(self) -> int:
+        return sum(p.numel() for p in self.model.parameters())
+
+    def shared_count(self) -> int:
+        return sum(p.numel() for p in self.params)
+
+    def optimizer(self) -> torch.optim.Optimizer:
+        if self._optimizer is None:
+            self._optimizer = torch.optim.Adam(list(self.model.parameters()), lr=self.config.lr)
+        return self._optimizer
+
+    def get_shared(self) -> dict[str, np.ndarray]:
+        return {"backbone": flatten(self.params)}
+
+    def set_shared(self, params: Mapping[str, np.ndarray]) -> None:
+        unflatten_(self.params, params["backbone"])
+
+    def train(self, *, epochs: int, proximal: Mapping[str, np.ndarray] | None = None, mu: float = 0.0,
+              round: int | None = None) -> dict[str, float]:
+        self.model.train()
+        train = self.data.splits["train"]
+        self.calls += 1
+        with seeded(tagged_seed(self.seed, self.client_id, self.calls, "full")) as generator:
+            return run_epochs(
+                batches=lambda: (train.batch(index, tokens=True) for index in
+                                 torch.randperm(len(train), generator=generator).split(self.config.batch_size)),
+                loss=lambda batch: self.objective(self.model, batch).total(),  # a tensor: report train_loss only
+                optimizer=self.optimizer(), epochs=epochs, timer=self.timer)
+
+    @torch.no_grad()
+    def evaluate(self, *, split: str = "test") -> dict[str, float]:
+        start = time.perf_counter()
+        self.model.eval()
+        data = self.data.splits[split]
+        correct = 0
+        for index in torch.argsort(data.attention_mask.sum(dim=1)).split(self.config.eval_batch_size):
+            batch = data.batch(index, tokens=True)
+            logits = self.model.classify("head", self.model.represent(batch, mixing={}))
+            correct += int((logits.argmax(-1) == batch.labels).sum())
+        self.timer["evaluation"] += time.perf_counter() - start
+        return {"accuracy": correct / max(len(data), 1)}
+
+    def epsilon(self) -> float:
+        return float("nan")
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"head": {k: v.clone() for k, v in self.model.heads.state_dict().items()}, "calls": self.calls,
+                "optimizer": _snapshot(self._optimizer)}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.model.heads.load_state_dict(state["head"])
+        self.calls = int(state["calls"])
+        if state.get("optimizer") is not None:
+            self.optimizer().load_state_dict(state["optimizer"])
+
+
+__all__ = ["TrainConfig", "MethodModel", "FEDMCP_MODEL", "BASELINE_SETS", "BASELINE_MODEL", "LOCAL_MODEL",
+           "CrossEntropyObjective", "AdapterTrainer", "FullFineTuneTrainer"]

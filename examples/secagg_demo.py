@@ -10,10 +10,16 @@ are collected (`--drop-stage input`), or on receiving their k-th request (`--dro
 The server decodes the weighted mean from the ring sum and compares it with the float weighted
 mean over the round's contributors. That reference needs the clients' data, so the demo
 regenerates it from the public seed: a check only a demo can make.
+
+Arguments are checked before any process starts (argparse error, exit code 2, naming the option):
+at least 2 clients (more if the protocol and its `--param`s need more), a positive `--dim` and
+`--stage-timeout`, and `--param`/`--client-param` names that the protocol's server/client really
+take, e.g. `--param threshold_fraction=0.6` or `--param degree=4` for secagg+.
 """
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import subprocess
 import sys
@@ -25,9 +31,10 @@ import numpy as np
 from secagg.encoding import EncodingConfig, FixedPointEncoder
 from secagg.messages import AbortError
 from secagg.protocols import registry
+from secagg.protocols.base import MAX_VECTOR_LENGTH
 from secagg.ring import Ring
-from transport.cli import parse_params
-from transport.client import ClientConfig, run_client
+from transport.cli import MAX_CLIENTS, check_client_params, check_server_params
+from transport.client import ClientConfig, ProtocolMismatchError, RegistrationError, run_client
 from transport.server import ServerDriver
 
 MAX_WEIGHT = 1000  # largest example count a client may have
@@ -56,6 +63,7 @@ class _DropOnRequest:
 
     def __init__(self, inner, k: int) -> None:
         self.inner, self.k, self.seen = inner, k, 0
+        self.name, self.schemas = inner.name, inner.schemas  # what the client driver reports mismatches with
 
     @property
     def finished(self) -> bool:
@@ -82,12 +90,15 @@ def run_client_process(args: argparse.Namespace) -> int:
         return encoder.encode(x, weight=weight)[0]
 
     def factory(round_id: int):
-        proto = client_cls(client_id=args.id, round_id=round_id, input_fn=input_fn,
-                           **parse_params(args.client_param))
+        proto = client_cls(client_id=args.id, round_id=round_id, input_fn=input_fn, **args.client_params)
         return _DropOnRequest(proto, int(args.drop_stage)) if args.drop_stage.isdigit() else proto
 
-    run_client(endpoint=args.connect, client_id=args.id, factory=factory,
-               config=ClientConfig(hello_timeout=120.0, idle_timeout=args.stage_timeout * 10))
+    try:
+        run_client(endpoint=args.connect, client_id=args.id, factory=factory,
+                   config=ClientConfig(hello_timeout=120.0, idle_timeout=args.stage_timeout * 10))
+    except (RegistrationError, ProtocolMismatchError) as exc:
+        print(f"client {args.id}: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 
@@ -108,7 +119,7 @@ def run_demo(args: argparse.Namespace) -> int:
                 print(f"only {len(clients)} of {args.clients} clients registered", file=sys.stderr)
                 return 2
             startup = time.perf_counter() - t0
-            protocol = server_cls(round_id=1, clients=sorted(clients), length=args.dim + 1, **parse_params(args.param))
+            protocol = server_cls(round_id=1, clients=sorted(clients), length=args.dim + 1, **args.params)
             try:
                 report = driver.run_round(protocol, stage_timeout=args.stage_timeout)
             except AbortError as exc:
@@ -167,49 +178,57 @@ def _fmt_dropped(dropped) -> str:
     return ", ".join(f"{sorted(ids)} in '{stage}'" for stage, ids in dropped.items()) or "none"
 
 
-def _check_params(p: argparse.ArgumentParser, protocol: str, pairs: list[str]) -> None:
-    """Every --param must be NAME=VALUE with NAME a keyword of the protocol's server."""
-    import inspect
-
-    known = sorted(n for n, prm in inspect.signature(registry.server_class(protocol)).parameters.items()
-                   if prm.kind is prm.KEYWORD_ONLY and n not in ("round_id", "clients", "length", "ring"))
-    for pair in pairs:
-        name, sep, _ = pair.partition("=")
-        if not sep or not name:
-            p.error(f"--param takes NAME=VALUE, got {pair!r}")
-        if name not in known:
-            p.error(f"--param {name}: {protocol} has no such parameter; it takes {known}")
-
-
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
+    """The demo's options (the hidden --role/--id/--connect start its client processes)."""
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--clients", type=int, default=8)
-    p.add_argument("--dim", type=int, default=100_000)
-    p.add_argument("--protocol", default="secagg+", choices=registry.names())
+    p.add_argument("--clients", type=int, default=8, help="client processes to start (at least 2)")
+    p.add_argument("--dim", type=int, default=100_000, help="length of each client's float vector")
+    p.add_argument("--protocol", default="secagg+", choices=registry.names(), help="default secagg+")
     p.add_argument("--dropout", type=int, default=1, help="how many clients crash during the round")
     p.add_argument("--drop-stage", default="input",
                    help="'input' (the masked-input stage) or k: crash on the k-th server request")
     p.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
                    help="extra server protocol argument, e.g. threshold_fraction=0.6 (checked against the protocol)")
     p.add_argument("--client-param", action="append", default=[], metavar="NAME=VALUE",
-                   help="extra client protocol argument")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--stage-timeout", type=float, default=30.0)
+                   help="extra client protocol argument, e.g. max_length=1000000 (checked against the protocol)")
+    p.add_argument("--seed", type=int, default=0, help="public seed of the clients' data and the dropouts")
+    p.add_argument("--stage-timeout", type=float, default=30.0, help="seconds per stage")
     p.add_argument("--role", choices=["server", "client"], default="server", help=argparse.SUPPRESS)
     p.add_argument("--id", type=int, help=argparse.SUPPRESS)
     p.add_argument("--connect", help=argparse.SUPPRESS)
-    args = p.parse_args(argv)
-    if args.clients < 2:
-        p.error("--clients must be at least 2 (a secure sum of one client is that client's input)")
-    if args.dim < 1:
-        p.error("--dim must be at least 1")
-    if not args.stage_timeout > 0:
-        p.error("--stage-timeout must be positive")
-    _check_params(p, args.protocol, args.param)
-    if args.drop_stage not in ("input", "none") and not args.drop_stage.isdigit():
-        p.error("--drop-stage is 'input' or a positive integer")
+    return p
+
+
+def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Every value the demo would otherwise hang or trace back on is an argparse error (exit code 2);
+    sets args.params and args.client_params, the checked protocol keywords."""
+    if not 2 <= args.clients <= MAX_CLIENTS:
+        p.error(f"--clients must be at least 2 (a secure sum of one client is that client's input) "
+                f"and at most {MAX_CLIENTS}, got {args.clients}")
+    if not 1 <= args.dim < MAX_VECTOR_LENGTH:
+        p.error(f"--dim must be at least 1 and below {MAX_VECTOR_LENGTH} (one slot holds the weight), got {args.dim}")
+    if not (math.isfinite(args.stage_timeout) and args.stage_timeout > 0):
+        p.error(f"--stage-timeout must be positive and finite, got {args.stage_timeout}")
+    if args.seed < 0:
+        p.error(f"--seed must be at least 0, got {args.seed}")
+    if args.drop_stage not in ("input", "none") and not (args.drop_stage.isdigit() and int(args.drop_stage) > 0):
+        p.error(f"--drop-stage is 'input' or a positive integer, got {args.drop_stage!r}")
     if not 0 <= args.dropout < args.clients:
-        p.error("--dropout must be between 0 and clients - 1")
+        p.error(f"--dropout must be between 0 and --clients - 1 = {args.clients - 1}, got {args.dropout}")
+    if args.role == "client" and (args.id is None or args.id < 1 or not args.connect):
+        p.error("--role client needs --id (at least 1) and --connect")
+    try:
+        args.params = check_server_params(args.protocol, args.param, clients=args.clients, length=args.dim + 1)
+        args.client_params = check_client_params(args.protocol, args.client_param, option="--client-param")
+    except ValueError as exc:
+        p.error(str(exc))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Check the arguments, then run the demo (server) or one of its client processes."""
+    p = parser()
+    args = p.parse_args(argv)
+    check_args(p, args)
     return run_client_process(args) if args.role == "client" else run_demo(args)
 
 

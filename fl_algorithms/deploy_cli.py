@@ -149,12 +149,16 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(summary), flush=True)
             driver.shutdown()
         return 0
-    from transport.client import run_client
+    from transport.client import ProtocolMismatchError, RegistrationError, run_client
 
     client = DeployedClient(client_id=args.id, task=task, config=config, checkpoint_dir=args.checkpoint_dir,
                             deployment=deployment)
-    summary = run_client(endpoint=args.connect, client_id=args.id, factory=client.protocol_for,
-                         handlers=client.handlers())
+    try:
+        summary = run_client(endpoint=args.connect, client_id=args.id, factory=client.protocol_for,
+                             handlers=client.handlers())
+    except (ProtocolMismatchError, RegistrationError) as exc:
+        print(f"error: client {args.id}: {exc}", file=sys.stderr)
+        return 2
     print(json.dumps({"client": args.id, "exit": summary.exit_reason, "rounds": len(summary.rounds)}), flush=True)
     return 0
 

@@ -6,29 +6,43 @@
 
 Clients sum a deterministic synthetic vector (`synthetic_input`), so the server can check the
 exact ring sum over the round's contributors (`--check`); this makes the CLI a smoke test and a
-benchmark harness for the transport and the protocols. Protocols are chosen by registry name;
-`--param name=value` passes extra constructor arguments (e.g. `--param degree=10`).
-The server prints one JSON line per round.
+benchmark harness for the transport and the protocols. Protocols are chosen by registry name with
+`--protocol` (default secagg+, on both sides; server and clients must run the same one);
+`--param name=value` passes extra constructor arguments (e.g. `--param degree=10`), checked against
+the protocol's real keyword arguments. The server prints one JSON line per round.
+
+Every argument is checked before any socket opens: a bad value is an argparse error (exit code 2)
+naming the option. A client whose server runs another protocol, or sums vectors of another length,
+exits with code 2 and a message naming both sides; a server whose round nobody answered says which
+protocol and length it ran.
 """
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import logging
+import math
+import re
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import numpy as np
+import zmq
 
-from secagg.messages import AbortError
+from secagg.messages import MAX_CLIENT_ID, AbortError, Message
 from secagg.protocols import registry
+from secagg.protocols.base import MAX_VECTOR_LENGTH, ClientProtocol
 from secagg.ring import RING_2_32, Ring
 
-from transport.client import ClientConfig, RegistrationError, run_client
+from transport.client import ClientConfig, ProtocolMismatchError, RegistrationError, run_client
 from transport.server import RoundReport, ServerConfig, ServerDriver
 from transport.sockets import load_client_keys, load_server_keys, write_keys
+
+MAX_CLIENTS = ServerConfig().max_clients
+"""Most clients one server registers (the driver's own limit)."""
 
 
 def synthetic_input(client_id: int, round_id: int, length: int) -> np.ndarray:
@@ -40,14 +54,18 @@ def synthetic_input(client_id: int, round_id: int, length: int) -> np.ndarray:
     return v
 
 
+def _float_encoder(*, n_clients: int, ring: Ring):
+    """The encoder of `float_input`; ValueError if the ring cannot hold a sum of n_clients."""
+    from secagg.encoding import EncodingConfig, FixedPointEncoder
+
+    return FixedPointEncoder(EncodingConfig(clip=8.0, max_weight=100.0, max_clients=n_clients), ring=ring)
+
+
 def float_input(dim: int, *, n_clients: int, ring: Ring) -> np.ndarray:
     """What a trivial FL client uploads: a fresh uniform(-0.5, 0.5) float vector of `dim` values with
     weight 100 (its example count), fixed-point encoded for the ring (length dim + 1)."""
-    from secagg.encoding import EncodingConfig, FixedPointEncoder
-
     x = np.random.default_rng().uniform(-0.5, 0.5, dim).astype(np.float32)
-    enc = FixedPointEncoder(EncodingConfig(clip=8.0, max_weight=100.0, max_clients=n_clients), ring=ring)
-    return enc.encode(x, weight=100.0)[0]
+    return _float_encoder(n_clients=n_clients, ring=ring).encode(x, weight=100.0)[0]
 
 
 def synthetic_sum(client_ids: Iterable[int], round_id: int, length: int, *, ring: Ring = RING_2_32) -> np.ndarray:
@@ -58,34 +76,105 @@ def synthetic_sum(client_ids: Iterable[int], round_id: int, length: int, *, ring
     return total
 
 
-def parse_params(pairs: list[str]) -> dict[str, object]:
+_PER_ROUND = frozenset({"round_id", "clients", "length", "ring", "client_id", "input_fn"})
+"""Constructor arguments the drivers fill in themselves, never from `--param`."""
+
+
+def param_names(cls: type) -> list[str]:
+    """The keyword arguments of a protocol class that `--param NAME=VALUE` can set: those with a
+    number, string or None default (not the per-round ones, nor objects such as a ClientPolicy)."""
+    return sorted(name for name, prm in inspect.signature(cls).parameters.items()
+                  if prm.kind is prm.KEYWORD_ONLY and name not in _PER_ROUND
+                  and (prm.default is None or type(prm.default) in (int, float, str)))
+
+
+def parse_params(pairs: list[str], *, allowed: Iterable[str] | None = None, protocol: str = "",
+                 option: str = "--param") -> dict[str, object]:
+    """NAME=VALUE pairs as constructor keywords (int, then float, 'none' -> None, else str).
+
+    Raises ValueError naming `option` for a malformed pair or, with `allowed`, an unknown NAME (the
+    message lists the valid names), so that CLIs can turn it into an argparse error.
+    """
+    known = None if allowed is None else sorted(allowed)
     out: dict[str, object] = {}
     for pair in pairs:
         name, sep, raw = pair.partition("=")
-        if not sep or not name.isidentifier():
-            raise SystemExit(f"--param expects name=value, got {pair!r}")
-        for cast in (int, float):
-            try:
-                out[name] = cast(raw)
-                break
-            except ValueError:
-                continue
-        else:
-            out[name] = raw
+        if not sep or not name.isidentifier() or not raw:
+            raise ValueError(f"{option} takes NAME=VALUE, got {pair!r}"
+                             + (f"; {protocol or 'the protocol'} takes {known}" if known is not None else ""))
+        if known is not None and name not in known:
+            raise ValueError(f"{option} {name}: {protocol or 'the protocol'} has no such parameter; "
+                             f"it takes {known}")
+        out[name] = _param_value(raw)
     return out
 
 
+def _param_value(raw: str) -> object:
+    if raw.lower() == "none":
+        return None
+    for cast in (int, float):
+        try:
+            return cast(raw)
+        except ValueError:
+            continue
+    return raw
+
+
+def check_server_params(protocol: str, pairs: list[str], *, clients: int, length: int,
+                        option: str = "--param") -> dict[str, object]:
+    """Parsed `--param` pairs for `protocol`'s server, after building (and starting) one trial round
+    with `clients` clients and vectors of `length`: ValueError, naming the option, if the names are
+    not the server's keywords, a value is refused, or the protocol needs more clients."""
+    server_cls = registry.server_class(protocol)
+    params = parse_params(pairs, allowed=param_names(server_cls), protocol=protocol, option=option)
+    with_params = f" with {option} {' '.join(pairs)}" if pairs else ""
+    try:
+        trial = server_cls(round_id=0, clients=range(1, clients + 1), length=length, **params)
+        trial.start()
+    except AbortError as exc:
+        raise ValueError(f"--clients {clients}: {protocol}{with_params} needs at least {exc.required} "
+                         f"clients") from None
+    except (ValueError, TypeError) as exc:
+        raise ValueError(f"{protocol}{with_params} refuses a round of {clients} clients: {exc}") from None
+    return params
+
+
+def check_client_params(protocol: str, pairs: list[str], *, option: str = "--param") -> dict[str, object]:
+    """Parsed `--param` pairs for `protocol`'s client, after building one trial client: ValueError,
+    naming the option, for unknown names or refused values."""
+    client_cls = registry.client_class(protocol)
+    params = parse_params(pairs, allowed=param_names(client_cls), protocol=f"the {protocol} client",
+                          option=option)
+    try:
+        client_cls(client_id=1, round_id=0, input_fn=lambda: np.zeros(1, np.uint32), **params)
+    except (ValueError, TypeError) as exc:
+        raise ValueError(f"{option} {' '.join(pairs)}: {exc}") from None
+    return params
+
+
 def _endpoint(args: argparse.Namespace) -> str:
-    return args.endpoint or f"tcp://{args.host}:{args.port if args.port else '*'}"
+    if args.endpoint:
+        return args.endpoint
+    return f"tcp://{args.host or '127.0.0.1'}:{args.port if args.port else '*'}"
+
+
+def _vector_length(args: argparse.Namespace) -> int:
+    """What each client contributes: dim values, plus the weight with --float-input."""
+    return args.dim + 1 if args.float_input else args.dim
 
 
 # ---- server -------------------------------------------------------------------------------
 
 def serve(args: argparse.Namespace) -> int:
+    """Register --clients clients, run --rounds rounds; 0 if all finished (and checked) correctly."""
     server_cls = registry.server_class(args.protocol)
-    params = parse_params(args.param)
-    curve = load_server_keys(Path(args.curve_dir)) if args.curve_dir else None
-    with ServerDriver(_endpoint(args), config=ServerConfig(), curve=curve) as driver:
+    length = _vector_length(args)
+    try:
+        driver = ServerDriver(_endpoint(args), config=ServerConfig(), curve=args.curve)
+    except zmq.ZMQError as exc:
+        print(json.dumps({"event": "error", "error": f"cannot bind {_endpoint(args)}: {exc}"}), flush=True)
+        return 2
+    with driver:
         if args.endpoint_file:
             Path(args.endpoint_file).write_text(driver.endpoint)
         print(json.dumps({"event": "listening", "endpoint": driver.endpoint}), flush=True)
@@ -98,18 +187,32 @@ def serve(args: argparse.Namespace) -> int:
             return 2
         failures = 0
         for round_id in range(1, args.rounds + 1):
-            length = args.dim + 1 if args.float_input else args.dim
-            protocol = server_cls(round_id=round_id, clients=sorted(driver.clients), length=length, **params)
+            if len(driver.clients) < 2:
+                error = f"only {len(driver.clients)} clients still connected; stopping"
+                print(json.dumps({"event": "error", "round": round_id, "error": error}), flush=True)
+                return 1
             try:
+                protocol = server_cls(round_id=round_id, clients=sorted(driver.clients), length=length, **args.params)
                 report = driver.run_round(protocol, stage_timeout=args.stage_timeout)
-            except AbortError as exc:
-                print(json.dumps({"event": "aborted", "round": round_id, "error": str(exc)}), flush=True)
+            except (AbortError, ValueError) as exc:  # ValueError: too few clients left for the protocol
+                line = {"event": "aborted", "round": round_id, "error": str(exc)}
+                if isinstance(exc, AbortError) and exc.survivors == 0:
+                    line["hint"] = _nobody_answered(args, exc.stage, length)
+                    print(line["hint"], file=sys.stderr, flush=True)
+                print(json.dumps(line), flush=True)
                 failures += 1
                 continue
             line = _round_line(args, round_id, report, registered, protocol.ring)
             failures += line.get("sum_ok") is False
             print(json.dumps(line), flush=True)
     return 1 if failures else 0
+
+
+def _nobody_answered(args: argparse.Namespace, stage: str, length: int) -> str:
+    """Why a round can end with no client left: most often the clients run something else."""
+    return (f"no client answered stage '{stage}': this server runs --protocol {args.protocol} on vectors of "
+            f"length {length} (--dim {args.dim}{' with --float-input' if args.float_input else ''}); "
+            f"clients started with a different --protocol or --dim refuse its requests (their logs name both)")
 
 
 def _round_line(args: argparse.Namespace, round_id: int, report: RoundReport, registered: float,
@@ -133,11 +236,37 @@ def _round_line(args: argparse.Namespace, round_id: int, report: RoundReport, re
 
 # ---- client -------------------------------------------------------------------------------
 
+class _ExpectLength:
+    """Wraps a client protocol: a round whose first request asks for vectors of another length than
+    this client's input is a ProtocolMismatchError naming both lengths, up front, instead of a
+    ValueError from the ring deep in the round (or silence from the client)."""
+
+    def __init__(self, inner: ClientProtocol, *, length: int, source: str) -> None:
+        self.inner, self.length, self.source = inner, length, source
+        self.name, self.schemas = inner.name, inner.schemas
+
+    @property
+    def finished(self) -> bool:
+        return self.inner.finished
+
+    def first_kind(self) -> str:
+        return self.inner.first_kind()
+
+    def handle(self, msg: Message) -> Message | None:
+        asked = msg.fields.get("length") if msg.kind == self.inner.first_kind() else None
+        if type(asked) is int and asked != self.length:
+            raise ProtocolMismatchError(
+                f"server sums vectors of length {asked} but this client's input has length {self.length} "
+                f"({self.source}); start both sides with the same --dim and --float-input")
+        return self.inner.handle(msg)
+
+
 def client(args: argparse.Namespace) -> int:
+    """Answer the server's rounds until it shuts down; 2 if refused or mismatched with the server."""
     client_cls = registry.client_class(args.protocol)
-    params = parse_params(args.param)
-    curve = load_client_keys(Path(args.curve_dir), args.id) if args.curve_dir else None
     cid = args.id
+    length = _vector_length(args)
+    source = f"--dim {args.dim}" + (" with --float-input" if args.float_input else "")
 
     def factory(round_id: int):
         def input_fn() -> np.ndarray:
@@ -147,13 +276,14 @@ def client(args: argparse.Namespace) -> int:
             if args.float_input:
                 return float_input(args.dim, n_clients=args.max_clients, ring=registry.default_ring(args.protocol))
             return synthetic_input(cid, round_id, args.dim)
-        return client_cls(client_id=cid, round_id=round_id, input_fn=input_fn, **params)
+        proto = client_cls(client_id=cid, round_id=round_id, input_fn=input_fn, **args.params)
+        return _ExpectLength(proto, length=length, source=source)
 
     config = ClientConfig(hello_timeout=args.hello_timeout, idle_timeout=args.idle_timeout)
     try:
-        summary = run_client(endpoint=args.connect, client_id=cid, factory=factory, config=config, curve=curve)
-    except RegistrationError as exc:
-        print(str(exc), file=sys.stderr)
+        summary = run_client(endpoint=args.connect, client_id=cid, factory=factory, config=config, curve=args.curve)
+    except (RegistrationError, ProtocolMismatchError) as exc:
+        print(f"client {cid}: {exc}", file=sys.stderr, flush=True)
         return 2
     print(json.dumps({"event": "client_exit", "client": cid, "reason": summary.exit_reason,
                       "rounds": list(summary.rounds), "rejected": summary.rejected}), flush=True)
@@ -168,73 +298,173 @@ def keygen(args: argparse.Namespace) -> int:
     return 0
 
 
-def _at_least(kind, low):
-    """argparse type: a `kind` number >= low (an argparse error, exit code 2, otherwise)."""
+def _at_least(kind: type, low: float, high: float | None = None) -> Callable[[str], float]:
+    """argparse type: a finite `kind` number in [low, high] (an argparse error, exit code 2, otherwise)."""
     def parse(text: str):
         try:
             value = kind(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-        if not value >= low:
+            raise argparse.ArgumentTypeError(f"not {'an integer' if kind is int else 'a number'}: {text!r}") from None
+        if not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"must be a finite number, got {text}")
+        if value < low:
             raise argparse.ArgumentTypeError(f"must be at least {low}, got {text}")
+        if high is not None and value > high:
+            raise argparse.ArgumentTypeError(f"must be at most {high}, got {text}")
         return value
     return parse
 
 
 def _positive_float(text: str) -> float:
+    """argparse type: seconds, a finite number above 0."""
     value = _at_least(float, 0.0)(text)
     if value == 0:
         raise argparse.ArgumentTypeError("must be positive")
     return value
 
 
+_HOST = r"(\*|[A-Za-z0-9_.-]+|\[[0-9A-Fa-f:.]+\])"
+_TCP = re.compile(rf"tcp://{_HOST}:(\*|\d{{1,5}})")
+
+
+def _endpoint_type(*, bind: bool) -> Callable[[str], str]:
+    """argparse type: tcp://HOST:PORT or ipc://PATH (inproc:// cannot reach another process).
+    Binding also takes a * host or port; connecting needs both spelled out."""
+    example = "tcp://0.0.0.0:5555" if bind else "tcp://127.0.0.1:5555"
+
+    def parse(text: str) -> str:
+        if text.startswith("ipc://") and len(text) > 6 and not any(c.isspace() for c in text):
+            return text
+        match = _TCP.fullmatch(text)
+        if match is not None:
+            host, port = match.groups()
+            if (bind or host != "*") and (bind and port == "*" or port.isdigit() and 0 < int(port) <= 65535):
+                return text
+        raise argparse.ArgumentTypeError(f"expected tcp://HOST:PORT or ipc://PATH (e.g. {example}), got {text!r}")
+    return parse
+
+
+def _host(text: str) -> str:
+    """argparse type: a host name, address or interface to bind (no scheme, no port)."""
+    if not re.fullmatch(_HOST, text):
+        raise argparse.ArgumentTypeError(f"expected a host name or address such as 127.0.0.1, got {text!r}")
+    return text
+
+
 def parser() -> argparse.ArgumentParser:
+    """The CLI's parser: `server`, `client` and `keygen` subcommands (see the module docstring)."""
     p = argparse.ArgumentParser(prog="python -m transport.cli", description=__doc__.split("\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
+    protocols = registry.names()
 
     s = sub.add_parser("server", help="run rounds over a ROUTER socket")
-    s.add_argument("--protocol", default="secagg+", choices=registry.names(),
+    s.add_argument("--protocol", default="secagg+", choices=protocols,
                    help="secure-sum protocol (default secagg+); clients must run the same one")
-    s.add_argument("--clients", type=_at_least(int, 2), required=True, help="wait for this many clients")
-    s.add_argument("--dim", type=_at_least(int, 1), required=True, help="vector length summed per round")
-    s.add_argument("--host", default="127.0.0.1")
-    s.add_argument("--port", type=_at_least(int, 0), default=0, help="0 picks a free port (see --endpoint-file)")
-    s.add_argument("--endpoint", help="bind here instead of tcp://HOST:PORT (e.g. ipc:///tmp/sa)")
+    s.add_argument("--clients", type=_at_least(int, 2, MAX_CLIENTS), required=True,
+                   help="wait for this many clients (a secure sum needs at least 2)")
+    s.add_argument("--dim", type=_at_least(int, 1, MAX_VECTOR_LENGTH - 1), required=True,
+                   help="vector length summed per round")
+    s.add_argument("--host", type=_host, help="interface to bind (default 127.0.0.1)")
+    s.add_argument("--port", type=_at_least(int, 0, 65535), help="default 0: a free port (see --endpoint-file)")
+    s.add_argument("--endpoint", type=_endpoint_type(bind=True),
+                   help="bind here instead of tcp://HOST:PORT (e.g. ipc:///tmp/sa)")
     s.add_argument("--endpoint-file", help="write the bound endpoint to this file")
     s.add_argument("--rounds", type=_at_least(int, 1), default=1)
-    s.add_argument("--stage-timeout", type=_positive_float, default=60.0)
-    s.add_argument("--register-timeout", type=_positive_float, default=60.0)
-    s.add_argument("--param", action="append", default=[], metavar="NAME=VALUE")
+    s.add_argument("--stage-timeout", type=_positive_float, default=60.0, help="seconds per stage")
+    s.add_argument("--register-timeout", type=_positive_float, default=60.0, help="seconds to wait for --clients")
+    s.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
+                   help="server protocol argument, e.g. degree=10 or threshold_fraction=0.6 (checked)")
     s.add_argument("--curve-dir", help="CurveZMQ keys from `keygen`: server secret + client allowlist")
     s.add_argument("--check", action="store_true", help="verify the exact sum of the synthetic inputs")
     s.add_argument("--float-input", action="store_true", help="clients encode random float vectors (length dim + 1)")
-    s.set_defaults(run=serve)
+    s.set_defaults(run=serve, validate=_validate_server, error=s.error)
 
     c = sub.add_parser("client", help="answer a server's rounds over a DEALER socket")
-    c.add_argument("--id", type=_at_least(int, 1), required=True)
-    c.add_argument("--connect", required=True)
-    c.add_argument("--dim", type=_at_least(int, 1), required=True)
-    c.add_argument("--protocol", default="secagg+", choices=registry.names(),
+    c.add_argument("--id", type=_at_least(int, 1, MAX_CLIENT_ID), required=True)
+    c.add_argument("--connect", type=_endpoint_type(bind=False), required=True,
+                   help="the server's endpoint: tcp://HOST:PORT or ipc://PATH")
+    c.add_argument("--dim", type=_at_least(int, 1, MAX_VECTOR_LENGTH - 1), required=True,
+                   help="vector length (the server's --dim)")
+    c.add_argument("--protocol", default="secagg+", choices=protocols,
                    help="must match the server's (default secagg+)")
-    c.add_argument("--param", action="append", default=[], metavar="NAME=VALUE")
-    c.add_argument("--curve-dir")
-    c.add_argument("--hello-timeout", type=_positive_float, default=60.0)
-    c.add_argument("--idle-timeout", type=_positive_float, default=600.0)
+    c.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
+                   help="client protocol argument, e.g. min_survivors=3 for lightsecagg (checked)")
+    c.add_argument("--curve-dir", help="CurveZMQ keys from `keygen`: this client's pair + the server's public key")
+    c.add_argument("--hello-timeout", type=_positive_float, default=60.0, help="seconds to wait for the welcome")
+    c.add_argument("--idle-timeout", type=_positive_float, default=600.0,
+                   help="exit after this many seconds without a message")
     c.add_argument("--drop-at-input", action="store_true", help="exit when asked for the (masked) input")
-    c.add_argument("--drop-round", type=int, help="with --drop-at-input: only in this round")
+    c.add_argument("--drop-round", type=_at_least(int, 1), help="with --drop-at-input: only in this round")
     c.add_argument("--float-input", action="store_true", help="encode a random float vector, as a trivial FL client")
-    c.add_argument("--max-clients", type=int, default=1000, help="with --float-input: the encoder's client bound")
-    c.set_defaults(run=client)
+    c.add_argument("--max-clients", type=_at_least(int, 1), default=1000,
+                   help="with --float-input: the encoder's client bound")
+    c.set_defaults(run=client, validate=_validate_client, error=c.error)
 
     k = sub.add_parser("keygen", help="write CurveZMQ key pairs for a server and its clients")
     k.add_argument("--dir", required=True)
-    k.add_argument("--clients", type=_at_least(int, 1), required=True)
-    k.set_defaults(run=keygen)
+    k.add_argument("--clients", type=_at_least(int, 1, MAX_CLIENTS), required=True)
+    k.set_defaults(run=keygen, validate=_validate_keygen, error=k.error)
     return p
 
 
+def _validate_server(args: argparse.Namespace) -> None:
+    """Checks that need several options at once; ValueError names the option. Sets params, curve."""
+    if args.endpoint and (args.host is not None or args.port is not None):
+        raise ValueError("--endpoint replaces --host and --port: give one or the other")
+    if args.endpoint_file and not Path(args.endpoint_file).resolve().parent.is_dir():
+        raise ValueError(f"--endpoint-file {args.endpoint_file}: its folder does not exist")
+    if _vector_length(args) > MAX_VECTOR_LENGTH:
+        raise ValueError(f"--dim {args.dim} with --float-input exceeds the longest vector, {MAX_VECTOR_LENGTH}")
+    args.params = check_server_params(args.protocol, args.param, clients=args.clients, length=_vector_length(args))
+    args.curve = None
+    if args.curve_dir:
+        try:
+            args.curve = load_server_keys(_key_dir(args.curve_dir))
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"--curve-dir {args.curve_dir}: cannot read the server keys ({exc})") from None
+
+
+def _validate_client(args: argparse.Namespace) -> None:
+    """Checks that need several options at once; ValueError names the option. Sets params, curve."""
+    if args.drop_round is not None and not args.drop_at_input:
+        raise ValueError("--drop-round only applies with --drop-at-input")
+    if args.float_input:
+        try:
+            _float_encoder(n_clients=args.max_clients, ring=registry.default_ring(args.protocol))
+        except ValueError as exc:
+            raise ValueError(f"--max-clients {args.max_clients}: {exc}") from None
+    args.params = check_client_params(args.protocol, args.param)
+    if args.params.get("max_length", MAX_VECTOR_LENGTH) < _vector_length(args):
+        raise ValueError(f"--param max_length={args.params['max_length']} is below this client's vector length "
+                         f"{_vector_length(args)}: it would refuse every round")
+    args.curve = None
+    if args.curve_dir:
+        try:
+            args.curve = load_client_keys(_key_dir(args.curve_dir), args.id)
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"--curve-dir {args.curve_dir}: cannot read the keys of client {args.id} "
+                             f"({exc})") from None
+
+
+def _validate_keygen(args: argparse.Namespace) -> None:
+    if Path(args.dir).exists() and not Path(args.dir).is_dir():
+        raise ValueError(f"--dir {args.dir}: exists and is not a folder")
+
+
+def _key_dir(text: str) -> Path:
+    path = Path(text)
+    if not path.is_dir():
+        raise ValueError("no such folder (write one with `keygen`)")
+    return path
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Parse and check every argument (argparse error, exit code 2, on any bad one), then run."""
     args = parser().parse_args(argv)
+    try:
+        args.validate(args)
+    except ValueError as exc:
+        args.error(str(exc))
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     return args.run(args)
 

@@ -7,6 +7,10 @@ Messages whose kind has an entry in `handlers` (e.g. a model broadcast from
 `transport.session.reply_to`). The loop ends on a `shutdown` message, when the server's
 connection closes (TCP/IPC), after `idle_timeout` seconds without a message, or when `stop`
 is set (threads). It runs the same in a thread (inproc://, shared zmq.Context) or a process.
+
+A round that opens with a request of another registered protocol (the server runs secagg+, this
+client plain) raises `ProtocolMismatchError` naming both, instead of dropping every request until
+the server gives up on this client; other malformed or unexpected messages are logged and dropped.
 """
 from __future__ import annotations
 
@@ -33,6 +37,36 @@ Handler = Callable[[Message], "Message | None"]
 
 class RegistrationError(ConnectionError):
     """The server refused this client, authentication failed, or no welcome came in time."""
+
+
+class ProtocolMismatchError(RuntimeError):
+    """The server runs another protocol (or other round parameters) than this client: no round can
+    succeed, so the client stops instead of waiting for requests it will never understand."""
+
+
+def protocols_speaking(kind: str) -> list[str]:
+    """Registered protocols whose clients accept requests of this kind (to name the server's one)."""
+    from secagg.protocols import registry
+
+    return [name for name in registry.names() if kind in registry.client_class(name).schemas]
+
+
+def _check_same_protocol(msg: Message, protocol: ClientProtocol) -> None:
+    """Raise ProtocolMismatchError if `msg` is a request of another registered protocol.
+
+    Kinds no registered protocol knows are left to the caller to drop: they are garbage, not a
+    server speaking a protocol we can name.
+    """
+    ours = getattr(protocol, "schemas", {})
+    if msg.kind in ours:
+        return
+    theirs = protocols_speaking(msg.kind)
+    if theirs:
+        mine = getattr(protocol, "name", "") or type(protocol).__name__
+        raise ProtocolMismatchError(
+            f"server speaks {' or '.join(theirs)} (its round {msg.round} request is '{msg.kind}') "
+            f"but this client runs {mine}, whose rounds start with '{protocol.first_kind()}'; "
+            f"run the same protocol (--protocol) on both sides")
 
 
 @dataclass(frozen=True)
@@ -66,7 +100,8 @@ def run_client(*, endpoint: str, client_id: int, factory: ProtocolFactory,
                handlers: Mapping[str, Handler] | None = None, context: zmq.Context | None = None,
                config: ClientConfig = ClientConfig(), curve: CurveClientKeys | None = None,
                stop: threading.Event | None = None) -> ClientSummary:
-    """Connect, register, serve until told to stop. Raises RegistrationError if not admitted."""
+    """Connect, register, serve until told to stop. Raises RegistrationError if not admitted and
+    ProtocolMismatchError if the server's rounds are of another protocol."""
     with ClientSession(endpoint=endpoint, client_id=client_id, context=context, config=config,
                        curve=curve) as sess:
         sess.register()
@@ -165,7 +200,9 @@ class ClientSession:
                     if msg.round > current_round:  # a new round starts with its first request
                         candidate = factory(msg.round)
                         if candidate is not None and msg.kind != candidate.first_kind():
-                            raise ProtocolError(f"round {msg.round} cannot start with '{msg.kind}'")
+                            _check_same_protocol(msg, candidate)
+                            raise ProtocolError(f"round {msg.round} cannot start with '{msg.kind}' "
+                                                f"(rounds of this client start with '{candidate.first_kind()}')")
                         current_round, protocol = msg.round, candidate
                         rounds.append(msg.round)
                     if msg.round < current_round or protocol is None:

@@ -1,14 +1,24 @@
-"""Deployment: a server process and client processes over tcp://127.0.0.1, started from the CLI."""
+"""Deployment: a server process and client processes over tcp://127.0.0.1, started from the CLI; its
+argument checks (argparse errors, exit code 2) and its protocol/length mismatch reports."""
 from __future__ import annotations
 
 import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import pytest
+import zmq
+
+from secagg.messages import AbortError
+from secagg.protocols.plain import PlainClient, PlainServer
+from secagg.protocols.secagg import SecAggPlusServer
+from transport.cli import main, parser, synthetic_input
+from transport.client import ClientConfig, ProtocolMismatchError, run_client
+from transport.server import ServerDriver
 
 ROOT = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
@@ -72,3 +82,133 @@ def test_secagg_demo_with_a_dropout(tmp_path) -> None:
     assert demo.returncode == 0, demo.stdout + demo.stderr
     assert "-> OK" in demo.stdout
     assert "contributors  3:" in demo.stdout and "in 'collect'" in demo.stdout
+
+
+# ---- argument checks ----------------------------------------------------------------------
+
+SERVER = ["server", "--clients", "3", "--dim", "5"]
+CLIENT = ["client", "--id", "1", "--connect", "tcp://127.0.0.1:5555", "--dim", "5"]
+
+
+@pytest.mark.parametrize("args,message", [
+    (["server", "--clients", "3", "--dim", "0"], "--dim: must be at least 1"),
+    (["server", "--clients", "3", "--dim", "-5"], "--dim: must be at least 1"),
+    (["server", "--clients", "3", "--dim", "many"], "--dim: not an integer"),
+    (["server", "--clients", "1", "--dim", "5"], "--clients: must be at least 2"),
+    ([*SERVER, "--stage-timeout", "0"], "--stage-timeout: must be positive"),
+    ([*SERVER, "--stage-timeout", "inf"], "--stage-timeout: must be a finite number"),
+    ([*SERVER, "--register-timeout", "-1"], "--register-timeout: must be at least 0"),
+    ([*SERVER, "--rounds", "0"], "--rounds: must be at least 1"),
+    ([*SERVER, "--port", "70000"], "--port: must be at most 65535"),
+    ([*SERVER, "--host", "tcp://0.0.0.0"], "--host: expected a host name"),
+    ([*SERVER, "--endpoint", "inproc://x"], "--endpoint: expected tcp://HOST:PORT or ipc://PATH"),
+    ([*SERVER, "--endpoint", "tcp://127.0.0.1:5555", "--port", "5556"], "--endpoint replaces --host and --port"),
+    ([*SERVER, "--endpoint-file", "/nonexistent-folder/ep"], "--endpoint-file /nonexistent-folder/ep: its folder"),
+    ([*SERVER, "--curve-dir", "/nonexistent-folder"], "--curve-dir /nonexistent-folder: cannot read"),
+    ([*SERVER, "--param", "threshold=5"], "it takes ['degree', 'min_clients', 'threshold_fraction']"),
+    ([*SERVER, "--param", "nonsense"], "--param takes NAME=VALUE, got 'nonsense'; secagg+ takes ['degree'"),
+    ([*SERVER, "--param", "threshold_fraction=1.5"], "threshold_fraction must be in [0, 1)"),
+    ([*SERVER, "--param", "min_clients=5"], "--clients 3: secagg+ with --param min_clients=5 needs at least 5"),
+    ([*SERVER, "--protocol", "lightsecagg", "--param", "privacy=3"], "lightsecagg with --param privacy=3 refuses"),
+    ([*SERVER, "--protocol", "plain", "--param", "degree=4"], "plain has no such parameter; it takes ['min_clients']"),
+    (["client", "--id", "0", "--connect", "tcp://127.0.0.1:1", "--dim", "5"], "--id: must be at least 1"),
+    (["client", "--id", "1", "--connect", "127.0.0.1:5555", "--dim", "5"], "--connect: expected tcp://HOST:PORT"),
+    (["client", "--id", "1", "--connect", "tcp://*:5555", "--dim", "5"], "--connect: expected tcp://HOST:PORT"),
+    (["client", "--id", "1", "--connect", "tcp://127.0.0.1:0", "--dim", "5"], "--connect: expected tcp://HOST:PORT"),
+    (["client", "--id", "1", "--connect", "tcp://127.0.0.1:1", "--dim", "0"], "--dim: must be at least 1"),
+    ([*CLIENT, "--hello-timeout", "0"], "--hello-timeout: must be positive"),
+    ([*CLIENT, "--idle-timeout", "nan"], "--idle-timeout: must be a finite number"),
+    ([*CLIENT, "--drop-round", "0"], "--drop-round: must be at least 1"),
+    ([*CLIENT, "--drop-round", "2"], "--drop-round only applies with --drop-at-input"),
+    ([*CLIENT, "--float-input", "--max-clients", "0"], "--max-clients: must be at least 1"),
+    ([*CLIENT, "--float-input", "--max-clients", "10000000000"], "--max-clients 10000000000: ring of 32 bits"),
+    ([*CLIENT, "--param", "degree=4"], "the secagg+ client has no such parameter; it takes ['max_length']"),
+    ([*CLIENT, "--param", "max_length=4"], "--param max_length=4 is below this client's vector length 5"),
+    ([*CLIENT, "--protocol", "lightsecagg", "--param", "min_survivors"],
+     "got 'min_survivors'; the lightsecagg client takes ['max_length', 'min_privacy', 'min_survivors']"),
+    (["keygen", "--dir", "keys", "--clients", "0"], "--clients: must be at least 1"),
+])
+def test_cli_refuses_bad_arguments_with_an_argparse_error(args, message, capsys) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(args)
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and message in err, err
+    assert "Traceback" not in err
+
+
+def test_cli_defaults_to_secagg_plus_and_says_so(capsys) -> None:
+    assert parser().parse_args(SERVER).protocol == "secagg+"
+    assert parser().parse_args(CLIENT).protocol == "secagg+"
+    for command in ("server", "client"):
+        with pytest.raises(SystemExit) as exit_:
+            main([command, "--help"])
+        assert exit_.value.code == 0
+        assert "default secagg+" in capsys.readouterr().out
+    assert "(default secagg+, on both sides" in sys.modules[main.__module__].__doc__
+
+
+# ---- mismatches between server and clients ------------------------------------------------
+
+def test_a_plain_client_of_a_secagg_plus_server_raises_naming_both_over_inproc() -> None:
+    ctx = zmq.Context()
+    errors: dict[int, BaseException] = {}
+
+    def body(cid: int) -> None:
+        def factory(r: int) -> PlainClient:
+            return PlainClient(client_id=cid, round_id=r, input_fn=lambda: synthetic_input(cid, r, 8))
+        try:
+            run_client(endpoint="inproc://mismatch", client_id=cid, factory=factory, context=ctx,
+                       config=ClientConfig(hello_timeout=5.0, idle_timeout=10.0))
+        except BaseException as exc:  # surfaced to the test
+            errors[cid] = exc
+
+    try:
+        with ServerDriver("inproc://mismatch", context=ctx) as driver:
+            threads = [threading.Thread(target=body, args=(cid,), daemon=True) for cid in (1, 2)]
+            for t in threads:
+                t.start()
+            assert driver.wait_for_clients(count=2, timeout=5.0) == {1, 2}
+            with pytest.raises(AbortError) as aborted:
+                driver.run_round(SecAggPlusServer(round_id=1, clients=[1, 2], length=8), stage_timeout=2.0)
+            assert aborted.value.survivors == 0
+            for t in threads:
+                t.join(10.0)
+    finally:
+        ctx.term()
+    assert sorted(errors) == [1, 2]
+    for exc in errors.values():
+        assert isinstance(exc, ProtocolMismatchError)
+        assert "server speaks secagg or secagg+" in str(exc) and "this client runs plain" in str(exc)
+
+
+def test_a_cli_client_with_another_dim_exits_2_naming_both_lengths(capsys) -> None:
+    with ServerDriver("tcp://127.0.0.1:*") as driver:
+        out: dict[str, int] = {}
+        t = threading.Thread(target=lambda: out.setdefault("code", main(
+            ["client", "--id", "1", "--connect", driver.endpoint, "--dim", "11", "--protocol", "plain",
+             "--hello-timeout", "10", "--idle-timeout", "10"])), daemon=True)
+        t.start()
+        assert driver.wait_for_clients(count=1, timeout=10.0) == {1}
+        with pytest.raises(AbortError):
+            driver.run_round(PlainServer(round_id=1, clients=[1], length=10), stage_timeout=5.0)
+        t.join(15.0)
+    assert out["code"] == 2
+    err = capsys.readouterr().err
+    assert "server sums vectors of length 10 but this client's input has length 11 (--dim 11)" in err, err
+
+
+@pytest.mark.slow
+def test_cli_server_secagg_plus_and_plain_clients_name_both_protocols(tmp_path) -> None:
+    server = cli("server", "--protocol", "secagg+", "--clients", "2", "--dim", "10", "--stage-timeout", "5",
+                 "--register-timeout", "30", "--endpoint-file", str(tmp_path / "ep"))
+    endpoint = wait_for_file(tmp_path / "ep", server)
+    clients = [cli("client", "--id", str(k), "--connect", endpoint, "--dim", "10", "--protocol", "plain",
+                   "--hello-timeout", "30", "--idle-timeout", "30") for k in (1, 2)]
+    (code, stdout, stderr), *client_results = finish([server, *clients], timeout=60.0)
+    for client_code, _, client_err in client_results:
+        assert client_code == 2, client_err
+        assert "server speaks secagg or secagg+" in client_err and "this client runs plain" in client_err
+    aborted = [json.loads(line) for line in stdout.splitlines() if '"aborted"' in line]
+    assert code == 1 and len(aborted) == 1, stdout + stderr
+    assert "--protocol secagg+" in aborted[0]["hint"] and "different --protocol" in aborted[0]["hint"]
+    assert "--protocol secagg+" in stderr

@@ -1,53 +1,260 @@
 import csv
+import dataclasses
+import enum
 import json
+import math
+import re
+import sys
+import tomllib
+import types
+from pathlib import Path
 
+import numpy as np
 import pytest
+import torch
 
 from fl_algorithms.engine.sim import RunConfig
+from fl_algorithms.experiments import rundir
 from fl_algorithms.experiments.rundir import RunDirectory
 
 
-def test_config_round_trips_through_toml_including_none(tmp_path):
+def csv_rows(run):
+    with open(run.path / "metrics.csv", newline="", encoding="utf-8") as fh:
+        reader = csv.DictReader(fh)
+        return reader.fieldnames, list(reader)
+
+
+# ---- creating and opening ------------------------------------------------------------------------
+def test_create_makes_fresh_time_stamped_directories(tmp_path):
+    a = RunDirectory.create(tmp_path / "runs")
+    b = RunDirectory.create(tmp_path / "runs")
+    assert a.path.is_dir() and b.path.is_dir() and a.path != b.path
+    assert re.fullmatch(r"\d{8}-\d{6}(-\d+)?", a.path.name) and a.path.parent == tmp_path / "runs"
+
+
+def test_create_with_a_name_refuses_an_existing_one_and_odd_names(tmp_path):
     run = RunDirectory.create(tmp_path, name="r1")
-    run.write_config({"run": RunConfig(rounds=3, clients_per_round=None), "note": "x"})
-    doc = run.read_config()
-    assert doc["run"]["rounds"] == 3 and doc["run"]["clients_per_round"] is None and doc["note"] == "x"
-    assert doc["run"]["secure"]["protocol"] == "secagg+"
-    with pytest.raises(FileExistsError):
+    assert run.path == tmp_path / "r1" and run.path.is_dir()
+    with pytest.raises(FileExistsError, match="already exists.*--resume"):
         RunDirectory.create(tmp_path, name="r1")
-    with pytest.raises(ValueError):
-        RunDirectory.create(tmp_path, name="../x")
-    assert RunDirectory.open(run.path).path == run.path
-    with pytest.raises(FileNotFoundError):
+    for bad in ("", ".", "..", "../x", "a/b"):
+        with pytest.raises(ValueError, match="plain directory name"):
+            RunDirectory.create(tmp_path, name=bad)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r1"]
+
+
+def test_open_is_for_run_directories_only(tmp_path):
+    run = RunDirectory.create(tmp_path, name="r1")
+    with pytest.raises(FileNotFoundError, match="not a run directory.*config.toml"):
+        RunDirectory.open(run.path)  # no config written yet: nothing to resume
+    run.write_config({"rounds": 3})
+    assert RunDirectory.open(run.path).read_config() == {"rounds": 3}
+    with pytest.raises(FileNotFoundError, match="not a run directory"):
         RunDirectory.open(tmp_path)
+    with pytest.raises(FileNotFoundError, match="no such directory"):
+        RunDirectory.open(tmp_path / "missing")
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(FileNotFoundError):
+        RunDirectory.open(tmp_path / "file")
 
 
-def test_rounds_are_logged_as_jsonl_and_csv_with_growing_columns(tmp_path):
+# ---- config.toml ---------------------------------------------------------------------------------
+class Mode(enum.Enum):
+    FAST = "fast"
+
+
+@dataclasses.dataclass(frozen=True)
+class Inner:
+    lr: float = 0.1
+    clip: float | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    name: str = "x"
+    seed: int | None = None
+    inner: Inner = dataclasses.field(default_factory=Inner)
+    sizes: tuple[int, ...] = (1, 2)
+
+
+def test_config_round_trips_through_toml_restoring_none(tmp_path):
+    run = RunDirectory.create(tmp_path)
+    config = {"settings": Settings(), "run": RunConfig(rounds=3, clients_per_round=None), "note": "x",
+              "a.b": None, "deep": {"x": {"y": None, "z": 1}, "all_none": {"k": None}},
+              "list": [None, 1, None, {"q": None, "r": 2}, None], "inf": math.inf,
+              "path": Path("/data/x.csv"), "mode": Mode.FAST, "np": np.float32(0.5), "t": torch.tensor([1, 2])}
+    path = run.write_config(config)
+    doc = tomllib.loads(path.read_text())  # plain TOML, None values listed under _none
+    assert "seed" not in doc["settings"] and "settings.seed" in doc["_none"] and ["a.b"] in doc["_none"]
+    back = run.read_config()
+    assert back == {
+        "settings": {"name": "x", "seed": None, "inner": {"lr": 0.1, "clip": None}, "sizes": [1, 2]},
+        "run": json.loads(json.dumps(dataclasses.asdict(RunConfig(rounds=3, clients_per_round=None)))),
+        "note": "x", "a.b": None, "deep": {"x": {"y": None, "z": 1}, "all_none": {"k": None}},
+        "list": [None, 1, None, {"q": None, "r": 2}, None], "inf": math.inf,
+        "path": "/data/x.csv", "mode": "fast", "np": 0.5, "t": [1, 2]}
+    assert back["run"]["clients_per_round"] is None and back["run"]["secure"]["protocol"] == "secagg+"
+    run.write_config({"rounds": 4})  # rewriting replaces it whole
+    assert run.read_config() == {"rounds": 4} and not list(run.path.glob(".*tmp"))
+
+
+def test_config_refuses_what_toml_cannot_hold(tmp_path):
+    run = RunDirectory.create(tmp_path)
+    with pytest.raises(ValueError, match="reserved"):
+        run.write_config({"_none": ["x"]})
+    with pytest.raises(TypeError, match="mapping or a dataclass"):
+        run.write_config([1, 2])
+    assert not (run.path / "config.toml").exists()
+
+
+# ---- per-round metrics ---------------------------------------------------------------------------
+def test_each_round_reaches_jsonl_and_csv_before_log_round_returns(tmp_path, monkeypatch):
+    run = RunDirectory.create(tmp_path)
+    synced = []
+    real_fsync = rundir.os.fsync
+    monkeypatch.setattr(rundir.os, "fsync", lambda fd: (synced.append(fd), real_fsync(fd))[1])
+    for t in (1, 2):
+        before = len(synced)
+        run.log_round({"round": t, "accuracy": t / 10, "sums": {"all": {"n": 3}}, "ids": [1, 2],
+                       "loss": np.float64(0.25), "clients": torch.tensor(4)})
+        assert len(synced) - before >= 2  # the JSON line and the CSV row were each fsynced
+        assert [r["round"] for r in run.rounds()] == list(range(1, t + 1))
+        header, rows = csv_rows(run)
+        assert [r["round"] for r in rows] == [str(k) for k in range(1, t + 1)]
+    assert header == ["round", "accuracy", "sums.all.n", "ids", "loss", "clients"]
+    assert rows[1] == {"round": "2", "accuracy": "0.2", "sums.all.n": "3", "ids": "[1, 2]", "loss": "0.25", "clients": "4"}
+    assert run.rounds()[0] == {"round": 1, "accuracy": 0.1, "sums": {"all": {"n": 3}}, "ids": [1, 2],
+                               "loss": 0.25, "clients": 4}
+
+
+def test_new_columns_rewrite_the_csv_with_the_union_header(tmp_path):
     run = RunDirectory.create(tmp_path)
     run.log_round({"round": 1, "accuracy": 0.5, "sums": {"all": 3}})
-    run.log_round({"round": 2, "accuracy": 0.6, "sums": {"all": 3}, "failed": {"b": "too small"}})
-    assert [r["round"] for r in run.rounds()] == [1, 2]
-    with open(run.path / "metrics.csv", newline="") as fh:
-        rows = list(csv.DictReader(fh))
-    assert [r["round"] for r in rows] == ["1", "2"] and rows[0]["sums.all"] == "3"
-    assert rows[0]["failed.b"] == "" and rows[1]["failed.b"] == "too small"
+    run.log_round({"round": 2, "sums": {"all": 4}, "failed": {"b": "too, \"small\""}})
+    run.log_round({"round": 3, "accuracy": 0.7})
+    header, rows = csv_rows(run)
+    assert header == ["round", "accuracy", "sums.all", "failed.b"]
+    assert rows == [{"round": "1", "accuracy": "0.5", "sums.all": "3", "failed.b": ""},
+                    {"round": "2", "accuracy": "", "sums.all": "4", "failed.b": 'too, "small"'},
+                    {"round": "3", "accuracy": "0.7", "sums.all": "", "failed.b": ""}]
 
 
-def test_torn_last_line_is_ignored_and_resume_truncates(tmp_path):
+def test_a_record_that_is_not_json_leaves_the_files_untouched(tmp_path):
+    run = RunDirectory.create(tmp_path)
+    run.log_round({"round": 1, "accuracy": 0.5})
+    before = (run.path / "metrics.jsonl").read_bytes(), (run.path / "metrics.csv").read_bytes()
+    with pytest.raises(TypeError):
+        run.log_round({"round": 2, "blob": b"\x00"})
+    assert ((run.path / "metrics.jsonl").read_bytes(), (run.path / "metrics.csv").read_bytes()) == before
+
+
+def test_a_torn_last_line_is_ignored_and_cut_off_by_the_next_round(tmp_path):
     run = RunDirectory.create(tmp_path)
     for t in (1, 2, 3):
         run.log_round({"round": t, "accuracy": t / 10})
     with open(run.path / "metrics.jsonl", "a") as fh:
-        fh.write('{"round": 4, "accur')
+        fh.write('{"round": 4, "accur')  # the crash came mid-write
     assert [r["round"] for r in run.rounds()] == [1, 2, 3]
-    run.truncate_rounds(after=2)
-    assert [r["round"] for r in run.rounds()] == [1, 2]
-    with open(run.path / "metrics.csv", newline="") as fh:
-        assert [r["round"] for r in csv.DictReader(fh)] == ["1", "2"]
+    resumed = RunDirectory(run.path)  # a new process picks the run up
+    resumed.log_round({"round": 4, "accuracy": 0.4})
+    assert [r["round"] for r in resumed.rounds()] == [1, 2, 3, 4]
+    assert (run.path / "metrics.jsonl").read_text().count("\n") == 4
+    assert [r["round"] for r in csv_rows(resumed)[1]] == ["1", "2", "3", "4"]
 
 
+def test_a_bad_line_before_the_last_is_an_error_not_silently_dropped(tmp_path):
+    run = RunDirectory.create(tmp_path)
+    (run.path / "metrics.jsonl").write_text('{"round": 1}\n{"round": 2, oops\n{"round": 3}\n')
+    with pytest.raises(ValueError, match="line 2"):
+        run.rounds()
+
+
+def test_a_csv_behind_the_jsonl_after_a_crash_is_rebuilt_by_the_next_writer(tmp_path):
+    run = RunDirectory.create(tmp_path)
+    for t in (1, 2):
+        run.log_round({"round": t, "accuracy": t / 10})
+    (run.path / "metrics.csv").write_text("round,accuracy\r\n1,0.1\r\n")  # died between the JSONL and the CSV
+    again = RunDirectory(run.path)
+    again.log_round({"round": 3, "accuracy": 0.3})
+    assert [r["round"] for r in csv_rows(again)[1]] == ["1", "2", "3"]
+
+
+def test_resume_truncates_rounds_logged_after_the_last_checkpoint(tmp_path):
+    run = RunDirectory.create(tmp_path)
+    run.write_config({"rounds": 5})
+    for t in (1, 2, 3):
+        run.log_round({"round": t, "accuracy": t / 10, **({"extra": 1} if t == 3 else {})})
+    run.log_round({"note": "no round field"})
+    with open(run.path / "metrics.jsonl", "a") as fh:
+        fh.write('{"round": 4, "accur')
+    resumed = RunDirectory.open(run.path)
+    resumed.truncate_rounds(after=2)  # the checkpoint holds rounds 1-2: round 3 will run again
+    assert resumed.rounds() == [{"round": 1, "accuracy": 0.1}, {"round": 2, "accuracy": 0.2}, {"note": "no round field"}]
+    header, rows = csv_rows(resumed)
+    assert header == ["round", "accuracy", "note"] and [r["round"] for r in rows] == ["1", "2", ""]
+    resumed.log_round({"round": 3, "accuracy": 0.35})
+    assert [r.get("round") for r in resumed.rounds()] == [1, 2, None, 3]
+    assert [r["round"] for r in csv_rows(resumed)[1]] == ["1", "2", "", "3"]
+    resumed.truncate_rounds(after=0)
+    assert [r.get("round") for r in resumed.rounds()] == [None]
+
+
+# ---- TensorBoard ---------------------------------------------------------------------------------
+class FakeWriter:
+    made: list["FakeWriter"] = []
+
+    def __init__(self, log_dir, purge_step=None):
+        self.log_dir, self.purge_step, self.scalars, self.closed = log_dir, purge_step, [], False
+        FakeWriter.made.append(self)
+
+    def add_scalar(self, tag, value, step):
+        self.scalars.append((tag, value, step))
+
+    def flush(self):
+        pass
+
+    def close(self):
+        self.closed = True
+
+
+def test_scalars_go_to_tensorboard_when_it_is_installed(tmp_path, monkeypatch):
+    FakeWriter.made = []
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", types.SimpleNamespace(SummaryWriter=FakeWriter))
+    with RunDirectory.create(tmp_path) as run:
+        run.log_round({"round": 1, "accuracy": 0.5, "ok": True, "name": "x", "sums": {"all": 3}})
+        run.log_round({"round": 2, "accuracy": 0.6})
+        (w,) = FakeWriter.made
+        assert w.log_dir == str(run.path / "tb") and w.purge_step is None
+        assert w.scalars == [("accuracy", 0.5, 1), ("sums.all", 3, 1), ("accuracy", 0.6, 2)]
+        run.truncate_rounds(after=1)  # on resume TensorBoard drops its events after the checkpoint
+        run.log_round({"round": 2, "accuracy": 0.61})
+        assert w.closed and FakeWriter.made[1].purge_step == 2 and FakeWriter.made[1].scalars == [("accuracy", 0.61, 2)]
+    assert FakeWriter.made[1].closed
+
+
+def test_without_tensorboard_logging_goes_on_silently(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # import raises ImportError
+    run = RunDirectory.create(tmp_path)
+    run.log_round({"round": 1, "accuracy": 0.5})
+    run.log_round({"round": 2, "accuracy": 0.6})
+    assert [r["round"] for r in run.rounds()] == [1, 2] and not (run.path / "tb").exists()
+
+
+# ---- results and layout --------------------------------------------------------------------------
 def test_results_are_written_atomically_as_json(tmp_path):
     run = RunDirectory.create(tmp_path)
-    path = run.write_results({"summary": {"acc": 0.7}, "ids": (1, 2)})
-    assert json.loads(path.read_text()) == {"summary": {"acc": 0.7}, "ids": [1, 2]}
-    assert not (run.path / "results.json.tmp").exists()
+    path = run.write_results({"summary": {"acc": 0.7, "cfg": Inner()}, "ids": (1, 2), "w": np.arange(2)})
+    assert path == run.path / "results.json"
+    assert json.loads(path.read_text()) == {"summary": {"acc": 0.7, "cfg": {"lr": 0.1, "clip": None}},
+                                            "ids": [1, 2], "w": [0, 1]}
+    with pytest.raises(TypeError):
+        run.write_results({"bad": b"x"})
+    assert json.loads(path.read_text())["ids"] == [1, 2]  # the failed write left the previous file
+    assert sorted(p.name for p in run.path.iterdir()) == ["results.json"]
+
+
+def test_layout_paths(tmp_path):
+    run = RunDirectory.create(tmp_path, name="r")
+    assert run.ledger_path == tmp_path / "r" / "ledger.json"
+    assert run.checkpoint_dir == tmp_path / "r" / "checkpoints"
+    assert run.plots_dir == tmp_path / "r" / "plots" and run.plots_dir.is_dir()

@@ -46,7 +46,7 @@ bench-flower: install
 	  requests==2.34.2 urllib3==2.8.0 charset-normalizer==3.5.2 certifi==2026.10.18 httpx==0.28.1 httpcore==1.0.9 \
 	  fastapi==0.138.2 starlette==1.3.1 sqlalchemy==2.1.9 alembic==1.20.1 mako==1.4.3 \
 	  ray==2.55.1 msgpack==1.2.4 jsonschema==4.26.0 jsonschema-specifications==2025.9.1 referencing==0.37.0 rpds-py==2026.9.1
-	$(VPY) benchmarks/secagg_vs_flower.py --clients 50 --dim 1000000
+	$(VPY) -m benchmarks.secagg_vs_flower --clients 50 --dim 1000000
 
 clean:
 	rm -rf $(VENV) .pytest_cache .benchmarks results runs

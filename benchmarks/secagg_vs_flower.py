@@ -4,7 +4,7 @@ of the mask work. Every client is a trivial FL client: a fresh uniform(-0.5, 0.5
 d values with 100 examples, fixed-point encoded (our plain round encodes too, so the secure/plain
 ratio isolates the cost of security).
 
-    python benchmarks/secagg_vs_flower.py --clients 50 --dim 1000000 [--flower-secagg]
+    python -m benchmarks.secagg_vs_flower --clients 50 --dim 1000000 [--flower-secagg]
 
 The last line is
     N=.. d=.. ours_plain_s=.. ours_secaggplus_s=.. ours_secagg_s=.. flower_secaggplus_s=.. mask_floor_s=..
@@ -26,13 +26,12 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from benchmarks.mask_floor import mask_floor_seconds, secagg_plus_mask_count
+from secagg.encoding import EncodingConfig, FixedPointEncoder
+from secagg.protocols import registry
+from secagg.simulate import run_round
 
-from benchmarks.mask_floor import mask_floor_seconds, secagg_plus_mask_count  # noqa: E402
-from secagg.encoding import EncodingConfig, FixedPointEncoder  # noqa: E402
-from secagg.protocols import registry  # noqa: E402
-from secagg.simulate import run_round  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _loadavg() -> float:

@@ -3,13 +3,22 @@ Dirichlet label skew, every round's uploads summed with SecAgg+.
 
     python examples/fednlp_classification.py --quick        # < 5 min on 2 cores
     python examples/fednlp_classification.py                 # all 2,127 distinct articles, 20 clients
+    python examples/fednlp_classification.py --quick --runtime deploy   # server + 8 client processes, tcp
     python examples/fednlp_classification.py --resume results/fednlp/<run>
+
+Options every example shares: --algorithms fedavg,fedprox,fedopt  --protocol secagg+ (any of
+`python -m fl_algorithms --list`)  --seeds 0,1,2 (mean and spread over seeds)  --device auto|cpu|cuda
+--runtime sim|deploy (deploy: this process is the server, every client is its own
+`python -m fl_algorithms.deploy_cli client` process, all over tcp on loopback; each client builds its
+own shard and prefix cache, see fl_algorithms.tasks.fednlp).
 
 Prints a table (method, final and best accuracy, rounds, bytes uploaded per client per round, share
 of round time spent in secure aggregation), saves results/fednlp/<run>/curve.png and results.json,
-and ends with the line
+writes per-round metrics as they happen (metrics.jsonl/.csv, TensorBoard when installed) and
+config.toml, and ends with the line
     fedavg_acc=.. fedprox_acc=.. fedopt_acc=.. secure_vs_plain_max_abs_diff=..
-where the last figure is the largest absolute difference between the final global parameters of
+(one `<method>_acc` per chosen algorithm, the mean over seeds, with `<method>_acc_std` when there
+are several seeds; the last key appears when FedAvg runs under a secure protocol), where the last figure is the largest absolute difference between the final global parameters of
 FedAvg run with SecAgg+ and FedAvg run with a plaintext sum, all seeds equal: only the fixed-point
 encoder's stochastic rounding differs (its per-round error bound is printed next to it).
 
@@ -45,119 +54,106 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import math
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+from tqdm import tqdm
 
-from fl_algorithms.algorithms.fedavg import FedAvg
-from fl_algorithms.algorithms.fedopt import FedOpt
-from fl_algorithms.algorithms.fedprox import FedProx
-from fl_algorithms.api import Algorithm
-from fl_algorithms.engine.secure_sum import SecureAggregationConfig, SecureAggregator
+from fl_algorithms.engine.secure_sum import SecureAggregator
 from fl_algorithms.engine.sim import RoundRecord, RunConfig, SimulationRunner
 from fl_algorithms.experiments.results import write_results
-from fl_algorithms.training.classification import TextTaskConfig, build_text_trainers
-from fl_algorithms.training.trainer import SeededTorchTrainer
+from fl_algorithms.experiments.rundir import RunDirectory
+from fl_algorithms.experiments.task import Task
+from fl_algorithms.tasks.fednlp import (BACKBONES, METHODS, QUICK, FedNLPClients, FedNLPSettings, make_algorithm,
+                                        secure_config)
 from nlp_models._offline import ensure_offline
-from nlp_models.backbone import load_backbone
-from nlp_models.data.dataset import TextDataset
-from nlp_models.data.loaders import load_bbc_news
-from nlp_models.data.partition import ClientSplit, Partition, PartitionError, client_splits, dirichlet_label_skew
-from nlp_models.frozen_prefix import PrefixCache, build_prefix_cache, prefix_split
+from nlp_models.device import DEVICES, resolve_device
+from secagg.protocols import registry
 
 DEFAULT_OUT = Path(__file__).resolve().parents[1] / "results" / "fednlp"
-METHODS = ("fedavg", "fedprox", "fedopt", "fedavg_plain")
-LABELS = {"fedavg": "FedAvg", "fedprox": "FedProx", "fedopt": "FedOPT (Adam)", "fedavg_plain": "FedAvg"}
-
-
-@dataclass(frozen=True)
-class Settings:
-    """Everything that defines a run (saved in the run directory; --resume reuses it)."""
-
-    quick: bool = False
-    max_docs: int | None = None
-    """Cap on BBC articles (stratified); None keeps all distinct ones."""
-    max_length: int = 128
-    clients: int = 20
-    alpha: float = 0.5
-    min_client_docs: int = 20
-    rounds: int = 30
-    clients_per_round: int | None = 10
-    local_epochs: int = 1
-    adapter_layers: int = 2
-    bottleneck: int = 16
-    batch_size: int = 16
-    client_lr: float = 1e-2
-    fedprox_mu: float = 0.01
-    server_lr: float = 1e-2
-    """FedOPT's server Adam lr (chosen on validation, see the module docstring)."""
-    clip: float = 1.0
-    """Fixed-point range of each uploaded delta coordinate (clipped values are counted and reported)."""
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        checks = [
-            (self.max_docs is None or self.max_docs >= 2, "--max-docs must be at least 2"),
-            (8 <= self.max_length <= 512, "--max-length must be in 8..512"),
-            (self.clients >= 2, "--clients must be at least 2 (secure aggregation needs two)"),
-            (math.isfinite(self.alpha) and self.alpha > 0, "--alpha must be a positive number"),
-            (self.min_client_docs >= 3, "--min-client-docs must be at least 3 (train, validation, test)"),
-            (self.rounds >= 1, "--rounds must be at least 1"),
-            (self.clients_per_round is None or 2 <= self.clients_per_round <= self.clients,
-             "--clients-per-round must be in 2..--clients"),
-            (self.local_epochs >= 1, "--local-epochs must be at least 1"),
-            (self.adapter_layers >= 1, "--adapter-layers must be at least 1"),
-            (self.bottleneck >= 1 and self.batch_size >= 1, "--bottleneck and --batch-size must be positive"),
-            (self.client_lr > 0 and self.fedprox_mu >= 0, "need --client-lr > 0 and --fedprox-mu >= 0"),
-            (self.server_lr > 0, "--server-lr must be positive"),
-            (self.clip > 0, "--clip must be positive"),
-        ]
-        if self.max_docs is not None and self.max_docs < self.clients * self.min_client_docs:
-            checks.append((False, f"--max-docs {self.max_docs} cannot give {self.clients} clients "
-                                  f"{self.min_client_docs} documents each"))
-        for ok, message in checks:
-            if not ok:
-                raise ValueError(message)
-
-
-QUICK = dict(quick=True, max_docs=600, max_length=64, clients=8, rounds=8, clients_per_round=4)
+PLAIN_TWIN = "fedavg_plain"
+LABELS = {"fedavg": "FedAvg", "fedprox": "FedProx", "fedopt": "FedOPT (Adam)", PLAIN_TWIN: "FedAvg"}
+TASK_SPEC = "fl_algorithms.tasks.fednlp:build"
+Settings = FedNLPSettings  # one seed's settings; the run's seeds are listed beside them
 
 
 # ---- command line ------------------------------------------------------------------------------
+
+def _list(kind, choices=None):
+    def parse(text: str):
+        items = [t.strip() for t in text.split(",") if t.strip()]
+        if not items:
+            raise argparse.ArgumentTypeError("give at least one value")
+        try:
+            values = [kind(t) for t in items]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a list of {kind.__name__}: {text!r}") from None
+        if choices is not None and (bad := [v for v in values if v not in choices]):
+            raise argparse.ArgumentTypeError(f"unknown {bad}; choose from {', '.join(choices)}")
+        if len(set(values)) != len(values):
+            raise argparse.ArgumentTypeError(f"repeated values in {text!r}")
+        return tuple(values)
+    return parse
+
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="600 articles, 8 clients (4 per round), 8 rounds, 64 tokens")
+    p.add_argument("--algorithms", type=_list(str, METHODS), default=None,
+                   help=f"comma list from {','.join(METHODS)} (default all)")
+    p.add_argument("--protocol", choices=registry.names(), default=None,
+                   help="secure-aggregation protocol of every upload (default secagg+)")
+    p.add_argument("--seeds", type=_list(int), default=None, help="comma list of seeds (default 0)")
+    p.add_argument("--device", choices=DEVICES, default="cpu", help="torch device of every client (default cpu)")
+    p.add_argument("--runtime", choices=("sim", "deploy"), default=None,
+                   help="sim: in memory; deploy: real client processes over tcp on loopback (default sim)")
+    p.add_argument("--backbone", choices=BACKBONES, default=None,
+                   help="minilm (default) or tiny: a random 2-layer BERT for smoke runs")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its checkpoints, with its settings")
     p.add_argument("--out", metavar="DIR", help=f"parent of the run directory (default {DEFAULT_OUT})")
     p.add_argument("--run-name", metavar="NAME", help="run directory name (default: a time stamp)")
     p.add_argument("--threads", type=int, default=1, help="torch threads (default 1: robust on a shared machine)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     for field in dataclasses.fields(Settings):
-        if field.name == "quick":
+        if field.name in ("quick", "seed"):
             continue
         kind = {"max_docs": int, "max_length": int, "clients": int, "min_client_docs": int, "rounds": int,
                 "clients_per_round": int, "local_epochs": int, "adapter_layers": int, "bottleneck": int,
-                "batch_size": int, "seed": int}.get(field.name, float)
+                "batch_size": int}.get(field.name, float)
         p.add_argument("--" + field.name.replace("_", "-"), type=kind, default=None, metavar=kind.__name__.upper())
     return p
 
 
-def _explicit(args: argparse.Namespace) -> dict[str, Any]:
-    """The settings options given on the command line (every one defaults to None, --quick to False)."""
-    names = {f.name for f in dataclasses.fields(Settings)}
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """What the run does beyond one seed's settings (saved in config.toml with them)."""
+
+    algorithms: tuple[str, ...] = METHODS
+    protocol: str = "secagg+"
+    seeds: tuple[int, ...] = (0,)
+    runtime: str = "sim"
+    backbone: str = "minilm"
+
+    @property
+    def methods(self) -> tuple[str, ...]:
+        """The chosen algorithms, plus FedAvg under a plaintext sum when FedAvg runs under a secure protocol."""
+        twin = ("fedavg" in self.algorithms and self.protocol != "plain")
+        return self.algorithms + ((PLAIN_TWIN,) if twin else ())
+
+
+def _explicit(args: argparse.Namespace, cls) -> dict[str, Any]:
+    """The options of dataclass `cls` given on the command line (every one defaults to None)."""
+    names = {f.name for f in dataclasses.fields(cls)}
     return {k: v for k, v in vars(args).items() if k in names and v is not None and v is not False}
 
 
-def parse_settings(argv: Sequence[str] | None = None) -> tuple[argparse.Namespace, Settings]:
+def parse_settings(argv: Sequence[str] | None = None) -> tuple[argparse.Namespace, Settings, Plan]:
     parser = _parser()
     args = parser.parse_args(argv)
     if args.threads < 1:
@@ -167,71 +163,94 @@ def parse_settings(argv: Sequence[str] | None = None) -> tuple[argparse.Namespac
         parser.error("--run-name must be a plain directory name")
     if args.resume and (args.out or args.run_name):
         parser.error("--resume RUN_DIR already names the run directory; drop --out/--run-name")
-    chosen = _explicit(args)
+    chosen, planned = _explicit(args, Settings), _explicit(args, Plan)
     try:
+        resolve_device(args.device)
         if args.resume:
-            saved = Path(args.resume) / "config.json"
-            if not saved.is_file():
-                parser.error(f"--resume {args.resume}: no config.json there (not a run directory of this script)")
-            settings = Settings(**json.loads(saved.read_text())["settings"])
+            try:
+                saved = RunDirectory.open(Path(args.resume)).read_config()
+            except (FileNotFoundError, ValueError) as error:
+                parser.error(f"--resume {args.resume}: {error}")
+            settings, plan = Settings(**saved["settings"]), Plan(**{k: tuple(v) if isinstance(v, list) else v
+                                                                    for k, v in saved["plan"].items()})
             clash = {k: v for k, v in chosen.items() if getattr(settings, k) != v}
+            clash.update({k: v for k, v in planned.items() if getattr(plan, k) != v})
             if clash:
                 parser.error(f"--resume reuses the run's saved settings; these options differ from them: {clash}")
         else:
             base = {**(QUICK if args.quick else {}), **chosen}
             if "clients_per_round" not in base and base.get("clients", Settings.clients) <= Settings.clients_per_round:
                 base["clients_per_round"] = None  # the default cohort would be everyone anyway
-            settings = Settings(**base)
+            plan = Plan(**planned)
+            settings = Settings(**base, seed=plan.seeds[0])
+            for s in plan.seeds:
+                dataclasses.replace(settings, seed=s)  # every seed valid before anything runs
     except (ValueError, TypeError) as error:
         parser.error(str(error))
-    return args, settings
+    return args, settings, plan
 
 
-def new_run_dir(out: Path, quick: bool, name: str | None = None) -> Path:
-    if name is not None:
-        path = out / name
-        try:
-            path.mkdir(parents=True)
-        except FileExistsError:
-            raise SystemExit(f"error: {path} exists; pick another --run-name or continue it with --resume") from None
-        return path
-    stamp = time.strftime("%Y%m%d-%H%M%S") + ("-quick" if quick else "")
-    for k in range(100):
-        path = out / (stamp if k == 0 else f"{stamp}-{k}")
-        try:
-            path.mkdir(parents=True)
-            return path
-        except FileExistsError:
-            continue
-    raise RuntimeError(f"could not create a fresh run directory under {out}")
-
-
-# ---- experiment --------------------------------------------------------------------------------
-
-def load_data(settings: Settings) -> TextDataset:
-    # ~12 characters per token is far more than enough: truncating here only saves tokeniser time.
-    return load_bbc_news(max_examples=settings.max_docs, seed=settings.seed, dedupe=True,
-                         max_chars=12 * settings.max_length)
-
-
-def make_algorithm(method: str, settings: Settings) -> Algorithm:
-    if method in ("fedavg", "fedavg_plain"):
-        return FedAvg(local_epochs=settings.local_epochs)
-    if method == "fedprox":
-        return FedProx(mu=settings.fedprox_mu, local_epochs=settings.local_epochs)
-    if method == "fedopt":
-        return FedOpt(server_optimizer="adam", server_lr=settings.server_lr, tau=1e-3,
-                      local_epochs=settings.local_epochs)
-    raise ValueError(f"unknown method {method}")
-
-
-def secure_config(method: str, settings: Settings, max_weight: int) -> SecureAggregationConfig:
-    return SecureAggregationConfig(protocol="plain" if method == "fedavg_plain" else "secagg+", clip=settings.clip,
-                                   max_weight=float(max_weight), max_clients=settings.clients)
-
+# ---- one seed ----------------------------------------------------------------------------------
 
 def flat(params: Mapping[str, np.ndarray]) -> np.ndarray:
     return np.concatenate([np.asarray(params[k], dtype=np.float64).ravel() for k in sorted(params)])
+
+
+def run_method(method: str, clients: FedNLPClients, plan: Plan, run: RunDirectory, *, resume: bool, progress: bool,
+               threads: int) -> tuple[list[RoundRecord], np.ndarray, dict[int, np.ndarray]]:
+    """One method for one seed in the chosen runtime: its history, final global parameters and the
+    global parameters after each round run by this process."""
+    settings = clients.settings
+    name = "fedavg" if method == PLAIN_TWIN else method
+    sizes = [len(s.train) for s in clients.corpus.splits]
+    protocol = "plain" if method == PLAIN_TWIN else plan.protocol
+    where = f"seed-{settings.seed}/{method}"
+    config = RunConfig(rounds=settings.rounds, clients_per_round=settings.clients_per_round, seed=settings.seed,
+                       secure=secure_config(settings, protocol=protocol, max_weight=max(sizes)),
+                       checkpoint_dir=str(run.path / "checkpoints" / where))
+    task = Task(algorithm=make_algorithm(name, settings), make_trainer=clients.make_trainer, initial=clients.initial)
+    algorithm, snapshots = task.algorithm, {}
+
+    def on_round(rec: RoundRecord, state_of) -> None:
+        snapshots[rec.round] = flat(algorithm.shared_parameters(state_of()))
+        run.log_round({"seed": settings.seed, "method": method, **dataclasses.asdict(rec),
+                       "mean_accuracy": rec.mean("accuracy")})
+
+    if plan.runtime == "sim":
+        runner = SimulationRunner(algorithm=algorithm, config=config, initial=clients.initial(),
+                                  trainers={c: clients.make_trainer(c) for c in range(1, clients.num_clients + 1)})
+        runner.on_round = lambda rec: on_round(rec, lambda: runner.state)
+        history = runner.run(resume=resume, progress=progress, desc=method)
+        return list(history), flat(algorithm.shared_parameters(runner.state)), snapshots
+    from fl_algorithms.engine.launch import run_on_loopback
+
+    bar = tqdm(total=settings.rounds, desc=f"{method} (deployed)", disable=not progress, leave=False)
+
+    def deployed_round(rec: RoundRecord, server) -> None:
+        on_round(rec, lambda: server.state)
+        bar.update(1)
+
+    try:
+        server = run_on_loopback(task=task, task_spec=TASK_SPEC, options={**clients.options(name),
+                                 "threads": str(threads)}, config=config, clients=clients.num_clients,
+                                 log_dir=run.path / "logs" / where, on_round=deployed_round, resume=resume,
+                                 client_checkpoints=run.path / "checkpoints" / where / "clients")
+    finally:
+        bar.close()
+    return list(server.history), flat(algorithm.shared_parameters(server.state)), snapshots
+
+
+def run_seed(clients: FedNLPClients, plan: Plan, run: RunDirectory, *, resume: bool, progress: bool,
+             threads: int) -> dict[str, Any]:
+    """Every method of one seed from the same initial model and cohorts."""
+    out: dict[str, Any] = {"histories": {}, "finals": {}, "snapshots": {}}
+    for method in plan.methods:
+        history, final, snapshots = run_method(method, clients, plan, run, resume=resume, progress=progress,
+                                               threads=threads)
+        out["histories"][method], out["finals"][method], out["snapshots"][method] = history, final, snapshots
+    out["sizes"] = {k: len(s.train) for k, s in enumerate(clients.corpus.splits, start=1)}
+    out["n_shared"] = {part: int(v.size) for part, v in clients.initial().items()}
+    return out
 
 
 def curve(history: Sequence[RoundRecord]) -> list[float]:
@@ -259,17 +278,49 @@ def method_summary(history: Sequence[RoundRecord]) -> dict[str, float]:
             "clipped_values": int(sum(r.clipped for r in history)), "seconds": seconds}
 
 
-def plot_curves(path: Path, histories: Mapping[str, Sequence[RoundRecord]], title: str) -> Path:
+def over_seeds(per_seed: Sequence[Mapping[str, float]]) -> dict[str, Any]:
+    """Mean of every figure over seeds; the spread (sample std) and per-seed values of the accuracies."""
+    keys = per_seed[0].keys()
+    out: dict[str, Any] = {k: float(np.mean([s[k] for s in per_seed])) for k in keys}
+    for k in ("rounds", "best_round", "clipped_values"):
+        out[k] = int(round(out[k])) if k != "clipped_values" else int(sum(s[k] for s in per_seed))
+    finals = [s["final_accuracy"] for s in per_seed]
+    out["final_accuracy_std"] = float(np.std(finals, ddof=1)) if len(finals) > 1 else 0.0
+    out["final_accuracy_per_seed"] = finals
+    return out
+
+
+def secure_vs_plain(runs: Mapping[str, Any], settings: Settings, plan: Plan) -> dict[str, Any]:
+    """How far FedAvg under the secure protocol ends from FedAvg under a plaintext sum, next to the
+    encoder's bound (first seed)."""
+    finals, snapshots, sizes = runs["finals"], runs["snapshots"], runs["sizes"]
+    encoder = SecureAggregator(secure_config(settings, protocol=plan.protocol, max_weight=max(sizes.values()))).encoder
+    return {
+        "secure_vs_plain_max_abs_diff": float(np.max(np.abs(finals["fedavg"] - finals[PLAIN_TWIN]))),
+        "secure_vs_plain_max_abs_diff_by_round": {
+            t: float(np.max(np.abs(v - snapshots[PLAIN_TWIN][t])))
+            for t, v in sorted(snapshots["fedavg"].items()) if t in snapshots[PLAIN_TWIN]},
+        "encoder_mean_error_bound_per_round": max(
+            encoder.mean_error_bound(n_clients=len(r.contributors),
+                                     total_weight=float(sum(sizes[c] for c in r.contributors)))
+            for r in runs["histories"]["fedavg"]),
+        "encoder_step": encoder.step,
+    }
+
+
+# ---- report ------------------------------------------------------------------------------------
+
+def plot_curves(path: Path, curves: Mapping[str, Sequence[float]], protocol: str, title: str) -> Path:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
-    styles = {"fedavg": "-o", "fedprox": "-s", "fedopt": "-^", "fedavg_plain": ":x"}
-    for method, history in histories.items():
-        label = LABELS[method] + (" (plaintext sum)" if method == "fedavg_plain" else " (SecAgg+)")
-        ax.plot([r.round for r in history], curve(history), styles[method], label=label, markersize=4)
+    styles = {"fedavg": "-o", "fedprox": "-s", "fedopt": "-^", PLAIN_TWIN: ":x"}
+    for method, values in curves.items():
+        label = LABELS[method] + (" (plaintext sum)" if method == PLAIN_TWIN else f" ({protocol})")
+        ax.plot(range(1, len(values) + 1), values, styles[method], label=label, markersize=4)
     ax.set_xlabel("round")
     ax.set_ylabel("mean client test accuracy")
     ax.set_title(title, fontsize=9)
@@ -281,188 +332,121 @@ def plot_curves(path: Path, histories: Mapping[str, Sequence[RoundRecord]], titl
     return path
 
 
-def format_table(summaries: Mapping[str, Mapping[str, float]]) -> str:
-    head = f"{'method':<15} {'aggregation':<11} {'final acc':>9} {'best acc':>9} {'rounds':>6} " \
+def format_table(summaries: Mapping[str, Mapping[str, Any]], protocol: str) -> str:
+    head = f"{'method':<15} {'aggregation':<11} {'final acc':>9} {'± std':>7} {'best acc':>9} {'rounds':>6} " \
            f"{'bytes up/client/round':>21} {'secagg time share':>17}"
     lines = [head, "-" * len(head)]
     for method, s in summaries.items():
-        agg = "plain" if method == "fedavg_plain" else "secagg+"
-        lines.append(f"{LABELS[method]:<15} {agg:<11} {s['final_accuracy']:>9.4f} {s['best_accuracy']:>9.4f} "
-                     f"{s['rounds']:>6d} {s['bytes_uploaded_per_client_round']:>21,.0f} "
+        agg = "plain" if method == PLAIN_TWIN else protocol
+        lines.append(f"{LABELS[method]:<15} {agg:<11} {s['final_accuracy']:>9.4f} {s['final_accuracy_std']:>7.4f} "
+                     f"{s['best_accuracy']:>9.4f} {s['rounds']:>6d} {s['bytes_uploaded_per_client_round']:>21,.0f} "
                      f"{100 * s['secure_time_share']:>16.1f}%")
     return "\n".join(lines)
 
 
-def backbone_label(backbone: torch.nn.Module, default: bool) -> str:
-    cfg = backbone.config
-    name = "all-MiniLM-L6-v2" if default else "injected backbone"
-    return f"{name} ({cfg.num_hidden_layers} layers, hidden {cfg.hidden_size})"
-
-
-@dataclass(frozen=True)
-class Clients:
-    """The partitioned corpus and its frozen-prefix cache, shared by every method's fresh clients."""
-
-    dataset: TextDataset
-    labels: np.ndarray
-    partition: Partition
-    splits: tuple[ClientSplit, ...]
-    cache: PrefixCache
-    task: TextTaskConfig
-
-    def trainers(self, model: torch.nn.Module) -> dict[int, SeededTorchTrainer]:
-        return build_text_trainers(backbone=model, cache=self.cache, labels=self.labels, splits=self.splits,
-                                   num_labels=self.dataset.num_labels, config=self.task)
-
-
-def check_backbone(model: torch.nn.Module, settings: Settings) -> int:
-    """The cached prefix depth for `settings`, or a clear exit when the backbone cannot serve them."""
-    try:
-        split = prefix_split(model, settings.adapter_layers)
-    except ValueError as error:
-        raise SystemExit(f"error: --adapter-layers: {error}") from None
-    if settings.max_length > model.config.max_position_embeddings:
-        raise SystemExit(f"error: --max-length {settings.max_length} exceeds the backbone's "
-                         f"{model.config.max_position_embeddings} positions")
-    return split
-
-
-def partition_data(settings: Settings) -> tuple[TextDataset, np.ndarray, Partition, tuple[ClientSplit, ...]]:
-    dataset = load_data(settings)
-    labels = dataset.label_array()
-    try:
-        partition = dirichlet_label_skew(labels, num_clients=settings.clients, alpha=settings.alpha,
-                                         seed=settings.seed, min_size=settings.min_client_docs)
-        splits = client_splits(partition, seed=settings.seed, labels=labels)
-    except PartitionError as error:
-        raise SystemExit(f"error: cannot partition {len(dataset)} documents: {error}") from None
-    return dataset, labels, partition, splits
-
-
-def run_methods(clients: Clients, model: torch.nn.Module, settings: Settings, run_dir: Path, *, resume: bool,
-                progress: bool) -> dict[str, Any]:
-    """Every method from the same initial model and cohorts; FedAvg's global model after each round (this
-    process's rounds) for the secure-vs-plain comparison."""
-    probe = clients.trainers(model)
-    sizes = {c: t.num_examples for c, t in probe.items()}
-    initial = probe[1].get_shared()
-    del probe
-    histories: dict[str, list[RoundRecord]] = {}
-    finals: dict[str, np.ndarray] = {}
-    snapshots: dict[str, dict[int, np.ndarray]] = {"fedavg": {}, "fedavg_plain": {}}
-    for method in METHODS:
-        config = RunConfig(rounds=settings.rounds, clients_per_round=settings.clients_per_round, seed=settings.seed,
-                           secure=secure_config(method, settings, max(sizes.values())),
-                           checkpoint_dir=str(run_dir / "checkpoints" / method))
-        algorithm = make_algorithm(method, settings)
-        runner = SimulationRunner(algorithm=algorithm, trainers=clients.trainers(model), config=config,
-                                  initial=initial)
-        if method in snapshots:
-            runner.on_round = lambda rec, r=runner, a=algorithm, m=method: snapshots[m].__setitem__(
-                rec.round, flat(a.shared_parameters(r.state)))
-        histories[method] = list(runner.run(resume=resume, progress=progress, desc=method))
-        finals[method] = flat(algorithm.shared_parameters(runner.state))
-    return {"histories": histories, "finals": finals, "snapshots": snapshots, "sizes": sizes,
-            "n_shared": {part: int(v.size) for part, v in initial.items()}}
-
-
-def secure_vs_plain(runs: Mapping[str, Any], settings: Settings) -> dict[str, Any]:
-    """How far FedAvg under SecAgg+ ends from FedAvg under a plaintext sum, next to the encoder's bound."""
-    finals, snapshots, sizes = runs["finals"], runs["snapshots"], runs["sizes"]
-    encoder = SecureAggregator(secure_config("fedavg", settings, max(sizes.values()))).encoder
-    return {
-        "secure_vs_plain_max_abs_diff": float(np.max(np.abs(finals["fedavg"] - finals["fedavg_plain"]))),
-        "secure_vs_plain_max_abs_diff_by_round": {
-            t: float(np.max(np.abs(v - snapshots["fedavg_plain"][t])))
-            for t, v in sorted(snapshots["fedavg"].items()) if t in snapshots["fedavg_plain"]},
-        "encoder_mean_error_bound_per_round": max(
-            encoder.mean_error_bound(n_clients=len(r.contributors),
-                                     total_weight=float(sum(sizes[c] for c in r.contributors)))
-            for r in runs["histories"]["fedavg"]),
-        "encoder_step": encoder.step,
-    }
-
-
-def print_report(summary: Mapping[str, Any], settings: Settings, *, title: str, model_label: str, layers: int,
-                 first_round: np.ndarray | None) -> None:
-    n_shared, diff = summary["shared_parameters"], summary["secure_vs_plain_max_abs_diff"]
-    bound = summary["encoder_mean_error_bound_per_round"]
-    print(f"\nFedNLP text classification: {title}, {settings.rounds} rounds, {settings.max_length} tokens")
+def print_report(summary: Mapping[str, Any], settings: Settings, plan: Plan, *, title: str, model_label: str,
+                 layers: int, first_round: np.ndarray | None) -> None:
+    n_shared = summary["shared_parameters"]
+    print(f"\nFedNLP text classification: {title}, {settings.rounds} rounds, {settings.max_length} tokens, "
+          f"seeds {','.join(map(str, plan.seeds))}, runtime {plan.runtime}")
     print(f"model: {model_label}, frozen; adapters (bottleneck {settings.bottleneck}) "
           f"only in the top {settings.adapter_layers} of {layers} layers + linear head "
           f"(simplification: FedNLP fine-tunes the whole model)")
-    print(f"uploaded through secure aggregation: adapter ({n_shared['adapter']:,}) + head ({n_shared['head']:,}) "
+    print(f"uploaded through {plan.protocol}: adapter ({n_shared['adapter']:,}) + head ({n_shared['head']:,}) "
           f"parameters, as per-round deltas")
     print(f"clients: AdamW lr {settings.client_lr:g}, {settings.local_epochs} local epoch(s), batch "
           f"{settings.batch_size}; FedProx mu {settings.fedprox_mu:g}; FedOPT server Adam lr {settings.server_lr:g}, "
           f"tau 1e-3")
     print("accuracy: mean over clients of their own test-split accuracy under the global model "
-          "(pooled over all test examples in results.json)\n")
-    print(format_table(summary["methods"]))
+          "(pooled over all test examples in results.json); ± std over seeds\n")
+    print(format_table(summary["methods"], plan.protocol))
     clipped = sum(s["clipped_values"] for s in summary["methods"].values())
-    print(f"\nsecure vs plain FedAvg: max |difference| of final global parameters {diff:.3e}; "
-          f"encoder error bound per round and coordinate {bound:.3e}; clipped values {clipped}")
-    by_round = summary["secure_vs_plain_max_abs_diff_by_round"]
-    if 1 in by_round and first_round is not None:
-        # each run: encoder error <= bound, then float32 storage of w + mean update rounds by <= ulp/2
-        limit = 2 * bound + float(np.spacing(np.float32(np.max(np.abs(first_round)))))
-        print(f"  after round 1 it is {by_round[1]:.3e} (limit: 2 x bound + float32 rounding = {limit:.3e}); "
-              f"later rounds' local training carries the difference forward")
+    if "secure_vs_plain_max_abs_diff" in summary:
+        diff, bound = summary["secure_vs_plain_max_abs_diff"], summary["encoder_mean_error_bound_per_round"]
+        print(f"\nsecure vs plain FedAvg (seed {plan.seeds[0]}): max |difference| of final global parameters "
+              f"{diff:.3e}; encoder error bound per round and coordinate {bound:.3e}; clipped values {clipped}")
+        by_round = summary["secure_vs_plain_max_abs_diff_by_round"]
+        if 1 in by_round and first_round is not None:
+            # each run: encoder error <= bound, then float32 storage of w + mean update rounds by <= ulp/2
+            limit = 2 * bound + float(np.spacing(np.float32(np.max(np.abs(first_round)))))
+            print(f"  after round 1 it is {by_round[1]:.3e} (limit: 2 x bound + float32 rounding = {limit:.3e}); "
+                  f"later rounds' local training carries the difference forward")
 
 
-def main(argv: Sequence[str] | None = None, *, backbone: tuple[torch.nn.Module, Any] | None = None) -> dict[str, Any]:
-    """Run the comparison; `backbone` = (model, tokenizer) replaces MiniLM (tests use a tiny BERT)."""
+def last_line(summary: Mapping[str, Any], plan: Plan) -> str:
+    parts = []
+    for m in plan.algorithms:
+        parts.append(f"{m}_acc={summary['methods'][m]['final_accuracy']:.4f}")
+        if len(plan.seeds) > 1:
+            parts.append(f"{m}_acc_std={summary['methods'][m]['final_accuracy_std']:.4f}")
+    if "secure_vs_plain_max_abs_diff" in summary:
+        parts.append(f"secure_vs_plain_max_abs_diff={summary['secure_vs_plain_max_abs_diff']:.3e}")
+    return " ".join(parts)
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    """Run the comparison and return the run directory, the summary and the printed last line."""
     ensure_offline()
-    args, settings = parse_settings(argv)
+    args, settings, plan = parse_settings(argv)
     torch.set_num_threads(args.threads)
     progress = not args.no_progress
     t_start = time.perf_counter()
 
-    default_backbone = backbone is None
-    model, tokenizer = load_backbone() if backbone is None else backbone
-    split = check_backbone(model, settings)
-    dataset, labels, partition, splits = partition_data(settings)
+    per_seed = [FedNLPClients(dataclasses.replace(settings, seed=s), backbone=plan.backbone, device=args.device)
+                for s in plan.seeds]
+    try:  # arguments, backbone and partition are checked before a run directory exists
+        for clients in per_seed:
+            clients.check_backbone(clients.backbone[0])
+            clients.corpus  # noqa: B018 - loads and partitions, or raises
+    except ValueError as error:
+        raise SystemExit(f"error: {error}") from None
     if args.resume:
-        run_dir = Path(args.resume)
-    else:  # created only once the arguments, backbone and partition have been checked
-        run_dir = new_run_dir(Path(args.out) if args.out else DEFAULT_OUT, settings.quick, args.run_name)
-        (run_dir / "config.json").write_text(json.dumps({"settings": dataclasses.asdict(settings)}, indent=1))
-    encoded = tokenizer(list(dataset.texts), truncation=True, max_length=settings.max_length, padding="longest",
-                        return_tensors="pt")
-    cache = build_prefix_cache(model, encoded["input_ids"], encoded["attention_mask"], split=split,
-                               progress=progress)
-    task = TextTaskConfig(adapter_layers=settings.adapter_layers, bottleneck=settings.bottleneck,
-                          batch_size=settings.batch_size, lr=settings.client_lr, seed=settings.seed)
-    clients = Clients(dataset, labels, partition, splits, cache, task)
-    runs = run_methods(clients, model, settings, run_dir, resume=bool(args.resume), progress=progress)
+        run = RunDirectory.open(Path(args.resume))
+    else:
+        try:
+            run = RunDirectory.create(Path(args.out) if args.out else DEFAULT_OUT, name=args.run_name)
+        except FileExistsError as error:
+            raise SystemExit(f"error: {error}") from None
+        run.write_config({"settings": settings, "plan": plan})
 
-    histories = runs["histories"]
+    seeds = [run_seed(c, plan, run, resume=bool(args.resume), progress=progress, threads=args.threads)
+             for c in per_seed]
+    first, clients = seeds[0], per_seed[0]
+    histories = {m: h for m, h in first["histories"].items()}
+    curves = {m: list(np.mean([curve(s["histories"][m]) for s in seeds], axis=0)) for m in plan.methods}
     cohort = "all" if settings.clients_per_round is None else str(settings.clients_per_round)
+    dataset = clients.corpus.dataset
     title = (f"BBC News, {len(dataset)} docs, {settings.clients} clients, Dir({settings.alpha}) label skew, "
              f"{cohort} clients/round")
-    curve_path = plot_curves(run_dir / "curve.png", histories, title)
-    summaries = {m: method_summary(h) for m, h in histories.items()}
-    summary = {
-        "methods": summaries,
-        "curves": {m: curve(h) for m, h in histories.items()},
-        "pooled_curves": {m: pooled_curve(h) for m, h in histories.items()},
-        **secure_vs_plain(runs, settings),
-        "shared_parameters": runs["n_shared"], "prefix_split": split,
-        "documents": len(dataset), "client_train_sizes": runs["sizes"],
-        "client_label_counts": partition.label_counts(labels, dataset.num_labels).tolist(),
+    curve_path = plot_curves(run.path / "curve.png", curves, plan.protocol, title)
+    summary: dict[str, Any] = {
+        "methods": {m: over_seeds([method_summary(s["histories"][m]) for s in seeds]) for m in plan.methods},
+        "curves": curves,
+        "pooled_curves": {m: list(np.mean([pooled_curve(s["histories"][m]) for s in seeds], axis=0))
+                          for m in plan.methods},
+        "shared_parameters": first["n_shared"], "prefix_split": clients.split,
+        "documents": len(dataset), "client_train_sizes": first["sizes"],
+        "client_label_counts": clients.corpus.partition.label_counts(clients.corpus.labels,
+                                                                     dataset.num_labels).tolist(),
         "accuracy_definition": "mean over clients of each client's own test-split accuracy under the global model",
-        "wall_seconds": time.perf_counter() - t_start,
+        "seeds": list(plan.seeds), "runtime": plan.runtime, "protocol": plan.protocol, "device": args.device,
     }
-    results_path = write_results(run_dir / "results.json", config=settings, runs=histories, summary=summary)
-    print_report(summary, settings, title=title, model_label=backbone_label(model, default_backbone),
-                 layers=model.config.num_hidden_layers, first_round=runs["snapshots"]["fedavg"].get(1))
+    if PLAIN_TWIN in plan.methods:
+        summary.update(secure_vs_plain(first, settings, plan))
+    summary["wall_seconds"] = time.perf_counter() - t_start
+    runs = histories if len(seeds) == 1 else {f"{m}@seed{s}": h for s, r in zip(plan.seeds, seeds)
+                                               for m, h in r["histories"].items()}
+    results_path = write_results(run.path / "results.json", config={"settings": settings, "plan": plan}, runs=runs,
+                                 summary=summary)
+    model = clients.backbone[0]
+    label = ("all-MiniLM-L6-v2" if plan.backbone == "minilm" else "tiny random BERT") + \
+        f" ({model.config.num_hidden_layers} layers, hidden {model.config.hidden_size})"
+    print_report(summary, settings, plan, title=title, model_label=label, layers=model.config.num_hidden_layers,
+                 first_round=first["snapshots"].get("fedavg", {}).get(1))
     print(f"plot: {curve_path}\nresults: {results_path}\ntime: {summary['wall_seconds']:.0f} s")
-    line = (f"fedavg_acc={summaries['fedavg']['final_accuracy']:.4f} "
-            f"fedprox_acc={summaries['fedprox']['final_accuracy']:.4f} "
-            f"fedopt_acc={summaries['fedopt']['final_accuracy']:.4f} "
-            f"secure_vs_plain_max_abs_diff={summary['secure_vs_plain_max_abs_diff']:.3e}")
+    line = last_line(summary, plan)
     print(line, flush=True)
-    return {"run_dir": run_dir, "summary": summary, "last_line": line}
+    return {"run_dir": run.path, "summary": summary, "last_line": line}
 
 
 if __name__ == "__main__":

@@ -51,6 +51,7 @@ DP_MECHANISMS = (
 
 TASKS = (
     Entry("toy", "fl_algorithms.tasks.toy:build", "softmax regression on Gaussian blobs with label skew (tests, deploy smoke runs)"),
+    Entry("fednlp-bbc", "fl_algorithms.tasks.fednlp:build", "FedNLP BBC topics, MiniLM + adapters; each client builds its own shard (deploy_cli --task)"),
     Entry("bbc-topics", "nlp_models.data.loaders:load_bbc_news", "BBC News topic classification (5 classes), shipped offline"),
     Entry("rt-sentiment", "nlp_models.data.loaders:load_rt_sentiment", "Rotten Tomatoes sentiment, shipped offline"),
     Entry("rt-subjectivity", "nlp_models.data.loaders:load_rt_subjectivity", "Rotten Tomatoes plot vs review (subjectivity), shipped offline"),

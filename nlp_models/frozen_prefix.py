@@ -183,6 +183,13 @@ class CachedSplit:
         idx = torch.as_tensor(np.asarray(indices, dtype=np.int64))
         return cls(cache.hidden[idx].clone(), cache.attention_mask[idx].clone(), labels[idx].clone())
 
+    def to(self, device: torch.device | str) -> "CachedSplit":
+        """The same split on `device` (a no-op copy-free return when it is already there)."""
+        def move(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else t.to(device)
+
+        return CachedSplit(move(self.hidden), move(self.attention_mask), move(self.labels), move(self.input_ids))
+
     def batch(self, index: torch.Tensor, *, tokens: bool = False) -> CachedBatch:
         """Rows `index` trimmed to their longest text (dynamic padding; exact for the real tokens)."""
         mask = self.attention_mask[index]

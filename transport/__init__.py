@@ -21,7 +21,8 @@ Client side (a process, or a thread with a shared context):
     run_client(endpoint=..., client_id=k, factory=lambda round_id: SomeClient(...),
                handlers={"model": on_model})                 # handler(msg) -> reply_to(msg, ...) | None
 """
-from transport.client import ClientConfig, ClientSession, ClientSummary, RegistrationError, run_client
+from transport.client import (ClientConfig, ClientSession, ClientSummary, ProtocolMismatchError, RegistrationError,
+                              run_client)
 from transport.framing import FrameLimits, decode, encode
 from transport.server import CollectResult, RoundReport, ServerConfig, ServerDriver
 from transport.session import reply_to
@@ -30,6 +31,6 @@ from transport.sockets import CurveClientKeys, CurveServerKeys, SocketOptions, c
 
 __all__ = [
     "ClientConfig", "ClientSession", "ClientSummary", "CollectResult", "CurveClientKeys", "CurveServerKeys",
-    "FrameLimits", "InprocFederation", "RegistrationError", "RoundReport", "ServerConfig", "ServerDriver",
+    "FrameLimits", "InprocFederation", "ProtocolMismatchError", "RegistrationError", "RoundReport", "ServerConfig", "ServerDriver",
     "SocketOptions", "curve_keypair", "decode", "encode", "reply_to", "run_client",
 ]

@@ -19,6 +19,7 @@ reports an error rather than dropping it silently.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import time
@@ -132,6 +133,7 @@ class DeployedServer:
             self._send(wire.TRAIN, rid, c, wire.broadcast_fields(b, round_ids=round_ids, config=self.digest))
         got = self.driver.collect(wire.READY, round_id=rid, timeout=self.deployment.broadcast_timeout, expect=cohort)
         client_metrics: dict[int, dict[str, float]] = {}
+        clipped_by: dict[int, dict[str, int]] = {}
         for c, msg in sorted(got.replies.items()):
             try:
                 ready = wire.parse_ready(msg.fields)
@@ -146,8 +148,11 @@ class DeployedServer:
                 log.warning("round %d: %s; client %d left out", t, exc, c)
                 continue
             client_metrics[c] = dict(ready.metrics)
+            clipped_by[c] = dict(ready.clipped)
         sent: dict[int, int] = {}
+        clipped = 0
         for job in machine.sum_jobs():
+            clipped += sum(clipped_by.get(c, {}).get(job.name, 0) for c in job.members)
             protocol = registry.server_class(self.config.secure.protocol)(
                 round_id=job.round_id, clients=list(job.members), length=job.length, ring=self.config.secure.ring,
                 **{**dict(self.config.secure.protocol_params), **dict(job.protocol_params)})
@@ -167,7 +172,7 @@ class DeployedServer:
         return RoundRecord(round=t, cohort=cohort, contributors=sorted(view.contributors),
                            metrics={c: metrics[c] for c in sorted(metrics)},
                            seconds=time.perf_counter() - t0, secure_seconds=machine.secure_seconds,
-                           bytes_uploaded=sent, clipped=0,
+                           bytes_uploaded=sent, clipped=clipped,
                            sums={k: sorted(v) for k, v in view.sum_contributors.items()}, failed=dict(view.failed))
 
     def _evaluate(self, t: int, parameters: Callable[[int], Mapping[str, np.ndarray]]) -> dict[int, dict[str, float]]:
@@ -264,7 +269,7 @@ class DeployedClient:
 
             save_state(self.ckpt / "client", self.endpoint.state_dict())
         if not self.deployment.report_metrics:
-            ready = type(ready)(layouts=ready.layouts, released=ready.released, sealed=ready.sealed, metrics={})
+            ready = dataclasses.replace(ready, metrics={})
         return reply_to(msg, wire.READY, **wire.ready_fields(ready))
 
     def on_evaluate(self, msg: Message) -> Message:

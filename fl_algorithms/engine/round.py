@@ -58,6 +58,9 @@ class ClientReady:
     released: Mapping[str, Any] = field(default_factory=dict)
     sealed: tuple[Sealed, ...] = ()
     metrics: Mapping[str, float] = field(default_factory=dict)
+    clipped: Mapping[str, int] = field(default_factory=dict)
+    """Per sum, how many of this client's coordinates the fixed-point range clipped (reported, not secret:
+    a count, as the simulation reports it)."""
 
 
 @dataclass(frozen=True)
@@ -276,7 +279,8 @@ class ClientEndpoint:
                                                       client_id=self.client_id)
                   for name, parts in broadcast.sums.items()}
         ready = ClientReady(layouts={n: e.layout for n, e in inputs.items()}, released=dict(upload.released),
-                            sealed=tuple(upload.sealed), metrics=dict(upload.metrics))
+                            sealed=tuple(upload.sealed), metrics=dict(upload.metrics),
+                            clipped={n: int(e.clipped) for n, e in inputs.items()})
         return ready, inputs, upload
 
     def on_evaluate(self, parameters: Mapping[str, np.ndarray], *, round: int) -> dict[str, float]:

@@ -143,7 +143,8 @@ class SimulationRunner:
             ready, inputs[c], _ = self.clients[c].on_broadcast(broadcast)
             client_metrics[c] = dict(ready.metrics)
             machine.on_ready(c, ready)
-        drops = {c for c in cohort if self.rng.random() < self.config.dropout}
+        # Drawn only when dropouts are simulated, so the cohort stream matches a deployment's.
+        drops = {c for c in cohort if self.rng.random() < self.config.dropout} if self.config.dropout > 0 else set()
         sent: dict[int, int] = {}
         clipped = 0
         for job in machine.sum_jobs():

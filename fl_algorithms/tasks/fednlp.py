@@ -1,0 +1,263 @@
+"""FedNLP text classification (Lin et al., 2022) as a Task that both runtimes run the same way.
+
+BBC News topics under a per-class Dirichlet label skew; a frozen encoder (MiniLM-L6 by default) with
+adapters in its top layers and a linear head (`fl_algorithms.training.classification`).
+
+Each client builds its trainer from its own documents only: it loads the corpus, takes its shard of
+the seeded partition, tokenises and caches the frozen prefix of those documents alone. The
+simulation builds every client through the same `FedNLPClients.make_trainer`, so a simulated run and
+a deployed one (`python -m fl_algorithms.deploy_cli client --task fl_algorithms.tasks.fednlp:build`)
+train identical clients. SIMPLIFICATION: in a real deployment each client would hold its own data;
+here every client process loads the packaged corpus and keeps only its shard.
+"""
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from functools import cached_property
+from typing import Any
+
+import numpy as np
+import torch
+
+from fl_algorithms.algorithms.fedavg import FedAvg
+from fl_algorithms.algorithms.fedopt import FedOpt
+from fl_algorithms.algorithms.fedprox import FedProx
+from fl_algorithms.api import Algorithm
+from fl_algorithms.engine.secure_sum import SecureAggregationConfig
+from fl_algorithms.experiments.task import Task
+from fl_algorithms.training.classification import TextTaskConfig, client_model, shared_parts, text_trainer
+from fl_algorithms.training.trainer import SeededTorchTrainer, flatten
+from nlp_models.data.dataset import TextDataset
+from nlp_models.data.partition import ClientSplit, Partition, PartitionError, client_splits, dirichlet_label_skew
+from nlp_models.device import resolve_device
+from nlp_models.frozen_prefix import CachedSplit, build_prefix_cache, prefix_split
+
+METHODS = ("fedavg", "fedprox", "fedopt")
+BACKBONES = ("minilm", "tiny")
+
+
+@dataclass(frozen=True)
+class FedNLPSettings:
+    """Everything that defines one seed's run (saved in the run directory; --resume reuses it)."""
+
+    quick: bool = False
+    max_docs: int | None = None
+    """Cap on BBC articles (stratified); None keeps all distinct ones."""
+    max_length: int = 128
+    clients: int = 20
+    alpha: float = 0.5
+    min_client_docs: int = 20
+    rounds: int = 30
+    clients_per_round: int | None = 10
+    local_epochs: int = 1
+    adapter_layers: int = 2
+    bottleneck: int = 16
+    batch_size: int = 16
+    client_lr: float = 1e-2
+    fedprox_mu: float = 0.01
+    server_lr: float = 1e-2
+    """FedOPT's server Adam lr (chosen on validation, see examples/fednlp_classification.py)."""
+    clip: float = 1.0
+    """Fixed-point range of each uploaded delta coordinate (clipped values are counted and reported)."""
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        checks = [
+            (self.max_docs is None or self.max_docs >= 2, "--max-docs must be at least 2"),
+            (8 <= self.max_length <= 512, "--max-length must be in 8..512"),
+            (self.clients >= 2, "--clients must be at least 2 (secure aggregation needs two)"),
+            (math.isfinite(self.alpha) and self.alpha > 0, "--alpha must be a positive number"),
+            (self.min_client_docs >= 3, "--min-client-docs must be at least 3 (train, validation, test)"),
+            (self.rounds >= 1, "--rounds must be at least 1"),
+            (self.clients_per_round is None or 2 <= self.clients_per_round <= self.clients,
+             "--clients-per-round must be in 2..--clients"),
+            (self.local_epochs >= 1, "--local-epochs must be at least 1"),
+            (self.adapter_layers >= 1, "--adapter-layers must be at least 1"),
+            (self.bottleneck >= 1 and self.batch_size >= 1, "--bottleneck and --batch-size must be positive"),
+            (self.client_lr > 0 and self.fedprox_mu >= 0, "need --client-lr > 0 and --fedprox-mu >= 0"),
+            (self.server_lr > 0, "--server-lr must be positive"),
+            (self.clip > 0, "--clip must be positive"),
+            (self.seed >= 0, "seeds must be non-negative"),
+        ]
+        if self.max_docs is not None and self.max_docs < self.clients * self.min_client_docs:
+            checks.append((False, f"--max-docs {self.max_docs} cannot give {self.clients} clients "
+                                  f"{self.min_client_docs} documents each"))
+        for ok, message in checks:
+            if not ok:
+                raise ValueError(message)
+
+    @property
+    def task_config(self) -> TextTaskConfig:
+        return TextTaskConfig(adapter_layers=self.adapter_layers, bottleneck=self.bottleneck,
+                              batch_size=self.batch_size, lr=self.client_lr, seed=self.seed)
+
+
+QUICK = dict(quick=True, max_docs=600, max_length=64, clients=8, rounds=8, clients_per_round=4)
+
+
+def make_algorithm(method: str, settings: FedNLPSettings) -> Algorithm:
+    """FedAvg, FedProx (mu) or FedOPT (server Adam, tau 1e-3 as in Reddi et al.)."""
+    if method == "fedavg":
+        return FedAvg(local_epochs=settings.local_epochs)
+    if method == "fedprox":
+        return FedProx(mu=settings.fedprox_mu, local_epochs=settings.local_epochs)
+    if method == "fedopt":
+        return FedOpt(server_optimizer="adam", server_lr=settings.server_lr, tau=1e-3,
+                      local_epochs=settings.local_epochs)
+    raise ValueError(f"unknown method {method!r}; choose from {', '.join(METHODS)}")
+
+
+def secure_config(settings: FedNLPSettings, *, protocol: str, max_weight: int) -> SecureAggregationConfig:
+    """Fixed-point range `clip` per coordinate, weights up to the largest client's example count."""
+    return SecureAggregationConfig(protocol=protocol, clip=settings.clip, max_weight=float(max_weight),
+                                   max_clients=settings.clients)
+
+
+@dataclass(frozen=True)
+class Corpus:
+    """The seeded corpus and partition every process derives identically."""
+
+    dataset: TextDataset
+    labels: np.ndarray
+    partition: Partition
+    splits: tuple[ClientSplit, ...]
+
+
+def load_corpus(settings: FedNLPSettings) -> Corpus:
+    """BBC News (duplicates dropped, articles cut to ~12 characters per token: tokenising less text
+    only saves time), partitioned with Dir(alpha) label skew, each client split 60/20/20."""
+    from nlp_models.data.loaders import load_bbc_news
+
+    dataset = load_bbc_news(max_examples=settings.max_docs, seed=settings.seed, dedupe=True,
+                            max_chars=12 * settings.max_length)
+    labels = dataset.label_array()
+    try:
+        partition = dirichlet_label_skew(labels, num_clients=settings.clients, alpha=settings.alpha,
+                                         seed=settings.seed, min_size=settings.min_client_docs)
+        splits = client_splits(partition, seed=settings.seed, labels=labels)
+    except PartitionError as error:
+        raise ValueError(f"cannot partition {len(dataset)} documents: {error}") from None
+    return Corpus(dataset, labels, partition, tuple(splits))
+
+
+def load_named_backbone(name: str) -> tuple[torch.nn.Module, Any]:
+    """'minilm' (the packaged all-MiniLM-L6-v2) or 'tiny' (a seeded 2-layer random BERT for smoke runs)."""
+    from nlp_models.backbone import load_backbone, load_tokenizer, tiny_bert
+
+    if name == "minilm":
+        return load_backbone()
+    if name == "tiny":
+        return tiny_bert(layers=2, hidden=32), load_tokenizer()
+    raise ValueError(f"backbone must be one of {', '.join(BACKBONES)}, got {name!r}")
+
+
+class FedNLPClients:
+    """Builds client `k`'s trainer from client k's documents alone; the server's initial parameters."""
+
+    def __init__(self, settings: FedNLPSettings, *, backbone: str = "minilm", device: str = "cpu") -> None:
+        self.settings, self.backbone_name = settings, backbone
+        self.device = resolve_device(device)
+        self._data: dict[int, dict[str, CachedSplit]] = {}
+
+    @cached_property
+    def corpus(self) -> Corpus:
+        return load_corpus(self.settings)
+
+    @cached_property
+    def backbone(self) -> tuple[torch.nn.Module, Any]:
+        model, tokenizer = load_named_backbone(self.backbone_name)
+        self.check_backbone(model)
+        return model.to(self.device), tokenizer
+
+    @property
+    def split(self) -> int:
+        return prefix_split(self.backbone[0], self.settings.adapter_layers)
+
+    def check_backbone(self, model: torch.nn.Module) -> None:
+        """A clear error when the backbone cannot serve these settings."""
+        try:
+            prefix_split(model, self.settings.adapter_layers)
+        except ValueError as error:
+            raise ValueError(f"--adapter-layers: {error}") from None
+        if self.settings.max_length > model.config.max_position_embeddings:
+            raise ValueError(f"--max-length {self.settings.max_length} exceeds the backbone's "
+                             f"{model.config.max_position_embeddings} positions")
+
+    @property
+    def num_clients(self) -> int:
+        return len(self.corpus.splits)
+
+    def client_data(self, client_id: int) -> dict[str, CachedSplit]:
+        """Client `client_id`'s train/validation/test splits as frozen-prefix states (computed once)."""
+        if not 1 <= client_id <= self.num_clients:
+            raise ValueError(f"client id {client_id} is not in 1..{self.num_clients}")
+        if client_id not in self._data:
+            corpus, (model, tokenizer) = self.corpus, self.backbone
+            split = corpus.splits[client_id - 1]
+            parts = {"train": split.train, "validation": split.validation, "test": split.test}
+            rows = np.concatenate([np.asarray(v, dtype=np.int64) for v in parts.values()])
+            encoded = tokenizer([corpus.dataset.texts[i] for i in rows], truncation=True,
+                                max_length=self.settings.max_length, padding="longest", return_tensors="pt")
+            cache = build_prefix_cache(model, encoded["input_ids"].to(self.device),
+                                       encoded["attention_mask"].to(self.device), split=self.split, progress=False)
+            labels = torch.as_tensor(corpus.labels[rows], dtype=torch.long, device=self.device)
+            data, start = {}, 0
+            for name, idx in parts.items():
+                stop = start + len(idx)
+                data[name] = CachedSplit(cache.hidden[start:stop].clone(), cache.attention_mask[start:stop].clone(),
+                                         labels[start:stop].clone())
+                start = stop
+            self._data[client_id] = data
+        return self._data[client_id]
+
+    def _model(self) -> torch.nn.Module:
+        return client_model(self.backbone[0], num_labels=self.corpus.dataset.num_labels,
+                            config=self.settings.task_config).to(self.device)
+
+    def make_trainer(self, client_id: int) -> SeededTorchTrainer:
+        """A fresh client (new adapters, head and optimiser) over its cached documents."""
+        return text_trainer(model=self._model(), data=self.client_data(client_id), client_id=client_id,
+                            config=self.settings.task_config)
+
+    def initial(self) -> dict[str, np.ndarray]:
+        """The shared parts of a freshly initialised client model (seeded: every client starts there)."""
+        model = self._model()
+        named = dict(model.named_parameters())
+        return {part: flatten([named[n] for n in names]) for part, names in shared_parts(model).items()}
+
+    def task(self, method: str) -> Task:
+        return Task(algorithm=make_algorithm(method, self.settings), make_trainer=self.make_trainer,
+                    initial=self.initial)
+
+    def options(self, method: str) -> dict[str, str]:
+        """The `--option key=value` pairs that make `build` rebuild this task in another process."""
+        return {"settings": json.dumps(asdict(self.settings)), "method": method, "backbone": self.backbone_name,
+                "device": str(self.device.type)}
+
+
+def build(options: Mapping[str, Any]) -> Task:
+    """deploy_cli entry point: options `settings` (JSON of FedNLPSettings), `method`, `backbone`,
+    `device`, `threads` (torch threads of this process, default 1)."""
+    unknown = set(options) - {"settings", "method", "backbone", "device", "threads"}
+    if unknown:
+        raise ValueError(f"unknown fednlp task options {sorted(unknown)}")
+    try:
+        raw = json.loads(options.get("settings", "{}"))
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"option settings is not JSON: {exc}") from None
+    if not isinstance(raw, dict):
+        raise ValueError("option settings must be a JSON object of FedNLPSettings fields")
+    known = set(FedNLPSettings.__dataclass_fields__)
+    if set(raw) - known:
+        raise ValueError(f"unknown settings {sorted(set(raw) - known)}")
+    torch.set_num_threads(int(options.get("threads", 1)))
+    clients = FedNLPClients(FedNLPSettings(**raw), backbone=str(options.get("backbone", "minilm")),
+                            device=str(options.get("device", "cpu")))
+    return clients.task(str(options.get("method", "fedavg")))
+
+
+__all__ = ["METHODS", "BACKBONES", "FedNLPSettings", "QUICK", "make_algorithm", "secure_config", "Corpus",
+           "load_corpus", "load_named_backbone", "FedNLPClients", "build"]

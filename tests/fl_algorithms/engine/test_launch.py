@@ -1,0 +1,54 @@
+"""run_on_loopback: the server here, each client its own deploy_cli process over tcp on loopback."""
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fl_algorithms.engine.launch import LaunchError, run_on_loopback, write_client_config
+from fl_algorithms.engine.secure_sum import SecureAggregationConfig
+from fl_algorithms.engine.sim import RunConfig, SimulationRunner
+from fl_algorithms.experiments.config import load_toml
+from fl_algorithms.tasks.toy import build, toy_trainer
+
+CONFIG = RunConfig(rounds=2, clients_per_round=2, seed=3,
+                   secure=SecureAggregationConfig(protocol="secagg+", clip=4.0, max_weight=100.0, max_clients=8))
+
+
+def test_client_config_round_trips_through_toml(tmp_path):
+    path = write_client_config(CONFIG, tmp_path / "c.toml")
+    back = load_toml(RunConfig, path)
+    assert back.secure.describe() == CONFIG.secure.describe() and back.eval_split == CONFIG.eval_split
+
+
+@pytest.mark.slow
+def test_deployed_run_samples_the_simulations_cohorts_and_reaches_its_accuracy(tmp_path):
+    seen = []
+    server = run_on_loopback(task=build({}), task_spec="fl_algorithms.tasks.toy:build", options={}, config=CONFIG,
+                             clients=3, log_dir=tmp_path / "logs",
+                             on_round=lambda rec, srv: seen.append((rec.round, len(srv.history))))
+    assert seen == [(1, 1), (2, 2)]
+    sim = SimulationRunner(algorithm=build({}).algorithm, trainers={c: toy_trainer(c) for c in (1, 2, 3)},
+                           config=CONFIG)
+    sim.run(progress=False)
+    assert [r.cohort for r in server.history] == [r.cohort for r in sim.history]
+    assert all(len(r.cohort) == 2 for r in server.history)
+    for d, s in zip(server.history, sim.history):
+        assert d.mean("accuracy") == pytest.approx(s.mean("accuracy"), abs=0.02)
+    deployed, simulated = (sim.algorithm.shared_parameters(s) for s in (server.state, sim.state))
+    for part in simulated:  # only the fixed-point encoder's stochastic rounding differs
+        np.testing.assert_allclose(deployed[part], simulated[part], atol=1e-4)
+    assert sorted(p.name for p in (tmp_path / "logs").glob("client-*.log")) == [f"client-{i}.log" for i in (1, 2, 3)]
+
+
+def test_a_client_that_cannot_start_stops_the_run_with_its_log(tmp_path):
+    with pytest.raises(LaunchError) as exc:
+        run_on_loopback(task=build({}), task_spec="fl_algorithms.tasks.toy:no_such_task", options={}, config=CONFIG,
+                        clients=2, log_dir=tmp_path, register_timeout=120)
+    message = str(exc.value)
+    assert "exited with code 2 before registering" in message and "no_such_task" in message
+    assert Path(tmp_path / "client-1.log").is_file()
+
+
+def test_needs_two_clients(tmp_path):
+    with pytest.raises(ValueError, match="at least 2"):
+        run_on_loopback(task=build({}), task_spec="x:y", options={}, config=CONFIG, clients=1, log_dir=tmp_path)

@@ -54,7 +54,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import math
+import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -72,6 +72,7 @@ from fl_algorithms.experiments.task import Task
 from fl_algorithms.tasks.fednlp import (BACKBONES, METHODS, QUICK, FedNLPClients, FedNLPSettings, make_algorithm,
                                         secure_config)
 from nlp_models._offline import ensure_offline
+from nlp_models.data.own import DataError, add_data_arguments
 from nlp_models.device import DEVICES, resolve_device
 from secagg.protocols import registry
 
@@ -120,8 +121,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--run-name", metavar="NAME", help="run directory name (default: a time stamp)")
     p.add_argument("--threads", type=int, default=1, help="torch threads (default 1: robust on a shared machine)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    add_data_arguments(p)
     for field in dataclasses.fields(Settings):
-        if field.name in ("quick", "seed"):
+        if field.name in ("quick", "seed", "data", "text_col", "label_col"):
             continue
         kind = {"max_docs": int, "max_length": int, "clients": int, "min_client_docs": int, "rounds": int,
                 "clients_per_round": int, "local_epochs": int, "adapter_layers": int, "bottleneck": int,
@@ -163,6 +165,12 @@ def parse_settings(argv: Sequence[str] | None = None) -> tuple[argparse.Namespac
         parser.error("--run-name must be a plain directory name")
     if args.resume and (args.out or args.run_name):
         parser.error("--resume RUN_DIR already names the run directory; drop --out/--run-name")
+    if args.data is None and (args.text_col or args.label_col):
+        parser.error("--text-col and --label-col only apply with --data PATH")
+    if args.data is not None:
+        if not Path(args.data).exists():
+            parser.error(f"--data {args.data}: no such file or folder")
+        args.data = str(Path(args.data).resolve())  # client processes may start elsewhere
     chosen, planned = _explicit(args, Settings), _explicit(args, Plan)
     try:
         resolve_device(args.device)
@@ -398,6 +406,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         for clients in per_seed:
             clients.check_backbone(clients.backbone[0])
             clients.corpus  # noqa: B018 - loads and partitions, or raises
+    except DataError as error:  # your own file: an argument error, exit code 2 as argparse gives
+        print(f"error: --data: {error}", file=sys.stderr)
+        raise SystemExit(2) from None
     except ValueError as error:
         raise SystemExit(f"error: {error}") from None
     if args.resume:
@@ -416,7 +427,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     curves = {m: list(np.mean([curve(s["histories"][m]) for s in seeds], axis=0)) for m in plan.methods}
     cohort = "all" if settings.clients_per_round is None else str(settings.clients_per_round)
     dataset = clients.corpus.dataset
-    title = (f"BBC News, {len(dataset)} docs, {settings.clients} clients, Dir({settings.alpha}) label skew, "
+    source = "BBC News" if settings.data is None else Path(settings.data).name
+    title = (f"{source}, {len(dataset)} docs, {settings.clients} clients, Dir({settings.alpha}) label skew, "
              f"{cohort} clients/round")
     curve_path = plot_curves(run.path / "curve.png", curves, plan.protocol, title)
     summary: dict[str, Any] = {

@@ -188,3 +188,45 @@ def test_deploy_runtime_matches_the_simulation(tmp_path, capsys):
     logs = tmp_path / "deploy" / "logs" / "seed-0" / "fedavg"
     assert sorted(p.name for p in logs.glob("client-*.log")) == ["client-1.log", "client-2.log", "client-3.log"]
     assert all('"exit": "shutdown"' in p.read_text() for p in logs.glob("client-*.log"))
+
+
+def _own_csv(path, rows=60):
+    topics = {"sport": "the match ended with a late goal and the team", "tech": "the new chip runs software on",
+              "food": "the recipe needs flour butter and slow baking"}
+    lines = ["body,topic"] + [f'"{text} number {k}",{name}' for k in range(rows // 3) for name, text in topics.items()]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_own_csv_with_string_labels(tmp_path, capsys):
+    data = _own_csv(tmp_path / "mine.csv")
+    argv = TINY + ["--data", str(data), "--text-col", "body", "--label-col", "topic",
+                    "--algorithms", "fedavg", "--protocol", "plain",
+                    "--out", str(tmp_path), "--run-name", "own"]
+    out = fednlp.main(argv)
+    assert re.fullmatch(r"fedavg_acc=\d\.\d{4}", _last_line(capsys))
+    assert out["summary"]["documents"] == 60
+    assert len(out["summary"]["client_label_counts"][0]) == 3  # the three string labels, mapped to ids
+    assert "mine.csv" in (tmp_path / "own" / "config.toml").read_text()
+
+
+@pytest.mark.parametrize("columns, message", [
+    (["--text-col", "text"], "text"),  # the file has no 'text' column
+    ([], "text"),
+])
+def test_own_data_errors_are_argument_errors(tmp_path, capsys, columns, message):
+    data = _own_csv(tmp_path / "mine.csv")
+    with pytest.raises(SystemExit) as exc:
+        fednlp.main(TINY + ["--data", str(data), *columns, "--out", str(tmp_path)])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "--data" in err and message in err
+    assert not any(p.is_dir() for p in tmp_path.iterdir())  # no run directory for a run that cannot start
+
+
+def test_own_data_flags_need_data_and_an_existing_path(tmp_path, capsys):
+    for argv, message in ((["--label-col", "y"], "only apply with --data"),
+                          (["--data", str(tmp_path / "missing.csv")], "no such file")):
+        with pytest.raises(SystemExit) as exc:
+            fednlp.parse_settings(argv)
+        assert exc.value.code == 2 and message in capsys.readouterr().err

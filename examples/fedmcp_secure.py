@@ -1,9 +1,17 @@
 """FedMCP against its baselines on real offline data, with SecAgg+ on and the privacy cost stated.
 
-    python examples/fedmcp_secure.py                   # defaults: < 10 min on 2 CPU cores
-    python examples/fedmcp_secure.py --full --seeds 3  # the paper's 25 rounds, clients capped to the smallest
-    python examples/fedmcp_secure.py --dp              # Opacus DP-SGD on the adapters, epsilon per client
+    python examples/fedmcp_secure.py                      # defaults: < 10 min on 2 CPU cores
+    python examples/fedmcp_secure.py --full --seeds 0,1,2 # the paper's 25 rounds, clients capped to the smallest
+    python examples/fedmcp_secure.py --dp                 # Opacus DP-SGD on the adapters, epsilon per client
+    python examples/fedmcp_secure.py --runtime deploy     # server here, each client its own process over tcp
     python examples/fedmcp_secure.py --resume results/fedmcp/<run>   # finish an interrupted run
+
+Options every example shares: --algorithms fedmcp,fedavg_peft,local,fedrep (alias --methods; add
+fedavg_full or --with-full-ft)  --protocol secagg+ (any secure protocol of `python -m fl_algorithms
+--list`)  --seeds 0,1,2 (a comma list of seeds: mean and std over them; one value is one seed)
+--device auto|cpu|cuda  --runtime sim|deploy (deploy: this process is the server and every client is
+its own `python -m fl_algorithms.deploy_cli client` process, all over tcp on loopback; each client
+caches only its own examples, see fl_algorithms.tasks.fedmcp).
 
 Setting (FedMCP, Zhao et al. 2024, Sec. V): cross-task, cross-silo; four clients, each its own task
 (Rotten Tomatoes sentiment, Rotten Tomatoes plot vs review, BBC topic, 2016 debates party), every
@@ -30,21 +38,25 @@ Simplifications, with reasons:
 * Seeds vary the adapter/head initialisation, batch order and dropout; the data split is fixed.
 * Under ``--dp`` FedMCP runs without its contrastive term (mu = 0): CKA couples the examples of a
   batch, so DP-SGD's per-example clipping would not bound an example's influence.
+* ``--runtime deploy``: every client process loads the four packaged corpora (the cap is the
+  smallest one's size) and keeps only its own; the server reads no client timers, so the timing
+  report there shows the server's round and secure-aggregation times only.
 
 Output: the Table I layout (per-client accuracy, average, trainable and communicated parameters as
 % of full fine-tuning) plus the bytes actually uploaded per round and the share of round time spent
-in secure aggregation; results.json, accuracy.png and per-method checkpoints in the run directory.
+in secure aggregation. The run directory holds config.toml (settings and plan; --resume reuses
+them), metrics.jsonl/.csv (one line per method, seed and round, written as each round completes),
+results.json, accuracy.png, per-method checkpoints and, under deploy, each client's log in logs/.
 The last printed line is ``avg_acc fedmcp=.. fedavg_peft=.. local=.. fedrep=.. secure_vs_plain_diff=..``.
 """
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import os
 import time
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -53,111 +65,98 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from dp.opacus_client import DPSGDConfig
-from fl_algorithms.algorithms.fedavg import FedAvg
-from fl_algorithms.algorithms.fedmcp import FedMCP
-from fl_algorithms.algorithms.fedrep import FedRep
-from fl_algorithms.algorithms.local import Local
+from fl_algorithms.engine.round import RoundRecord
 from fl_algorithms.engine.secure_sum import SecureAggregationConfig
-from fl_algorithms.engine.sim import RoundRecord, RunConfig, SimulationRunner
-from fl_algorithms.experiments.results import write_results
-from fl_algorithms.training.adapter_trainer import (BASELINE_MODEL, FEDMCP_MODEL, LOCAL_MODEL, AdapterTrainer,
-                                                    FullFineTuneTrainer, TrainConfig)
+from fl_algorithms.engine.sim import RunConfig, SimulationRunner
+from fl_algorithms.experiments.rundir import RunDirectory
+from fl_algorithms.tasks.fedmcp import (BACKBONES, DEFAULT_METHODS, FULL_PRESET, METHODS, ClientInfo, FedMCPClients,
+                                        FedMCPSettings, check_method)
 from fl_algorithms.training.dp_trainer import quiet_dp_libraries
 from nlp_models._offline import ensure_offline
-from nlp_models.backbone import load_backbone, load_tokenizer, tiny_bert
 from nlp_models.classifiers import make_head
-from nlp_models.cpu import fast_bf16
-from nlp_models.data.cross_task import ClientData, build_client_data, load_client_splits
+from nlp_models.device import DEVICES, resolve_device
 from secagg.protocols import registry
 
-METHODS = ("fedmcp", "fedavg_peft", "local", "fedrep", "fedavg_full")
-"""Selectable methods; 'fedmcp_plain' (FedMCP with plaintext aggregation) is added automatically."""
-DEFAULT_METHODS = ("fedmcp", "fedavg_peft", "local", "fedrep")
+PLAIN_TWIN = "fedmcp_plain"
+"""FedMCP rerun with a plaintext sum, added to the run when FedMCP runs (unless --no-plain-check)."""
 TITLES = {"fedavg_full": "FedAvg (Full FT)", "local": "Local", "fedavg_peft": "FedAvg (PEFT)", "fedrep": "FedRep",
-          "fedmcp": "FedMCP", "fedmcp_plain": "FedMCP (plaintext agg.)"}
-TABLE_ORDER = ("fedavg_full", "local", "fedavg_peft", "fedrep", "fedmcp", "fedmcp_plain")
+          "fedmcp": "FedMCP", PLAIN_TWIN: "FedMCP (plaintext agg.)"}
+TABLE_ORDER = ("fedavg_full", "local", "fedavg_peft", "fedrep", "fedmcp", PLAIN_TWIN)
+RUNTIMES = ("sim", "deploy")
+TASK_SPEC = "fl_algorithms.tasks.fedmcp:build"
+DEFAULT_OUT = Path("results/fedmcp")
 
 
 @dataclass(frozen=True)
-class Options:
-    rounds: int = 5
-    cap: int | None = 300
-    """Examples per client before the 6:2:2 split (None: the smallest client's size, as the paper)."""
-    max_length: int = 64
-    adapter_layers: int = 2
-    bottleneck: int = 16
-    head_hidden: int | None = 128
-    """Hidden width of the MLP classifiers (None: linear classifiers)."""
-    batch_size: int = 16
-    """The paper uses 64 with ~2,400 training examples per client (~38 steps per round); our clients
-    hold 180, where 64 would leave 3 optimizer steps per round and the comparison would measure
-    step counts (FedRep's extra head epochs) rather than methods. 16 gives 12 steps per round."""
-    lr: float = 5e-4
-    gamma: float = 0.5
-    mu: float = 0.05
-    fedrep_head_epochs: int = 10
-    seeds: int = 1
-    methods: tuple[str, ...] = DEFAULT_METHODS
+class Plan:
+    """What the run does beyond the clients' settings (saved in config.toml with them)."""
+
+    algorithms: tuple[str, ...] = DEFAULT_METHODS
     protocol: str = "secagg+"
+    seeds: tuple[int, ...] = (0,)
+    runtime: str = "sim"
     plain_check: bool = True
-    dp: bool = False
-    dp_noise: float = 1.0
-    dp_clip: float = 1.0
-    dp_delta: float = 1e-5
-    threads: int | None = None
-    """torch threads (None: 2 on an idle machine, 1 when other processes keep the cores busy)."""
-    backbone_dropout: bool = False
-    """Dropout in the frozen adapted layers (default off: it cost a quarter of each CPU step)."""
-    precision: str = "auto"
-    """'bf16' autocast in the encoder layers, 'fp32', or 'auto' (bf16 where the CPU has AMX/AVX512-BF16)."""
-    tiny_backbone: bool = False
-    """Tests only: a random 3-layer BERT (hidden 32) instead of MiniLM."""
+    """Rerun FedMCP with a plaintext sum to show what secure aggregation costs in accuracy."""
 
     def __post_init__(self) -> None:
+        unknown = [m for m in self.algorithms if m not in METHODS]
+        secure = [p for p in registry.names() if p != "plain"]
         checks = [
-            (self.rounds >= 1, "--rounds must be at least 1"),
-            (self.seeds >= 1, "--seeds must be at least 1"),
-            (self.cap is None or self.cap >= 10, "--cap must be at least 10"),
-            (8 <= self.max_length <= 512, "--max-length must be in 8..512"),
-            (self.adapter_layers >= 1, "--adapter-layers must be at least 1"),
-            (self.bottleneck >= 1, "--bottleneck must be at least 1"),
-            (self.head_hidden is None or self.head_hidden >= 1, "--head-hidden must be positive (0 for linear)"),
-            (self.batch_size >= 1, "--batch-size must be at least 1"),
-            (self.lr > 0, "--lr must be positive"),
-            (0.0 <= self.gamma <= 1.0, "--gamma must be in [0, 1]"),
-            (self.mu >= 0, "--mu must be non-negative"),
-            (self.fedrep_head_epochs >= 1, "--fedrep-head-epochs must be at least 1"),
-            (bool(self.methods), "--methods must name at least one method"),
-            (self.dp_noise > 0 and self.dp_clip > 0 and 0 < self.dp_delta < 1, "bad --dp-noise/--dp-clip/--dp-delta"),
-            (self.threads is None or self.threads >= 1, "--threads must be at least 1"),
-            (self.precision in ("auto", "bf16", "fp32"), "--precision must be auto, bf16 or fp32"),
+            (bool(self.algorithms), "--algorithms must name at least one method"),
+            (not unknown, f"unknown method(s) {unknown}; choose from {', '.join(METHODS)}"),
+            (len(set(self.algorithms)) == len(self.algorithms), "--algorithms repeats a method"),
+            (self.protocol in secure, f"--protocol must be a secure protocol: {', '.join(secure)}"),
+            (bool(self.seeds) and all(s >= 0 for s in self.seeds), "--seeds must be non-negative integers"),
+            (len(set(self.seeds)) == len(self.seeds), "--seeds repeats a seed"),
+            (self.runtime in RUNTIMES, f"--runtime must be one of {', '.join(RUNTIMES)}"),
         ]
         for ok, message in checks:
             if not ok:
                 raise ValueError(message)
-        unknown = [m for m in self.methods if m not in METHODS]
-        if unknown:
-            raise ValueError(f"unknown method(s) {unknown}; choose from {', '.join(METHODS)}")
-        if self.protocol not in registry.names() or self.protocol == "plain":
-            raise ValueError(f"--protocol must be a secure protocol: {[p for p in registry.names() if p != 'plain']}")
-        if self.dp and "fedavg_full" in self.methods:
-            raise ValueError("--dp applies DP-SGD to adapters only; drop fedavg_full (or --with-full-ft)")
 
     def run_list(self) -> list[str]:
-        runs = [m for m in TABLE_ORDER if m in self.methods]
-        if self.plain_check and "fedmcp" in self.methods:
-            runs.append("fedmcp_plain")
+        """The chosen methods in table order, then FedMCP's plaintext twin."""
+        runs = [m for m in TABLE_ORDER if m in self.algorithms]
+        if self.plain_check and "fedmcp" in self.algorithms:
+            runs.append(PLAIN_TWIN)
         return runs
 
 
-FULL_PRESET = {"rounds": 25, "cap": None, "max_length": 128, "adapter_layers": 6, "batch_size": 64}
+# ---------------------------------------------------------------- command line
+
+def _list(kind: type, *, what: str, choices: Sequence[Any] | None = None) -> Callable[[str], tuple]:
+    """An argparse type: a comma list of `kind`, each in `choices`, none repeated."""
+    def parse(text: str) -> tuple:
+        items = [t.strip() for t in text.split(",") if t.strip()]
+        if not items:
+            raise argparse.ArgumentTypeError(f"give at least one {what}")
+        try:
+            values = [kind(t) for t in items]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a comma list of {what}s: {text!r}") from None
+        if choices is not None and (bad := [v for v in values if v not in choices]):
+            raise argparse.ArgumentTypeError(f"unknown {what}(s) {bad}; choose from {', '.join(choices)}")
+        if len(set(values)) != len(values):
+            raise argparse.ArgumentTypeError(f"repeated {what}s in {text!r}")
+        return tuple(values)
+    return parse
 
 
-def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--full", action="store_true", help="the paper's run: 25 rounds, clients capped to the smallest "
                    "corpus, 128 tokens, batch 64, adapters in all 6 layers (explicit flags still override)")
+    p.add_argument("--algorithms", "--methods", dest="algorithms", type=_list(str, what="method", choices=METHODS),
+                   help=f"comma list from {','.join(METHODS)} (default {','.join(DEFAULT_METHODS)})")
+    p.add_argument("--with-full-ft", action="store_true", help="add FedAvg (Full FT): all 22.7 M parameters")
+    p.add_argument("--protocol", choices=[n for n in registry.names() if n != "plain"],
+                   help="secure aggregation protocol (default secagg+)")
+    p.add_argument("--seeds", type=_list(int, what="seed"), help="comma list of seeds (default 0): mean and std over them")
+    p.add_argument("--device", choices=DEVICES, default="cpu", help="torch device of the clients (default cpu)")
+    p.add_argument("--runtime", choices=RUNTIMES,
+                   help="sim: in memory (default); deploy: real client processes over tcp on loopback")
+    p.add_argument("--backbone", choices=BACKBONES, help="minilm (default) or tiny: a random 3-layer BERT for smoke runs")
+    p.add_argument("--tiny-backbone", dest="backbone", action="store_const", const="tiny", help=argparse.SUPPRESS)
     p.add_argument("--rounds", type=int)
     p.add_argument("--cap", type=int, help="examples per client before the 6:2:2 split (0: the smallest client's size)")
     p.add_argument("--max-length", type=int)
@@ -169,107 +168,112 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--gamma", type=float)
     p.add_argument("--mu", type=float)
     p.add_argument("--fedrep-head-epochs", type=int)
-    p.add_argument("--seeds", type=int, help="runs per method (mean and std are reported)")
-    p.add_argument("--methods", help=f"comma-separated, from {','.join(METHODS)}")
-    p.add_argument("--with-full-ft", action="store_true", help="add FedAvg (Full FT): all 22.7 M parameters")
-    p.add_argument("--protocol", help="secure aggregation protocol (default secagg+)")
     p.add_argument("--no-plain-check", action="store_true", help="skip FedMCP's plaintext-aggregation rerun")
-    p.add_argument("--dp", action="store_true", help="Opacus DP-SGD on the adapters; epsilon per client")
+    p.add_argument("--dp", action="store_true", default=None, help="Opacus DP-SGD on the adapters; epsilon per client")
     p.add_argument("--dp-noise", type=float)
     p.add_argument("--dp-clip", type=float)
     p.add_argument("--dp-delta", type=float)
     p.add_argument("--threads", type=int, help="torch intra-op threads (default: 2 if the machine is idle, else 1)")
-    p.add_argument("--backbone-dropout", action="store_true", help="keep dropout in the frozen adapted layers")
+    p.add_argument("--backbone-dropout", action="store_true", default=None,
+                   help="keep dropout in the frozen adapted layers")
     p.add_argument("--precision", choices=("auto", "bf16", "fp32"),
                    help="bf16 autocast in the encoder layers (auto: where the CPU multiplies bf16 natively)")
-    p.add_argument("--out", default="results/fedmcp", help="parent directory of run directories")
+    p.add_argument("--out", help=f"parent directory of run directories (default {DEFAULT_OUT})")
     p.add_argument("--run-name", help="run directory name (default: a timestamp)")
-    p.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR with its saved options")
+    p.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR with its saved settings")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--verbose", action="store_true", help="print where the time goes")
-    p.add_argument("--tiny-backbone", action="store_true", help=argparse.SUPPRESS)
-    return p.parse_args(argv)
+    return p
 
 
-def options_from_args(args: argparse.Namespace) -> Options:
+def _given_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The FedMCPSettings fields the command line sets (--full's preset, then explicit flags)."""
     values: dict[str, Any] = dict(FULL_PRESET) if args.full else {}
-    for f in fields(Options):
-        given = getattr(args, f.name, None)
-        if given is not None and f.name not in ("methods", "tiny_backbone"):
-            values[f.name] = given
+    values.update({f.name: getattr(args, f.name) for f in fields(FedMCPSettings)
+                   if getattr(args, f.name, None) is not None})
     if args.cap == 0:
         values["cap"] = None
     if args.head_hidden == 0:
         values["head_hidden"] = None
-    methods = list(DEFAULT_METHODS)
-    if args.methods:
-        methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    if args.with_full_ft and "fedavg_full" not in methods:
-        methods.append("fedavg_full")
-    values.update(methods=tuple(methods), plain_check=not args.no_plain_check, dp=args.dp,
-                  backbone_dropout=args.backbone_dropout,
-                  tiny_backbone=args.tiny_backbone)
-    return Options(**values)
+    return values
 
 
-# ---------------------------------------------------------------- building runs
-
-def load_backbone_for(options: Options) -> tuple[torch.nn.Module, Any]:
-    """MiniLM (or the tests' tiny random BERT) with its tokenizer, frozen: clients share its weights."""
-    if options.tiny_backbone:
-        backbone, tokenizer = tiny_bert(layers=3, hidden=32, heads=2, max_positions=512), load_tokenizer()
-    else:
-        backbone, tokenizer = load_backbone()
-    backbone.requires_grad_(False)
-    backbone.eval()
-    return backbone, tokenizer
-
-
-def make_algorithm(method: str, options: Options):
-    if method in ("fedmcp", "fedmcp_plain"):
-        return FedMCP(gamma=options.gamma, mu=0.0 if options.dp else options.mu)
-    if method in ("fedavg_peft", "fedavg_full"):
-        return FedAvg(local_epochs=1)
-    if method == "fedrep":
-        return FedRep(head_epochs=options.fedrep_head_epochs, body_epochs=1)
-    if method == "local":
-        return Local(local_epochs=1)
-    raise ValueError(f"unknown method {method!r}")
+def _given_plan(args: argparse.Namespace) -> dict[str, Any]:
+    """The Plan fields the command line sets."""
+    values: dict[str, Any] = {}
+    if args.algorithms is not None or args.with_full_ft:
+        algorithms = list(args.algorithms or DEFAULT_METHODS)
+        if args.with_full_ft and "fedavg_full" not in algorithms:
+            algorithms.append("fedavg_full")
+        values["algorithms"] = tuple(algorithms)
+    values.update({k: getattr(args, k) for k in ("protocol", "seeds", "runtime") if getattr(args, k) is not None})
+    if args.no_plain_check:
+        values["plain_check"] = False
+    return values
 
 
-def train_config(options: Options) -> TrainConfig:
-    dp = None
-    if options.dp:
-        dp = DPSGDConfig(noise_multiplier=options.dp_noise, max_grad_norm=options.dp_clip,
-                         batch_size=options.batch_size, delta=options.dp_delta)
-    return TrainConfig(batch_size=options.batch_size, lr=options.lr, dp=dp, dp_delta=options.dp_delta,
-                       bf16=use_bf16(options), backbone_dropout=options.backbone_dropout)
+def _convert_legacy_config(path: Path) -> None:
+    """A run directory from before config.toml (its options in config.json): write its config.toml."""
+    raw = json.loads((path / "config.json").read_text())
+    names = {f.name for f in fields(FedMCPSettings)} - {"backbone"}
+    settings = FedMCPSettings(**{k: v for k, v in raw.items() if k in names},
+                              backbone="tiny" if raw.get("tiny_backbone") else "minilm")
+    plan = Plan(algorithms=tuple(raw["methods"]), protocol=raw["protocol"], seeds=tuple(range(int(raw["seeds"]))),
+                plain_check=bool(raw["plain_check"]))
+    RunDirectory(path).write_config({"settings": settings, "plan": plan})
 
 
-def use_bf16(options: Options) -> bool:
-    return options.precision == "bf16" or (options.precision == "auto" and fast_bf16())
+def read_saved(path: Path) -> tuple[FedMCPSettings, Plan]:
+    """The settings and plan saved in run directory `path`."""
+    if not (path / "config.toml").is_file() and (path / "config.json").is_file():
+        _convert_legacy_config(path)
+    saved = RunDirectory.open(path).read_config()
+    plan = {k: tuple(v) if isinstance(v, list) else v for k, v in saved["plan"].items()}
+    return FedMCPSettings(**saved["settings"]), Plan(**plan)
 
 
-def choose_threads(options: Options) -> int:
+def parse_settings(argv: Sequence[str] | None = None) -> tuple[argparse.Namespace, FedMCPSettings, Plan]:
+    """The command line as settings and plan (saved ones under --resume); a bad argument exits with code 2."""
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.threads is not None and args.threads < 1:
+        parser.error("--threads must be at least 1")
+    if args.run_name is not None and (not args.run_name or Path(args.run_name).name != args.run_name
+                                      or args.run_name in (".", "..")):
+        parser.error("--run-name must be a plain directory name")
+    if args.resume and (args.out or args.run_name):
+        parser.error("--resume RUN_DIR already names the run directory; drop --out/--run-name")
+    chosen, planned = _given_settings(args), _given_plan(args)
+    try:
+        resolve_device(args.device)
+        if args.resume:
+            try:
+                settings, plan = read_saved(Path(args.resume))
+            except (OSError, ValueError, TypeError, KeyError) as error:
+                parser.error(f"--resume {args.resume}: {error}")
+            clash = {k: v for k, v in chosen.items() if getattr(settings, k) != v}
+            clash.update({k: v for k, v in planned.items() if getattr(plan, k) != v})
+            if clash:
+                parser.error(f"--resume reuses the run's saved settings; these options differ from them: {clash}")
+        else:
+            settings, plan = FedMCPSettings(**chosen), Plan(**planned)
+        for method in plan.algorithms:
+            check_method(method, settings)
+    except (ValueError, TypeError) as error:
+        parser.error(str(error))
+    return args, settings, plan
+
+
+def choose_threads(threads: int | None) -> int:
     """On a shared machine two threads contend with other processes and run slower than one."""
-    if options.threads:
-        return options.threads
+    if threads:
+        return threads
     cores = os.cpu_count() or 1
     busy = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
     return max(1, min(2, cores - int(round(busy))))
 
 
-def build_trainers(method: str, clients: Sequence[ClientData], backbone, options: Options, seed: int) -> dict[int, Any]:
-    config = train_config(options)
-    if method == "fedavg_full":
-        shared = copy.deepcopy(backbone).requires_grad_(True)
-        return {c.client_id: FullFineTuneTrainer(data=c, backbone=shared, head_hidden=options.head_hidden,
-                                                 config=config, seed=seed) for c in clients}
-    spec = {"fedmcp": FEDMCP_MODEL, "fedmcp_plain": FEDMCP_MODEL, "fedavg_peft": BASELINE_MODEL,
-            "fedrep": BASELINE_MODEL, "local": LOCAL_MODEL}[method]
-    return {c.client_id: AdapterTrainer(data=c, backbone=backbone, spec=spec, bottleneck=options.bottleneck,
-                                        head_hidden=options.head_hidden, config=config, seed=seed) for c in clients}
-
+# ---------------------------------------------------------------- runs
 
 @dataclass
 class MethodRun:
@@ -282,30 +286,71 @@ class MethodRun:
     """Parameters uploaded per client per round (0 for Local)."""
     epsilon: dict[int, float]
     timer: dict[str, float] = field(default_factory=dict)
+    """The clients' timers summed (simulation only: in a deployment they stay in the client processes)."""
     clipped: int = 0
 
 
-def run_method(method: str, seed: int, clients: Sequence[ClientData], backbone, options: Options, run_dir: Path,
-               *, progress: bool) -> MethodRun:
-    trainers = build_trainers(method, clients, backbone, options, seed)
-    protocol = "plain" if method == "fedmcp_plain" else options.protocol
+def last_epsilon(history: Sequence[RoundRecord]) -> dict[int, float]:
+    """Each client's epsilon as it last reported it: the largest '*epsilon' metric of its last report
+    (FedRep reports one per step; the accountant's epsilon only grows)."""
+    out: dict[int, float] = {}
+    for rec in history:
+        for client, metrics in rec.metrics.items():
+            spent = [v for k, v in metrics.items() if k.endswith("epsilon")]
+            if spent:
+                out[int(client)] = float(max(spent))
+    return dict(sorted(out.items()))
+
+
+def run_method(method: str, seed: int, clients: FedMCPClients, plan: Plan, run: RunDirectory, *, progress: bool,
+               threads: int, logged: set[tuple[int, str, int]]) -> MethodRun:
+    """One method for one seed in the chosen runtime, each round logged to the run directory as it completes."""
+    name = "fedmcp" if method == PLAIN_TWIN else method
+    protocol = "plain" if method == PLAIN_TWIN else plan.protocol
+    where = f"{method}-seed{seed}"
     secure = SecureAggregationConfig(protocol=protocol, clip=1.0,  # per-coordinate range of one round's update
-                                     max_weight=float(max(t.num_examples for t in trainers.values())),
-                                     max_clients=len(trainers))
-    config = RunConfig(rounds=options.rounds, seed=seed, secure=secure,
-                       checkpoint_dir=str(run_dir / "checkpoints" / f"{method}-seed{seed}"))
-    runner = SimulationRunner(algorithm=make_algorithm(method, options), trainers=trainers, config=config)
-    history = runner.run(resume=True, progress=progress, desc=f"{method} seed {seed}")
+                                     max_weight=float(max(c.sizes["train"] for c in clients.info)),
+                                     max_clients=clients.num_clients)
+    config = RunConfig(rounds=clients.settings.rounds, seed=seed, secure=secure,
+                       checkpoint_dir=str(run.checkpoint_dir / where))
+    task = clients.task(name, seed=seed)
+
+    def log(rec: RoundRecord) -> None:
+        if (seed, method, rec.round) not in logged:
+            run.log_round({"seed": seed, "method": method, **asdict(rec), "mean_accuracy": rec.mean("accuracy")})
+            logged.add((seed, method, rec.round))
+
     timer: dict[str, float] = defaultdict(float)
-    for t in trainers.values():
-        for k, v in t.timer.items():
-            timer[k] += v
-    uses_upload = method != "local"
-    return MethodRun(method=method, seed=seed, history=list(history),
-                     trainable=float(np.mean([t.trainable_count() for t in trainers.values()])),
-                     shared=int(next(iter(trainers.values())).shared_count()) if uses_upload else 0,
-                     epsilon={c: t.epsilon() for c, t in trainers.items()}, timer=dict(timer),
-                     clipped=sum(r.clipped for r in history))
+    if plan.runtime == "sim":
+        trainers = {c: task.make_trainer(c) for c in range(1, clients.num_clients + 1)}
+        runner = SimulationRunner(algorithm=task.algorithm, trainers=trainers, config=config, initial=task.initial(),
+                                  on_round=log)
+        history = runner.run(resume=True, progress=progress, desc=f"{method} seed {seed}")
+        for t in trainers.values():
+            for k, v in t.timer.items():
+                timer[k] += v
+    else:
+        from fl_algorithms.engine.launch import run_on_loopback
+
+        bar = tqdm(total=config.rounds, desc=f"{method} seed {seed} (deployed)", disable=not progress, leave=False)
+
+        def on_round(rec: RoundRecord, server: Any) -> None:
+            log(rec)
+            bar.update(1)
+
+        try:
+            server = run_on_loopback(
+                task=task, task_spec=TASK_SPEC, config=config, clients=clients.num_clients, on_round=on_round,
+                options=clients.options(name, seed=seed, threads=max(1, threads // clients.num_clients)),
+                log_dir=run.path / "logs" / where, resume=True, client_checkpoints=run.checkpoint_dir / where / "clients")
+        finally:
+            bar.close()
+        history = server.history
+    for rec in history:  # a round checkpointed just before a crash, but not yet logged
+        log(rec)
+    counts = clients.parameter_counts(name, seed=seed)
+    return MethodRun(method=method, seed=seed, history=list(history), trainable=counts.trainable, shared=counts.shared,
+                     epsilon=last_epsilon(history), timer=dict(timer), clipped=sum(r.clipped for r in history))
 
 
 # ---------------------------------------------------------------- summary, table, plot
@@ -315,8 +360,8 @@ def _mean_std(values: Sequence[float]) -> tuple[float, float]:
     return float(arr.mean()), float(arr.std(ddof=1)) if len(arr) > 1 else 0.0
 
 
-def summarise(runs: dict[str, list[MethodRun]], clients: Sequence[ClientData], *, backbone_params: int,
-              options: Options) -> dict[str, Any]:
+def summarise(runs: dict[str, list[MethodRun]], clients: Sequence[ClientInfo], *, dp: bool) -> dict[str, Any]:
+    """Per method, over its seeds: per-client and average accuracy (mean, std), curve, costs, epsilon, timers."""
     methods: dict[str, Any] = {}
     for method, seed_runs in runs.items():
         per_client = {c.key: _mean_std([100 * r.history[-1].metrics[c.client_id]["accuracy"] for r in seed_runs])
@@ -344,7 +389,7 @@ def summarise(runs: dict[str, list[MethodRun]], clients: Sequence[ClientData], *
             "seconds": seconds,
             "rounds_run": sum(len(r.history) for r in seed_runs),
             "secure_share": secure / seconds if seconds and first.shared else 0.0,
-            "epsilon": {str(c): e for c, e in first.epsilon.items()} if options.dp else {},
+            "epsilon": {str(c): e for c, e in first.epsilon.items()} if dp else {},
             "timer": dict(timer),
             "clipped_values": sum(r.clipped for r in seed_runs),
         }
@@ -368,15 +413,20 @@ def full_ft_estimate(summary: dict[str, Any], *, backbone_params: int, depth: in
     if peft is None:
         return "not run (use --with-full-ft)"
     rounds = max(peft["rounds_run"], 1)
-    train = sum(v for k, v in peft["timer"].items() if k != "evaluation") / rounds
+    if peft["timer"]:
+        train = sum(v for k, v in peft["timer"].items() if k != "evaluation") / rounds
+        what = "training"
+    else:  # deploy: the clients' timers stay in their processes; the server sees round time less SecAgg
+        train = (peft["seconds"] - peft["secure_seconds"]) / rounds
+        what = "round time less SecAgg"
     flops = 3 * depth / (2 * adapter_layers)  # fwd+bwd(input, weight) over all layers vs fwd+bwd(input) over adapted
     secure = peft["secure_seconds"] / rounds * backbone_params / max(peft["shared_params"], 1)
     estimate = train * flops + secure
-    return (f"not run: est. {estimate:.0f} s/round (~{flops:.1f}x FedAvg-PEFT training {train:.1f} s + SecAgg of "
+    return (f"not run: est. {estimate:.0f} s/round (~{flops:.1f}x FedAvg-PEFT {what} {train:.1f} s + SecAgg of "
             f"{backbone_params / 1e6:.1f} M values/client ~{secure:.0f} s); use --with-full-ft")
 
 
-def format_table(summary: dict[str, Any], clients: Sequence[ClientData], *, seeds: int, dp: bool,
+def format_table(summary: dict[str, Any], clients: Sequence[ClientInfo], *, seeds: int, dp: bool,
                  full_ft_note: str | None) -> str:
     def cell(stat: dict[str, float]) -> str:
         return f"{stat['mean']:.2f}" + (f"±{stat['std']:.2f}" if seeds > 1 else "")
@@ -445,7 +495,17 @@ def plot_curves(summary: dict[str, Any], path: Path) -> Path:
     return path
 
 
-def timing_report(summary: dict[str, Any], prefix_seconds: float, wall: float) -> str:
+def timing_report(summary: dict[str, Any], prefix_seconds: float, wall: float, *, runtime: str) -> str:
+    """Where the time went, per method; under deploy only what the server sees."""
+    if runtime == "deploy":
+        lines = [f"time: {wall:.1f} s total; deploy runtime: the clients' timers (frozen-prefix cache, training, "
+                 "forward passes, evaluation) stay in the client processes; per method, the server's view over all "
+                 "its seeds:"]
+        for method in (m for m in TABLE_ORDER if m in summary):
+            s = summary[method]
+            lines.append(f"  {method:<13} {s['seconds']:6.1f} s of rounds: secure agg {s['secure_seconds']:.1f}, "
+                         f"clients and transport {s['seconds'] - s['secure_seconds']:.1f}")
+        return "\n".join(lines)
     lines = [f"time: {wall:.1f} s total; frozen-prefix cache {prefix_seconds:.1f} s (once, shared by all runs); "
              "per method over all its seeds (work done by this invocation; a resumed method shows only its rest):"]
     for method in TABLE_ORDER:
@@ -466,114 +526,114 @@ def timing_report(summary: dict[str, Any], prefix_seconds: float, wall: float) -
 
 # ---------------------------------------------------------------- main
 
-def prepare_run_dir(args: argparse.Namespace) -> tuple[Path, Options]:
+def open_run(args: argparse.Namespace, settings: FedMCPSettings, plan: Plan) -> RunDirectory:
+    """The resumed run directory, or a fresh one holding config.toml."""
     if args.resume:
-        run_dir = Path(args.resume)
-        saved = run_dir / "config.json"
-        if not saved.is_file():
-            raise SystemExit(f"--resume: no config.json in {run_dir}")
-        raw = json.loads(saved.read_text())
-        raw["methods"] = tuple(raw["methods"])
-        return run_dir, Options(**raw)
-    options = options_from_args(args)
-    name = args.run_name or time.strftime("%Y%m%d-%H%M%S")
-    run_dir = Path(args.out) / name
-    if (run_dir / "config.json").exists():
-        raise SystemExit(f"{run_dir} already holds a run; use --resume {run_dir} or another --run-name")
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.json").write_text(json.dumps(asdict(options), indent=1))
-    return run_dir, options
+        return RunDirectory.open(Path(args.resume))
+    try:
+        run = RunDirectory.create(Path(args.out) if args.out else DEFAULT_OUT, name=args.run_name)
+    except FileExistsError as error:
+        raise SystemExit(f"error: {error}") from None
+    run.write_config({"settings": settings, "plan": plan})
+    return run
 
 
-def prepare_clients(backbone: torch.nn.Module, tokenizer: Any, options: Options, *,
-                    progress: bool) -> list[ClientData]:
-    """The four task clients, each split tokenised once and cached below the adapted layers."""
-    splits = load_client_splits(cap_to=options.cap, seed=0)
-    bar = tqdm(total=len(splits), desc="frozen prefix", disable=not progress, leave=False)
-    clients = build_client_data(backbone, tokenizer, splits, max_length=options.max_length,
-                                adapter_layers=options.adapter_layers, bf16=use_bf16(options),
-                                progress=lambda key: bar.update(1))
+def cache_clients(clients: FedMCPClients, *, progress: bool) -> float:
+    """Simulation: every client's splits cached below the adapted layers once, for all runs; seconds taken."""
+    start = time.perf_counter()
+    bar = tqdm(total=clients.num_clients, desc="frozen prefix", disable=not progress, leave=False)
+    for info in clients.info:
+        clients.client_data(info.client_id)
+        bar.update(1)
     bar.close()
-    return clients
+    return time.perf_counter() - start
 
 
-def print_report(document: dict[str, Any], options: Options, *, verbose: bool, run_dir: Path) -> None:
+def print_report(document: dict[str, Any], settings: FedMCPSettings, plan: Plan, *, verbose: bool,
+                 run: RunDirectory) -> None:
     print()
-    print(f"Test accuracy (%) after {options.rounds} rounds, {options.seeds} seed(s); aggregation: "
-          f"{options.protocol} (FedMCP also in plaintext); Comm. relative to uploading the "
-          f"{document['backbone_params'] / 1e6:.1f} M backbone parameters")
+    print(f"Test accuracy (%) after {settings.rounds} rounds, {len(plan.seeds)} seed(s) "
+          f"({','.join(map(str, plan.seeds))}), runtime {plan.runtime}; aggregation: {plan.protocol}"
+          f"{' (FedMCP also in plaintext)' if PLAIN_TWIN in document['methods'] else ''}; Comm. relative to "
+          f"uploading the {document['backbone_params'] / 1e6:.1f} M backbone parameters")
     print(document["table"])
-    if options.dp:
+    if settings.dp:
         print("epsilon: example-level, per client, at delta "
-              f"{options.dp_delta:g} (Opacus RDP accountant kept across rounds)")
+              f"{settings.dp_delta:g} (Opacus RDP accountant kept across rounds; as each client last reported it)")
+    if plan.runtime == "deploy":
+        print("deploy runtime: times are the server's (round time, secure aggregation); the clients' own timers "
+              f"stay in their processes; client logs under {run.path / 'logs'}")
     if verbose:
         print(document["timing"])
-    print(f"results: {run_dir / 'results.json'}  plot: {run_dir / 'accuracy.png'}")
+    print(f"results: {run.path / 'results.json'}  plot: {run.path / 'accuracy.png'}")
     print(document["final_line"])
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    """Run every chosen method for every seed, print the table and return the results document."""
     ensure_offline()
     wall_start = time.perf_counter()
-    args = parse_args(argv)
-    try:
-        run_dir, options = prepare_run_dir(args)
+    args, settings, plan = parse_settings(argv)
+    progress = not args.no_progress
+    threads = choose_threads(args.threads)
+    torch.set_num_threads(threads)
+    clients = FedMCPClients(settings, device=args.device)
+    try:  # the backbone and the corpora are checked before a run directory exists
+        backbone, _ = clients.backbone
+        clients.info  # noqa: B018 - loads every corpus, or raises
     except ValueError as error:
         raise SystemExit(f"error: {error}") from None
-    progress = not args.no_progress
-    threads = choose_threads(options)
-    torch.set_num_threads(threads)
-    print(f"run directory: {run_dir}  (torch threads {threads}, load {os.getloadavg()[0]:.1f}, "
-          f"{'bf16 autocast' if use_bf16(options) else 'fp32'} encoder)")
-
-    backbone, tokenizer = load_backbone_for(options)
+    run = open_run(args, settings, plan)
+    print(f"run directory: {run.path}  (runtime {plan.runtime}, device {clients.device.type}, torch threads {threads}, "
+          f"load {os.getloadavg()[0]:.1f}, {'bf16 autocast' if settings.bf16 else 'fp32'} encoder)")
     depth = backbone.config.num_hidden_layers
-    if options.adapter_layers > depth:
-        raise SystemExit(f"error: --adapter-layers {options.adapter_layers} exceeds the backbone's {depth} layers")
-    start = time.perf_counter()
-    clients = prepare_clients(backbone, tokenizer, options, progress=progress)
-    prefix_seconds = time.perf_counter() - start
-    sizes = ", ".join(f"{c.title} {len(c.splits['train'])}/{len(c.splits['validation'])}/{len(c.splits['test'])}"
-                      for c in clients)
-    print(f"clients (train/val/test): {sizes}; adapters in the top {options.adapter_layers} of {depth} layers")
-    if options.dp:
+    prefix_seconds = cache_clients(clients, progress=progress) if plan.runtime == "sim" else 0.0
+    sizes = ", ".join(f"{c.title} {c.sizes['train']}/{c.sizes['validation']}/{c.sizes['test']}" for c in clients.info)
+    print(f"clients (train/val/test): {sizes}; adapters in the top {settings.adapter_layers} of {depth} layers")
+    if plan.runtime == "deploy":
+        print(f"deploy: this process is the server; each client is its own `python -m fl_algorithms.deploy_cli "
+              f"client` process (tcp on loopback) that caches only its own examples")
+    if settings.dp:
         quiet_dp_libraries()
-        print(f"DP-SGD: noise {options.dp_noise}, clip {options.dp_clip}, delta {options.dp_delta}; "
+        print(f"DP-SGD: noise {settings.dp_noise}, clip {settings.dp_clip}, delta {settings.dp_delta}; "
               "FedMCP runs with mu = 0 (CKA is a batch-level term); Opacus noise from torch's generator "
               "(not secure_mode: research grade)")
 
+    logged = {(r.get("seed"), r.get("method"), r.get("round")) for r in run.rounds()}
     runs: dict[str, list[MethodRun]] = defaultdict(list)
-    plan = [(seed, method) for seed in range(options.seeds) for method in options.run_list()]
-    outer = tqdm(plan, desc="methods", disable=not progress, leave=False)
+    plan_runs = [(seed, method) for seed in plan.seeds for method in plan.run_list()]
+    outer = tqdm(plan_runs, desc="methods", disable=not progress, leave=False)
     for seed, method in outer:
         outer.set_postfix_str(f"{method} seed {seed}")
-        runs[method].append(run_method(method, seed, clients, backbone, options, run_dir, progress=progress))
+        runs[method].append(run_method(method, seed, clients, plan, run, progress=progress, threads=threads,
+                                       logged=logged))
     outer.close()
 
     backbone_params = sum(p.numel() for p in backbone.parameters())
     head_params = float(np.mean([sum(p.numel() for p in make_head(backbone.config.hidden_size, c.num_labels,
-                                                                  mlp_hidden=options.head_hidden, seed=0).parameters())
-                                 for c in clients]))
-    summary = summarise(runs, clients, backbone_params=backbone_params, options=options)
+                                                                  mlp_hidden=settings.head_hidden, seed=0).parameters())
+                                 for c in clients.info]))
+    summary = summarise(runs, clients.info, dp=settings.dp)
     percent_columns(summary, backbone_params=backbone_params, head_params=head_params)
     full_note = None
     if "fedavg_full" not in summary:
         full_note = full_ft_estimate(summary, backbone_params=backbone_params, depth=depth,
-                                     adapter_layers=options.adapter_layers)
-    table = format_table(summary, clients, seeds=options.seeds, dp=options.dp, full_ft_note=full_note)
+                                     adapter_layers=settings.adapter_layers)
+    table = format_table(summary, clients.info, seeds=len(plan.seeds), dp=settings.dp, full_ft_note=full_note)
     line = final_line(summary)
     wall = time.perf_counter() - wall_start
-    timing = timing_report(summary, prefix_seconds, wall)
+    timing = timing_report(summary, prefix_seconds, wall, runtime=plan.runtime)
     document = {"methods": summary, "table": table, "final_line": line, "full_ft": full_note,
                 "prefix_cache_seconds": prefix_seconds, "wall_seconds": wall,
-                "clients": {c.key: {"title": c.title, "labels": c.num_labels,
-                                    **{s: len(c.splits[s]) for s in c.splits}} for c in clients},
-                "backbone_params": backbone_params, "timing": timing}
-    write_results(run_dir / "results.json", config=options,
-                  runs={f"{m}/seed{r.seed}": r.history for m, rs in runs.items() for r in rs}, summary=document)
-    plot_curves(summary, run_dir / "accuracy.png")
+                "clients": {c.key: {"title": c.title, "labels": c.num_labels, **c.sizes} for c in clients.info},
+                "backbone_params": backbone_params, "timing": timing, "seeds": list(plan.seeds),
+                "runtime": plan.runtime, "device": clients.device.type}
+    run.write_results({"config": {"settings": settings, "plan": plan}, "summary": document,
+                       "runs": {f"{m}/seed{r.seed}": r.history for m, rs in runs.items() for r in rs}})
+    plot_curves(summary, run.path / "accuracy.png")
+    run.close()
 
-    print_report(document, options, verbose=args.verbose, run_dir=run_dir)
+    print_report(document, settings, plan, verbose=args.verbose, run=run)
     return document
 
 

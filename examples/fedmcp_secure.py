@@ -68,6 +68,7 @@ from tqdm.auto import tqdm
 from fl_algorithms.engine.round import RoundRecord
 from fl_algorithms.engine.secure_sum import SecureAggregationConfig
 from fl_algorithms.engine.sim import RunConfig, SimulationRunner
+from fl_algorithms.experiments.cli import comma_list
 from fl_algorithms.experiments.rundir import RunDirectory
 from fl_algorithms.tasks.fedmcp import (BACKBONES, DEFAULT_METHODS, FULL_PRESET, METHODS, ClientInfo, FedMCPClients,
                                         FedMCPSettings, check_method)
@@ -124,34 +125,16 @@ class Plan:
 
 # ---------------------------------------------------------------- command line
 
-def _list(kind: type, *, what: str, choices: Sequence[Any] | None = None) -> Callable[[str], tuple]:
-    """An argparse type: a comma list of `kind`, each in `choices`, none repeated."""
-    def parse(text: str) -> tuple:
-        items = [t.strip() for t in text.split(",") if t.strip()]
-        if not items:
-            raise argparse.ArgumentTypeError(f"give at least one {what}")
-        try:
-            values = [kind(t) for t in items]
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not a comma list of {what}s: {text!r}") from None
-        if choices is not None and (bad := [v for v in values if v not in choices]):
-            raise argparse.ArgumentTypeError(f"unknown {what}(s) {bad}; choose from {', '.join(choices)}")
-        if len(set(values)) != len(values):
-            raise argparse.ArgumentTypeError(f"repeated {what}s in {text!r}")
-        return tuple(values)
-    return parse
-
-
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--full", action="store_true", help="the paper's run: 25 rounds, clients capped to the smallest "
                    "corpus, 128 tokens, batch 64, adapters in all 6 layers (explicit flags still override)")
-    p.add_argument("--algorithms", "--methods", dest="algorithms", type=_list(str, what="method", choices=METHODS),
+    p.add_argument("--algorithms", "--methods", dest="algorithms", type=comma_list(str, what="method", choices=METHODS),
                    help=f"comma list from {','.join(METHODS)} (default {','.join(DEFAULT_METHODS)})")
     p.add_argument("--with-full-ft", action="store_true", help="add FedAvg (Full FT): all 22.7 M parameters")
     p.add_argument("--protocol", choices=[n for n in registry.names() if n != "plain"],
                    help="secure aggregation protocol (default secagg+)")
-    p.add_argument("--seeds", type=_list(int, what="seed"), help="comma list of seeds (default 0): mean and std over them")
+    p.add_argument("--seeds", type=comma_list(int, what="seed"), help="comma list of seeds (default 0): mean and std over them")
     p.add_argument("--device", choices=DEVICES, default="cpu", help="torch device of the clients (default cpu)")
     p.add_argument("--runtime", choices=RUNTIMES,
                    help="sim: in memory (default); deploy: real client processes over tcp on loopback")

@@ -66,6 +66,7 @@ from tqdm import tqdm
 
 from fl_algorithms.engine.secure_sum import SecureAggregator
 from fl_algorithms.engine.sim import RoundRecord, RunConfig, SimulationRunner
+from fl_algorithms.experiments.cli import comma_list
 from fl_algorithms.experiments.results import write_results
 from fl_algorithms.experiments.rundir import RunDirectory
 from fl_algorithms.experiments.task import Task
@@ -85,32 +86,15 @@ Settings = FedNLPSettings  # one seed's settings; the run's seeds are listed bes
 
 # ---- command line ------------------------------------------------------------------------------
 
-def _list(kind, choices=None):
-    def parse(text: str):
-        items = [t.strip() for t in text.split(",") if t.strip()]
-        if not items:
-            raise argparse.ArgumentTypeError("give at least one value")
-        try:
-            values = [kind(t) for t in items]
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not a list of {kind.__name__}: {text!r}") from None
-        if choices is not None and (bad := [v for v in values if v not in choices]):
-            raise argparse.ArgumentTypeError(f"unknown {bad}; choose from {', '.join(choices)}")
-        if len(set(values)) != len(values):
-            raise argparse.ArgumentTypeError(f"repeated values in {text!r}")
-        return tuple(values)
-    return parse
-
-
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="600 articles, 8 clients (4 per round), 8 rounds, 64 tokens")
-    p.add_argument("--algorithms", type=_list(str, METHODS), default=None,
+    p.add_argument("--algorithms", type=comma_list(str, what="algorithm", choices=METHODS), default=None,
                    help=f"comma list from {','.join(METHODS)} (default all)")
     p.add_argument("--protocol", choices=registry.names(), default=None,
                    help="secure-aggregation protocol of every upload (default secagg+)")
-    p.add_argument("--seeds", type=_list(int), default=None, help="comma list of seeds (default 0)")
+    p.add_argument("--seeds", type=comma_list(int, what="seed"), default=None, help="comma list of seeds (default 0)")
     p.add_argument("--device", choices=DEVICES, default="cpu", help="torch device of every client (default cpu)")
     p.add_argument("--runtime", choices=("sim", "deploy"), default=None,
                    help="sim: in memory; deploy: real client processes over tcp on loopback (default sim)")

@@ -13,7 +13,8 @@ round t uses transport round ids t*64 (train/ready), t*64 + 1 + j (secure sum j)
                                    (fl_evaluate / fl_evaluated), logs the round, checkpoints
 
 The server never receives an Upload: only layouts, Sealed ciphertexts for peers, client-reported
-metrics (scalars, in the clear; `report_metrics=False` turns them off) and protocol messages.
+metrics and clipped-coordinate counts (scalars, in the clear: diagnostics outside the privacy
+boundary; `report_metrics=False` turns both off) and protocol messages.
 Per-client Released parts are not carried over the wire yet: a client whose upload holds one
 reports an error rather than dropping it silently.
 """
@@ -53,6 +54,8 @@ class DeploymentConfig:
     """How long the server waits for clients to train and report ready (and to evaluate)."""
     stage_timeout: float = 60.0
     report_metrics: bool = True
+    """Clients send their training/evaluation scalars and clipped counts in the clear (diagnostics,
+    not covered by secure aggregation or DP); False keeps every per-client scalar on the client."""
 
     def __post_init__(self) -> None:
         if not self.broadcast_timeout > 0 or not self.stage_timeout > 0:
@@ -269,7 +272,7 @@ class DeployedClient:
 
             save_state(self.ckpt / "client", self.endpoint.state_dict())
         if not self.deployment.report_metrics:
-            ready = dataclasses.replace(ready, metrics={})
+            ready = dataclasses.replace(ready, metrics={}, clipped={})
         return reply_to(msg, wire.READY, **wire.ready_fields(ready))
 
     def on_evaluate(self, msg: Message) -> Message:

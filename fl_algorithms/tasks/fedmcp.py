@@ -31,7 +31,7 @@ from fl_algorithms.algorithms.fedmcp import FedMCP
 from fl_algorithms.algorithms.fedrep import FedRep
 from fl_algorithms.algorithms.local import Local
 from fl_algorithms.api import Algorithm
-from fl_algorithms.experiments.task import Task
+from fl_algorithms.experiments.task import Task, check_options, int_option, settings_option
 from fl_algorithms.training.adapter_trainer import (BASELINE_MODEL, FEDMCP_MODEL, LOCAL_MODEL, AdapterTrainer,
                                                     FullFineTuneTrainer, MethodModel, TrainConfig)
 from nlp_models.cpu import fast_bf16
@@ -315,41 +315,16 @@ class FedMCPClients:
                 "device": self.device.type, "threads": str(threads)}
 
 
-def _int_option(options: Mapping[str, Any], key: str, default: int, minimum: int) -> int:
-    text = str(options.get(key, default))
-    try:
-        value = int(text)
-    except ValueError:
-        raise ValueError(f"option {key} must be an integer, got {text!r}") from None
-    if value < minimum:
-        raise ValueError(f"option {key} must be at least {minimum}, got {value}")
-    return value
-
-
 def build(options: Mapping[str, Any]) -> Task:
     """deploy_cli entry point. Options (all strings): `settings` (JSON object of FedMCPSettings fields),
     `method` (one of METHODS), `seed`, `device` (auto|cpu|cuda), `threads` (torch threads, default 1).
     Anything unknown or malformed is a ValueError naming it, before any data or model is loaded."""
-    unknown = set(options) - set(TASK_OPTIONS)
-    if unknown:
-        raise ValueError(f"unknown fedmcp task options {sorted(unknown)}; known: {', '.join(TASK_OPTIONS)}")
-    try:
-        raw = json.loads(options.get("settings", "{}"))
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"option settings is not JSON: {exc}") from None
-    if not isinstance(raw, dict):
-        raise ValueError("option settings must be a JSON object of FedMCPSettings fields")
-    bad = set(raw) - set(FedMCPSettings.__dataclass_fields__)
-    if bad:
-        raise ValueError(f"unknown settings {sorted(bad)}")
-    try:
-        settings = FedMCPSettings(**raw)
-    except TypeError as exc:  # a wrongly typed value fails its range check with a TypeError
-        raise ValueError(f"bad settings: {exc}") from None
+    check_options(options, TASK_OPTIONS, task="fedmcp")
+    settings = settings_option(FedMCPSettings, options)
     method = str(options.get("method", "fedmcp"))
     check_method(method, settings)
-    seed = _int_option(options, "seed", 0, 0)
-    threads = _int_option(options, "threads", 1, 1)
+    seed = int_option(options, "seed", default=0, minimum=0)
+    threads = int_option(options, "threads", default=1, minimum=1)
     clients = FedMCPClients(settings, device=str(options.get("device", "cpu")))
     torch.set_num_threads(threads)
     return clients.task(method, seed=seed)

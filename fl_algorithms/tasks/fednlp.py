@@ -27,7 +27,7 @@ from fl_algorithms.algorithms.fedopt import FedOpt
 from fl_algorithms.algorithms.fedprox import FedProx
 from fl_algorithms.api import Algorithm
 from fl_algorithms.engine.secure_sum import SecureAggregationConfig
-from fl_algorithms.experiments.task import Task
+from fl_algorithms.experiments.task import Task, check_options, int_option, settings_option
 from fl_algorithms.training.classification import TextTaskConfig, client_model, shared_parts, text_trainer
 from fl_algorithms.training.trainer import SeededTorchTrainer, flatten
 from nlp_models.data.dataset import TextDataset
@@ -37,6 +37,7 @@ from nlp_models.frozen_prefix import CachedSplit, build_prefix_cache, prefix_spl
 
 METHODS = ("fedavg", "fedprox", "fedopt")
 BACKBONES = ("minilm", "tiny")
+TASK_OPTIONS = ("settings", "method", "backbone", "device", "threads")
 
 
 @dataclass(frozen=True)
@@ -252,21 +253,12 @@ class FedNLPClients:
 def build(options: Mapping[str, Any]) -> Task:
     """deploy_cli entry point: options `settings` (JSON of FedNLPSettings), `method`, `backbone`,
     `device`, `threads` (torch threads of this process, default 1)."""
-    unknown = set(options) - {"settings", "method", "backbone", "device", "threads"}
-    if unknown:
-        raise ValueError(f"unknown fednlp task options {sorted(unknown)}")
-    try:
-        raw = json.loads(options.get("settings", "{}"))
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"option settings is not JSON: {exc}") from None
-    if not isinstance(raw, dict):
-        raise ValueError("option settings must be a JSON object of FedNLPSettings fields")
-    known = set(FedNLPSettings.__dataclass_fields__)
-    if set(raw) - known:
-        raise ValueError(f"unknown settings {sorted(set(raw) - known)}")
-    torch.set_num_threads(int(options.get("threads", 1)))
-    clients = FedNLPClients(FedNLPSettings(**raw), backbone=str(options.get("backbone", "minilm")),
+    check_options(options, TASK_OPTIONS, task="fednlp")
+    settings = settings_option(FedNLPSettings, options)
+    threads = int_option(options, "threads", default=1, minimum=1)
+    clients = FedNLPClients(settings, backbone=str(options.get("backbone", "minilm")),
                             device=str(options.get("device", "cpu")))
+    torch.set_num_threads(threads)
     return clients.task(str(options.get("method", "fedavg")))
 
 

@@ -98,3 +98,28 @@ def test_multiprocess_tcp_run(tmp_path):
     assert "secagg+" in (run / "config.toml").read_text() and (run / "metrics.csv").is_file()
     assert json.loads((run / "results.json").read_text())["summary"] == lines[-1]
     assert (run / "checkpoints" / "server" / "latest" / "state.json").is_file()
+
+
+@pytest.mark.parametrize("report", [True, False])
+def test_clipped_counts_and_metrics_cross_only_when_reporting_is_on(report):
+    """A tiny clip range forces clipping; the count reaches the round record like the simulation's,
+    and with report_metrics=False no per-client scalar (metrics or clipped count) leaves a client."""
+    from fl_algorithms.engine.deploy import DeploymentConfig
+
+    cfg = RunConfig(rounds=1, secure=SecureAggregationConfig(protocol="secagg+", clip=1e-4, max_weight=100,
+                                                             max_clients=8))
+    deployment = DeploymentConfig(report_metrics=report)
+    clients = {c: DeployedClient(client_id=c, task=build({}), config=cfg, deployment=deployment) for c in (1, 2, 3)}
+    with InprocFederation(client_ids=clients, factory=lambda c, r: clients[c].protocol_for(r),
+                          handlers=lambda c: clients[c].handlers()) as driver:
+        server = DeployedServer(task=build({}), config=cfg, driver=driver, deployment=deployment)
+        (record,) = server.run()
+    sim = SimulationRunner(algorithm=build({}).algorithm, trainers={c: build({}).make_trainer(c) for c in (1, 2, 3)},
+                           config=cfg)
+    (simulated,) = sim.run(progress=False)
+    assert simulated.clipped > 0
+    if report:
+        assert record.clipped == simulated.clipped
+        assert all("train_loss" in m for m in record.metrics.values())
+    else:
+        assert record.clipped == 0 and all(m == {} for m in record.metrics.values())

@@ -12,9 +12,11 @@ benchmark harness for the transport and the protocols. Protocols are chosen by r
 the protocol's real keyword arguments. The server prints one JSON line per round.
 
 Every argument is checked before any socket opens: a bad value is an argparse error (exit code 2)
-naming the option. A client whose server runs another protocol, or sums vectors of another length,
-exits with code 2 and a message naming both sides; a server whose round nobody answered says which
-protocol and length it ran.
+naming the option. Both sides announce their session (protocol and vector length) at registration:
+a client whose server runs another protocol, or sums vectors of another length, is refused and
+exits with code 2 and a message naming both sides (SecAgg and SecAgg+ share message kinds, so no
+later request could tell them apart); a server short of clients says how many it refused, and one
+whose round nobody answered says which protocol and length it ran.
 """
 from __future__ import annotations
 
@@ -158,6 +160,13 @@ def _endpoint(args: argparse.Namespace) -> str:
     return f"tcp://{args.host or '127.0.0.1'}:{args.port if args.port else '*'}"
 
 
+def _session(args: argparse.Namespace) -> str:
+    """What both sides announce at registration: a client expecting another protocol or length is
+    refused by the server with a reason naming both (SecAgg and SecAgg+ share message kinds, so
+    only this tells them apart)."""
+    return f"{args.protocol} length={_vector_length(args)}"
+
+
 def _vector_length(args: argparse.Namespace) -> int:
     """What each client contributes: dim values, plus the weight with --float-input."""
     return args.dim + 1 if args.float_input else args.dim
@@ -170,7 +179,7 @@ def serve(args: argparse.Namespace) -> int:
     server_cls = registry.server_class(args.protocol)
     length = _vector_length(args)
     try:
-        driver = ServerDriver(_endpoint(args), config=ServerConfig(), curve=args.curve)
+        driver = ServerDriver(_endpoint(args), config=ServerConfig(session=_session(args)), curve=args.curve)
     except zmq.ZMQError as exc:
         print(json.dumps({"event": "error", "error": f"cannot bind {_endpoint(args)}: {exc}"}), flush=True)
         return 2
@@ -182,8 +191,12 @@ def serve(args: argparse.Namespace) -> int:
         clients = driver.wait_for_clients(count=args.clients, timeout=args.register_timeout)
         registered = time.perf_counter() - t0
         if len(clients) < args.clients:
-            print(json.dumps({"event": "error", "error": f"only {len(clients)} of {args.clients} clients registered"}),
-                  flush=True)
+            error = f"only {len(clients)} of {args.clients} clients registered"
+            refused = driver.rejected_total["registration"]
+            if refused:
+                error += (f"; {refused} hellos were refused (a client expecting another session than this "
+                          f"server's '{_session(args)}' is refused, and its log names both)")
+            print(json.dumps({"event": "error", "error": error}), flush=True)
             return 2
         failures = 0
         for round_id in range(1, args.rounds + 1):
@@ -279,7 +292,7 @@ def client(args: argparse.Namespace) -> int:
         proto = client_cls(client_id=cid, round_id=round_id, input_fn=input_fn, **args.params)
         return _ExpectLength(proto, length=length, source=source)
 
-    config = ClientConfig(hello_timeout=args.hello_timeout, idle_timeout=args.idle_timeout)
+    config = ClientConfig(hello_timeout=args.hello_timeout, idle_timeout=args.idle_timeout, session=_session(args))
     try:
         summary = run_client(endpoint=args.connect, client_id=cid, factory=factory, config=config, curve=args.curve)
     except (RegistrationError, ProtocolMismatchError) as exc:

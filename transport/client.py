@@ -80,6 +80,12 @@ class ClientConfig:
     """Exit after this long without any message from the server (None: wait forever)."""
     poll_interval: float = 0.5
     """How often a thread checks its `stop` event."""
+    session: str = ""
+    """What this client expects the server to run (see `ServerConfig.session`; '': anything). A
+    server running another session refuses the hello and `register` raises ProtocolMismatchError."""
+
+    def __post_init__(self) -> None:
+        session.session_bytes(self.session)
 
 
 @dataclass(frozen=True)
@@ -147,7 +153,7 @@ class ClientSession:
             if now >= deadline:
                 raise RegistrationError(f"client {self.client_id}: no welcome within {self.config.hello_timeout}s")
             if now >= next_hello:  # a repeated hello is answered idempotently by the server
-                self._send(session.hello(self.client_id, wire_version=WIRE_VERSION))
+                self._send(session.hello(self.client_id, wire_version=WIRE_VERSION, session=self.config.session))
                 next_hello = now + self.config.hello_retry
             msg = self._receive(min(deadline, next_hello) - now, registering=True)
             if msg is None:
@@ -156,7 +162,11 @@ class ClientSession:
                 self._registered = True
                 return
             if msg.kind == session.REJECT:
-                raise RegistrationError(f"client {self.client_id} refused: {msg['reason'].decode(errors='replace')}")
+                reason = msg["reason"].decode(errors="replace")
+                if reason.startswith(session.SESSION_MISMATCH):
+                    raise ProtocolMismatchError(f"client {self.client_id}: {reason}; run the same --protocol "
+                                                f"and parameters on both sides")
+                raise RegistrationError(f"client {self.client_id} refused: {reason}")
             self._drop(f"'{msg.kind}' before the welcome")
 
     # ---- serving --------------------------------------------------------------------------

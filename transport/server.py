@@ -45,6 +45,12 @@ class ServerConfig:
     allowed_clients: frozenset[int] | None = None
     """If set, only these client ids may register."""
     max_clients: int = 100_000
+    session: str = ""
+    """What this server runs (protocol and round parameters), e.g. 'secagg+ length=1000'. A client
+    whose hello expects another session is refused with a reason naming both ('': accept any)."""
+
+    def __post_init__(self) -> None:
+        session.session_bytes(self.session)  # fits a hello, or ValueError now rather than per client
 
 
 @dataclass(frozen=True)
@@ -386,7 +392,9 @@ class ServerDriver:
             return self._reject("registration", None, exc)
         cid = msg.sender
         self._drain_monitor()  # a closed connection's file descriptor may have been reused
-        reason = self._refusal(identity, cid, first_frame, msg["wire_version"])
+        reason = (self._refusal(identity, cid, first_frame, msg["wire_version"])
+                  or session.session_mismatch(server=self.config.session,
+                                              client=msg["session"].decode(errors="replace")))
         if reason:
             self._reject("registration", cid, reason)
             refusal = session.to_client(session.REJECT, cid, reason=reason.encode()[:256])

@@ -18,7 +18,7 @@ from secagg.protocols.plain import PlainClient, PlainServer
 from secagg.protocols.secagg import SecAggPlusServer
 from transport.cli import main, parser, synthetic_input
 from transport.client import ClientConfig, ProtocolMismatchError, run_client
-from transport.server import ServerDriver
+from transport.server import ServerConfig, ServerDriver
 
 ROOT = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
@@ -181,6 +181,36 @@ def test_a_plain_client_of_a_secagg_plus_server_raises_naming_both_over_inproc()
         assert "server speaks secagg or secagg+" in str(exc) and "this client runs plain" in str(exc)
 
 
+def test_a_secagg_plus_cli_client_of_a_secagg_server_is_refused_at_registration_naming_both(capsys) -> None:
+    """SecAgg and SecAgg+ share every message kind, so no request can tell them apart: the
+    session both sides announce at registration does, before any round starts."""
+    server_session = "secagg length=10"
+    with ServerDriver("tcp://127.0.0.1:*", config=ServerConfig(session=server_session)) as driver:
+        out: dict[str, int] = {}
+        t = threading.Thread(target=lambda: out.setdefault("code", main(
+            ["client", "--id", "1", "--connect", driver.endpoint, "--dim", "10", "--protocol", "secagg+",
+             "--hello-timeout", "10", "--idle-timeout", "10"])), daemon=True)
+        t.start()
+        assert driver.wait_for_clients(count=1, timeout=3.0) == frozenset()
+        assert driver.rejected_total["registration"] >= 1
+        t.join(15.0)
+    assert out["code"] == 2
+    err = capsys.readouterr().err
+    assert "the server runs 'secagg length=10' but this client expects 'secagg+ length=10'" in err, err
+
+
+def test_a_cli_client_of_the_same_session_registers() -> None:
+    """The control for the refusal above: the same protocol and length are welcomed."""
+    with ServerDriver("tcp://127.0.0.1:*", config=ServerConfig(session="secagg+ length=10")) as driver:
+        t = threading.Thread(target=main, args=(["client", "--id", "1", "--connect", driver.endpoint, "--dim", "10",
+                                                 "--protocol", "secagg+", "--hello-timeout", "10",
+                                                 "--idle-timeout", "3"],), daemon=True)
+        t.start()
+        assert driver.wait_for_clients(count=1, timeout=10.0) == {1}
+        driver.shutdown()
+        t.join(15.0)
+
+
 def test_a_cli_client_with_another_dim_exits_2_naming_both_lengths(capsys) -> None:
     with ServerDriver("tcp://127.0.0.1:*") as driver:
         out: dict[str, int] = {}
@@ -200,15 +230,15 @@ def test_a_cli_client_with_another_dim_exits_2_naming_both_lengths(capsys) -> No
 @pytest.mark.slow
 def test_cli_server_secagg_plus_and_plain_clients_name_both_protocols(tmp_path) -> None:
     server = cli("server", "--protocol", "secagg+", "--clients", "2", "--dim", "10", "--stage-timeout", "5",
-                 "--register-timeout", "30", "--endpoint-file", str(tmp_path / "ep"))
+                 "--register-timeout", "8", "--endpoint-file", str(tmp_path / "ep"))
     endpoint = wait_for_file(tmp_path / "ep", server)
     clients = [cli("client", "--id", str(k), "--connect", endpoint, "--dim", "10", "--protocol", "plain",
                    "--hello-timeout", "30", "--idle-timeout", "30") for k in (1, 2)]
     (code, stdout, stderr), *client_results = finish([server, *clients], timeout=60.0)
     for client_code, _, client_err in client_results:
         assert client_code == 2, client_err
-        assert "server speaks secagg or secagg+" in client_err and "this client runs plain" in client_err
-    aborted = [json.loads(line) for line in stdout.splitlines() if '"aborted"' in line]
-    assert code == 1 and len(aborted) == 1, stdout + stderr
-    assert "--protocol secagg+" in aborted[0]["hint"] and "different --protocol" in aborted[0]["hint"]
-    assert "--protocol secagg+" in stderr
+        assert "the server runs 'secagg+ length=10' but this client expects 'plain length=10'" in client_err
+    errors = [json.loads(line) for line in stdout.splitlines() if '"error"' in line]
+    assert code == 2 and len(errors) == 1, stdout + stderr
+    assert "only 0 of 2 clients registered; 2 hellos were refused" in errors[0]["error"]
+    assert "'secagg+ length=10'" in errors[0]["error"]

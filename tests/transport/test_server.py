@@ -151,6 +151,27 @@ def test_allowed_clients_limits_registration(raw_peer) -> None:
         assert b"not allowed" in outsider.expect(session.REJECT)["reason"]
 
 
+def test_a_hello_expecting_another_session_is_refused_and_an_unspecified_one_is_not(raw_peer) -> None:
+    with ServerDriver(TCP, config=ServerConfig(session="secagg+ length=8")) as driver:
+        other = raw_peer(driver.endpoint)
+        other.send(session.hello(1, wire_version=WIRE_VERSION, session="secagg length=8"))
+        same = raw_peer(driver.endpoint)
+        same.send(session.hello(2, wire_version=WIRE_VERSION, session="secagg+ length=8"))
+        anything = raw_peer(driver.endpoint, hello_as=3)
+        assert driver.wait_for_clients(count=3, timeout=2.0) == {2, 3}
+        reason = other.expect(session.REJECT)["reason"].decode()
+        assert reason == ("session mismatch: the server runs 'secagg+ length=8' but this client expects "
+                          "'secagg length=8'")
+        assert same.expect(session.WELCOME).receiver == 2 and anything.expect(session.WELCOME).receiver == 3
+
+
+def test_a_session_description_too_long_for_a_hello_is_refused_when_configured() -> None:
+    with pytest.raises(ValueError, match="at most 192"):
+        ServerConfig(session="x" * 193)
+    with pytest.raises(ValueError, match="at most 192"):
+        session.hello(1, wire_version=WIRE_VERSION, session="x" * 193)
+
+
 def test_broadcast_and_collect_reuse_the_connection(plain_clients, raw_peer) -> None:
     ack = Schema("model_ack", {"digest": Bytes(32, exact=True)})
 

@@ -305,9 +305,11 @@ class Ledger:
     # ---- debits ---------------------------------------------------------------------------
     def debit(self, client_id: int, mechanism: Mechanism, *, unit: PrivacyUnit | str,
               observer: Observer | str, round_id: int | None = None, summary_key: str = "",
-              count: int = 1) -> Charge:
+              count: int = 1, enforce_budget: bool = True) -> Charge:
         """Record `count` uses of `mechanism` for one client; raise BudgetExceeded (nothing recorded)
-        if a budget for this (unit, observer) would be exceeded."""
+        if a budget for this (unit, observer) would be exceeded. `enforce_budget=False` records a
+        release that has already happened (a client's own noisy value the server received): the
+        ledger must show it whatever the budget, which is enforced where the noise is drawn."""
         unit, observer = PrivacyUnit(unit), Observer(observer)
         if not isinstance(client_id, (int, np.integer)) or isinstance(client_id, bool):
             raise TypeError("client ids are ints")
@@ -326,7 +328,8 @@ class Ledger:
             old = account.entries[index]
             new = LedgerEntry(mechanism, unit, observer, summary_key, old.count + count, old.rounds + rounds)
             candidate = [*account.entries[:index], new, *account.entries[index + 1:]]
-        self._check_budget(client_id, candidate, unit, observer)
+        if enforce_budget:
+            self._check_budget(client_id, candidate, unit, observer)
         if index is None:
             account.entries.append(new)
             index = len(account.entries) - 1

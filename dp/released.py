@@ -23,6 +23,49 @@ class ReleaseForbidden(PermissionError):
     """Raised when code outside the DP mechanisms tries to make a Released value."""
 
 
+MAX_RELEASE_VALUES = 1 << 20
+"""Largest per-client release a server admits (values); a sketch is tens to hundreds."""
+MAX_MECHANISM_KEYS = 32
+
+
+@dataclass(frozen=True)
+class ReleaseRecord:
+    """A Released value as it travels from a client to the server: plain data, no ledger receipts.
+
+    Anyone may build one: it proves nothing. The server turns it back into a `Released` only
+    through `dp.admission.admit`, which checks the mechanism against the one the run declared and
+    charges the server's own ledger (the client's receipts are for the client's ledger only).
+    """
+
+    payload: np.ndarray
+    unit: PrivacyUnit
+    summary_key: str
+    mechanism: Mapping[str, Any]
+    round_id: int | None
+
+    def __post_init__(self) -> None:
+        payload = self.payload
+        if (not isinstance(payload, np.ndarray) or payload.dtype != np.float64 or payload.ndim != 1
+                or not 1 <= payload.shape[0] <= MAX_RELEASE_VALUES or not np.all(np.isfinite(payload))):
+            raise ValueError(f"a release payload is a finite 1-D float64 array of 1..{MAX_RELEASE_VALUES} values")
+        payload = payload.copy()
+        payload.setflags(write=False)
+        object.__setattr__(self, "payload", payload)
+        object.__setattr__(self, "unit", PrivacyUnit(self.unit))
+        if type(self.summary_key) is not str or not 0 < len(self.summary_key) <= 128:
+            raise ValueError("a release's summary key is a string of 1..128 characters")
+        mech = self.mechanism
+        if (not isinstance(mech, Mapping) or len(mech) > MAX_MECHANISM_KEYS
+                or not all(type(k) is str and len(k) <= 64 for k in mech)
+                or not all(v is None or type(v) in (str, int, float, bool) for v in mech.values())
+                or any(type(v) is str and len(v) > 256 for v in mech.values())):
+            raise ValueError(f"a release's mechanism is a flat mapping of at most {MAX_MECHANISM_KEYS} "
+                             f"short names to numbers, strings, booleans or None")
+        object.__setattr__(self, "mechanism", MappingProxyType(dict(mech)))
+        if self.round_id is not None and (type(self.round_id) is not int or self.round_id < 0):
+            raise ValueError("a release's round is a non-negative int or None")
+
+
 @dataclass(frozen=True, eq=False)
 class Released:
     payload: np.ndarray
@@ -69,6 +112,11 @@ class Released:
 
     def charged_clients(self) -> frozenset[int]:
         return frozenset(c.client_id for c in self.charges)
+
+    def record(self) -> ReleaseRecord:
+        """What the client sends: the payload and mechanism, without its own ledger receipts."""
+        return ReleaseRecord(payload=np.array(self.payload), unit=self.unit, summary_key=self.summary_key,
+                             mechanism=dict(self.mechanism), round_id=self.round_id)
 
     def describe(self) -> dict[str, Any]:
         """JSON-able metadata (no payload)."""

@@ -28,11 +28,12 @@ from dp_accounting import get_sigma_gaussian
 
 from dp import _mint
 from dp.ledger import GaussianMechanism, Ledger, Observer, PrivacyUnit
-from dp.released import Released
+from dp.released import Released, ReleaseRecord
 from dp.rotation import Seed, seed_bytes
 from dp.samplers import CryptoRandom, gaussian
 
 _DOMAIN = b"fedsecure-nlp/dp/jl-projection/v1"
+MECHANISM_NAME = "jl_sketch_gaussian"
 
 
 class SketchRefused(ValueError):
@@ -138,14 +139,57 @@ class DPSketcher:
         norm = float(np.linalg.norm(s))
         if norm > c.clip:
             s *= c.clip / norm
-        mech = GaussianMechanism(noise_multiplier=plan.noise_multiplier, sensitivity=plan.sensitivity,
-                                 neighbouring="replace_one")
         charges = tuple(ledger.debit(client_id, mech, unit=c.unit, observer=obs, round_id=round_id,
-                                     summary_key=summary_key) for obs in (Observer.SERVER, Observer.OUTSIDER))
+                                     summary_key=summary_key) for obs, mech in self._charges(plan).items())
         noisy = s + gaussian(plan.sigma, s.shape[0], CryptoRandom())
-        description = {"name": "jl_sketch_gaussian", "epsilon": c.epsilon, "delta": c.delta,
+        description = {"name": MECHANISM_NAME, "epsilon": c.epsilon, "delta": c.delta,
                        "sigma": plan.sigma, "sensitivity": plan.sensitivity, "sketch_dim": c.sketch_dim,
                        "clip": c.clip, "cosine_noise_std": plan.cosine_noise_std, "n_documents": n}
         return Released(payload=noisy, unit=c.unit, contributors=frozenset({int(client_id)}),
                         summary_key=summary_key, mechanism=description, charges=charges, round_id=round_id,
                         _capability=_mint.MINT)
+
+    @staticmethod
+    def _charges(plan: SketchPlan) -> dict[Observer, GaussianMechanism]:
+        """What one sketch costs, per observer: the server and outsiders see the same noisy value."""
+        mech = GaussianMechanism(noise_multiplier=plan.noise_multiplier, sensitivity=plan.sensitivity,
+                                 neighbouring="replace_one")
+        return {Observer.SERVER: mech, Observer.OUTSIDER: mech}
+
+    def describe(self) -> dict[str, object]:
+        """The public configuration both sides of a run must share (JSON-able)."""
+        c = self.config
+        return {"mechanism": MECHANISM_NAME, "epsilon": c.epsilon, "delta": c.delta, "unit": c.unit.value,
+                "sketch_dim": c.sketch_dim, "clip": c.clip, "dim": self.dim,
+                "max_cosine_noise_std": c.max_cosine_noise_std, "projection_seed": seed_bytes(c.projection_seed).hex()}
+
+    def verify(self, record: ReleaseRecord) -> dict[Observer, GaussianMechanism]:
+        """Server side: the charges of a sketch a client says it released under this configuration.
+
+        Checks the claimed mechanism against this sketcher's own (name, unit, epsilon, delta, k,
+        clip), the payload's shape, and recomputes the noise from the claimed document count (public
+        metadata): a sigma or sensitivity that is not what this configuration gives is refused.
+        Raises ValueError; nothing is charged then, and the value must not be used.
+        """
+        c, m = self.config, record.mechanism
+        if m.get("name") != MECHANISM_NAME:
+            raise ValueError(f"expected a {MECHANISM_NAME} release, got {m.get('name')!r}")
+        claimed = {k: m.get(k) for k in ("epsilon", "delta", "sketch_dim", "clip")}
+        ours = {"epsilon": c.epsilon, "delta": c.delta, "sketch_dim": c.sketch_dim, "clip": c.clip}
+        if record.unit is not c.unit or claimed != ours:
+            raise ValueError(f"sketch released under {record.unit.value}-level {claimed}, "
+                             f"this run declares {c.unit.value}-level {ours}")
+        if record.payload.shape != (c.sketch_dim,):
+            raise ValueError(f"a sketch has {c.sketch_dim} values, got {record.payload.shape[0]}")
+        n = m.get("n_documents")
+        if c.unit is PrivacyUnit.CLIENT:
+            if n is not None:
+                raise ValueError("a client-level sketch claims no document count")
+        elif type(n) is not int or n < 1:
+            raise ValueError(f"an example-level sketch needs its document count, got {n!r}")
+        plan = self.plan(n_documents=n)  # SketchRefused (a ValueError) if this run would not release it
+        for key, value in (("sigma", plan.sigma), ("sensitivity", plan.sensitivity)):
+            got = m.get(key)
+            if type(got) is not float or not math.isclose(got, value, rel_tol=1e-9):
+                raise ValueError(f"claimed {key} {got!r}, this configuration gives {value!r}")
+        return self._charges(plan)

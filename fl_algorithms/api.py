@@ -16,7 +16,8 @@ group of the cohort, the Masked parts it adds up, and its own minimum size and t
 
 A client's `Upload` leaves the client only in the three permitted forms:
 `Masked` parts go through secure aggregation, `Released` parts are DP outputs charged to a ledger
-(constructed only by `dp`), and `Sealed` parts are ciphertexts for named peers (docs/ARCHITECTURE.md). Server code never
+(constructed only by `dp`, under a mechanism the algorithm declared in `releases`; the server
+admits them through `dp.admission` and charges its own ledger), and `Sealed` parts are ciphertexts for named peers (docs/ARCHITECTURE.md). Server code never
 sees an Upload: it receives an `AggregateView`, which only the secure-aggregation layer can build,
 holding group means, total weights and Released values.
 """
@@ -349,12 +350,27 @@ class RoundPlan:
 
 @dataclass(frozen=True)
 class ClientContext:
-    """What client_update gets: its id, its private state, and its local trainer (data + model)."""
+    """What client_update gets: its id, its private state, its local trainer (data + model), and
+    the DP mechanisms the algorithm declared (`Algorithm.releases`) with the client's own ledger."""
 
     client_id: int
     state: Mapping[str, Any]
     trainer: Any
     round: int
+    releases: Mapping[str, Any] = field(default_factory=dict)
+    ledger: Any = None
+    """The client's own privacy ledger: its record of what it released (the server keeps its own)."""
+
+    def release(self, name: str, **data: Any) -> Any:
+        """A DP release of this client's data under the declared mechanism `name`, charged to the
+        client's ledger; put it in `Upload.released[name]`. The server re-derives the charge."""
+        spec = self.releases.get(name)
+        if spec is None:
+            raise KeyError(f"no release '{name}' declared by the algorithm (it declares {sorted(self.releases)})")
+        if self.ledger is None:
+            raise RuntimeError("this client has no ledger to charge a release to")
+        return spec.release(client_id=self.client_id, ledger=self.ledger, round_id=self.round, summary_key=name,
+                            **data)
 
 
 ServerState = TypeVar("ServerState")
@@ -370,6 +386,10 @@ class Algorithm(ABC, Generic[ServerState]):
     name: str = ""
     description: str = ""
     """One line for `python -m fl_algorithms --list`."""
+    releases: Mapping[str, Any] = MappingProxyType({})
+    """Per-client DP releases this algorithm makes, by upload part name: a `dp.admission.ReleaseSpec`
+    each (e.g. a `dp.sketches.DPSketcher`). Clients make them with `ClientContext.release(name, …)`;
+    the server admits a part only under its declared mechanism and charges its own ledger."""
 
     # ---- server side ------------------------------------------------------------------------
     @abstractmethod

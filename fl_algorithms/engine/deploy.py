@@ -12,11 +12,11 @@ round t uses transport round ids t*64 (train/ready), t*64 + 1 + j (secure sum j)
                                    queues Sealed relays, then asks every client to evaluate
                                    (fl_evaluate / fl_evaluated), logs the round, checkpoints
 
-The server never receives an Upload: only layouts, Sealed ciphertexts for peers, client-reported
-metrics and clipped-coordinate counts (scalars, in the clear: diagnostics outside the privacy
-boundary; `report_metrics=False` turns both off) and protocol messages.
-Per-client Released parts are not carried over the wire yet: a client whose upload holds one
-reports an error rather than dropping it silently.
+The server never receives an Upload: only layouts, the client's own DP releases (payload and
+claimed mechanism, admitted under the algorithm's declared mechanism and charged to the server's
+ledger, exactly as in simulation), Sealed ciphertexts for peers, client-reported metrics and
+clipped-coordinate counts (scalars, in the clear: diagnostics outside the privacy boundary;
+`report_metrics=False` turns both off) and protocol messages.
 """
 from __future__ import annotations
 
@@ -62,8 +62,12 @@ class DeploymentConfig:
             raise ValueError("timeouts must be positive")
 
 
-def _config_digest(config: RunConfig, algorithm_name: str) -> dict[str, Any]:
-    return {"algorithm": algorithm_name, **config.secure.describe()}
+def _config_digest(config: RunConfig, algorithm) -> dict[str, Any]:
+    """What server and clients must agree on: the algorithm, the secure config, the declared releases."""
+    digest = {"algorithm": algorithm.name, **config.secure.describe()}
+    if algorithm.releases:
+        digest["releases"] = {name: dict(spec.describe()) for name, spec in sorted(algorithm.releases.items())}
+    return digest
 
 
 class DeployedServer:
@@ -81,7 +85,7 @@ class DeployedServer:
         self.history: list[RoundRecord] = []
         self.rng = np.random.default_rng(config.seed)
         self.on_round = on_round
-        self.digest = _config_digest(config, task.algorithm.name)
+        self.digest = _config_digest(config, task.algorithm)
 
     # ---- checkpoints ---------------------------------------------------------------------------
     def _ckpt(self) -> Path | None:
@@ -223,7 +227,7 @@ class DeployedClient:
         self.trainer = task.make_trainer(client_id)
         self.endpoint = ClientEndpoint(client_id=client_id, role=ClientRole(task.algorithm), trainer=self.trainer,
                                        aggregator=SecureAggregator(config.secure, client_side=True), eval_split=config.eval_split)
-        self.digest = _config_digest(config, task.algorithm.name)
+        self.digest = _config_digest(config, task.algorithm)
         self.sizes = {k: int(v.size) for k, v in self.trainer.get_shared().items()}
         self._pending: dict[int, np.ndarray] = {}
         self.ckpt = Path(checkpoint_dir) if checkpoint_dir else None
@@ -257,10 +261,7 @@ class DeployedClient:
         problem = self._check(broadcast, server_config)
         if problem is None:
             try:
-                ready, inputs, upload = self.endpoint.on_broadcast(broadcast)
-                if upload.released:
-                    problem = ("per-client Released parts are not carried by the deployment runtime yet "
-                               f"({sorted(upload.released)}); run this algorithm in simulation")
+                ready, inputs, _ = self.endpoint.on_broadcast(broadcast)
             except Exception as exc:  # report, rather than vanish: the server names this client
                 log.exception("client %d failed in round %d", self.client_id, broadcast.round)
                 problem = f"{type(exc).__name__}: {exc}"

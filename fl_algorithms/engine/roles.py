@@ -23,6 +23,11 @@ class ServerRole:
         self.algorithm = copy.deepcopy(algorithm)
         self.name = algorithm.name
 
+    @property
+    def releases(self) -> Mapping[str, Any]:
+        """The per-client DP releases the algorithm declared (what the server admits)."""
+        return self.algorithm.releases
+
     def init_state(self, *, initial: Mapping[str, np.ndarray]) -> Any:
         return self.algorithm.init_state(initial=initial)
 
@@ -45,6 +50,10 @@ class ClientRole:
     def __init__(self, algorithm: Algorithm) -> None:
         self.algorithm = copy.deepcopy(algorithm)
         self.name = algorithm.name
+
+    @property
+    def releases(self) -> Mapping[str, Any]:
+        return self.algorithm.releases
 
     def client_update(self, *, broadcast: ClientBroadcast, client: ClientContext) -> tuple[Upload, Mapping[str, Any]]:
         return self.algorithm.client_update(broadcast=broadcast, client=client)

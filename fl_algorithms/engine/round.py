@@ -5,16 +5,18 @@ processes over tcp). A round, server side (`RoundMachine`):
 
     start()          the plan: one ClientBroadcast per cohort member (its own public parts and
                      the Sealed messages relayed to it), and the secure sums it is a member of
-    on_ready(i, r)   client i's answer: the layout of each sum it joins, Released values, Sealed
-                     messages for peers, client-local metrics
+    on_ready(i, r)   client i's answer: the layout of each sum it joins, its own DP releases
+                     (admitted here under the algorithm's declared mechanism, charged to the
+                     server's ledger), Sealed messages for peers, client-local metrics
     sum_jobs()       closes collection: one job per secure sum (members that answered with the
                      sum's majority layout; a group below its minimum size is skipped, never run)
     on_sum(name, …)  the protocol's ring sum (or why it failed)
     finish()         decode every sum (Released + ledger under distributed DP), build the
                      AggregateView, server_update; Sealed messages queue for their receivers
 
-Client side (`ClientEndpoint`): `on_broadcast` runs the algorithm's client role and encodes its
-Masked parts for each sum; `on_evaluate` evaluates the parameters the server names for it.
+Client side (`ClientEndpoint`): `on_broadcast` runs the algorithm's client role, encodes its
+Masked parts for each sum and turns its Released parts into plain records (its own ledger keeps
+its receipts); `on_evaluate` evaluates the parameters the server names for it.
 """
 from __future__ import annotations
 
@@ -31,6 +33,10 @@ from fl_algorithms.api import (MAX_SUMS_PER_ROUND, ClientBroadcast, ClientContex
 from fl_algorithms.engine.roles import ClientRole, ServerRole
 from fl_algorithms.engine.secure_sum import EncodedInput, Layout, SecureAggregator, build_view
 
+from dp.admission import admit
+from dp.ledger import Ledger
+from dp.released import Released, ReleaseRecord
+
 log = logging.getLogger(__name__)
 
 ROUND_STRIDE = 64
@@ -38,6 +44,8 @@ ROUND_STRIDE = 64
 EVAL_SLOT = ROUND_STRIDE - 1
 MAX_SEALED_PER_CLIENT = 64
 """Most Sealed messages one client may send in one round."""
+MAX_RELEASES_PER_CLIENT = 16
+"""Most per-client DP releases one client may send in one round."""
 MAX_RELAY_QUEUE = 256
 """Most relayed messages held for one receiver; older ones are dropped (and logged) beyond it."""
 
@@ -55,7 +63,8 @@ class ClientReady:
     """A client's answer to its broadcast: everything except its masked inputs."""
 
     layouts: Mapping[str, Layout]
-    released: Mapping[str, Any] = field(default_factory=dict)
+    released: Mapping[str, ReleaseRecord] = field(default_factory=dict)
+    """The client's own DP releases as plain records; the server admits them (`dp.admission`)."""
     sealed: tuple[Sealed, ...] = ()
     metrics: Mapping[str, float] = field(default_factory=dict)
     clipped: Mapping[str, int] = field(default_factory=dict)
@@ -140,6 +149,7 @@ class RoundMachine:
         if len(self.specs) > MAX_SUMS_PER_ROUND:
             raise ValueError(f"at most {MAX_SUMS_PER_ROUND} secure sums per round")
         self.ready: dict[int, ClientReady] = {}
+        self.admitted: dict[int, dict[str, Released]] = {}
         self.jobs: dict[str, SumJob] = {}
         self.results: dict[str, Any] = {}
         self.failed: dict[str, str] = {}
@@ -176,7 +186,20 @@ class RoundMachine:
         for s in ready.sealed:
             if s.receiver not in self.population or s.receiver == client_id:
                 raise ValueError(f"client {client_id} sealed a message for unknown client {s.receiver}")
+        self.admitted[client_id] = self._admit(client_id, ready.released)
         self.ready[client_id] = ready
+
+    def _admit(self, client_id: int, records: Mapping[str, ReleaseRecord]) -> dict[str, Released]:
+        """The client's releases, admitted under the algorithm's declared mechanisms and charged to
+        the server's ledger; ValueError (nothing charged or used) leaves the client out whole."""
+        if not records:
+            return {}
+        if len(records) > MAX_RELEASES_PER_CLIENT:
+            raise ValueError(f"client {client_id} sent {len(records)} releases (limit {MAX_RELEASES_PER_CLIENT})")
+        if self.aggregator.ledger is None:
+            raise ValueError("per-client releases need a privacy ledger on the server (run with a ledger)")
+        return admit(records, specs=self.server.releases, client_id=client_id, round_id=self.round,
+                     ledger=self.aggregator.ledger)
 
     # ---- secure sums -----------------------------------------------------------------------------
     def sum_jobs(self) -> list[SumJob]:
@@ -238,9 +261,8 @@ class RoundMachine:
                 released["model-update" if name == "all" else f"model-update/{name}"] = {0: rel}
         # who the round's result depends on: every sum's contributors (or, with nothing masked, who answered)
         everyone = frozenset().union(*contributors_of.values()) if self.jobs else frozenset(self.ready)
-        for part in {n for r in self.ready.values() for n in r.released}:
-            released[part] = {c: self.ready[c].released[part] for c in sorted(everyone)
-                              if part in self.ready[c].released}
+        for part in {n for r in self.admitted.values() for n in r}:
+            released[part] = {c: self.admitted[c][part] for c in sorted(everyone) if part in self.admitted.get(c, {})}
         for c in sorted(self.ready):
             for s in self.ready[c].sealed:
                 self.relays.put(sender=c, round=self.round, sealed=s)
@@ -267,9 +289,12 @@ class ClientEndpoint:
         self.client_id, self.role, self.trainer = client_id, role, trainer
         self.aggregator, self.eval_split = aggregator, eval_split
         self.state: dict[str, Any] = {}
+        self.ledger = Ledger()
+        """This client's own record of what it released (checkpointed with its state)."""
 
     def context(self, round: int) -> ClientContext:
-        return ClientContext(client_id=self.client_id, state=self.state, trainer=self.trainer, round=round)
+        return ClientContext(client_id=self.client_id, state=self.state, trainer=self.trainer, round=round,
+                             releases=self.role.releases, ledger=self.ledger)
 
     def on_broadcast(self, broadcast: ClientBroadcast) -> tuple[ClientReady, dict[str, EncodedInput], Upload]:
         """Local update, then this client's input to each of its sums (encoded here, on the client)."""
@@ -278,7 +303,11 @@ class ClientEndpoint:
         inputs = {name: self.aggregator.client_encode(upload, parts=parts, round=broadcast.round, sum_name=name,
                                                       client_id=self.client_id)
                   for name, parts in broadcast.sums.items()}
-        ready = ClientReady(layouts={n: e.layout for n, e in inputs.items()}, released=dict(upload.released),
+        undeclared = sorted(set(upload.released) - set(self.role.releases))
+        if undeclared:
+            raise ValueError(f"releases {undeclared} are not declared in {self.role.name}.releases")
+        ready = ClientReady(layouts={n: e.layout for n, e in inputs.items()},
+                            released={n: r.record() for n, r in upload.released.items()},
                             sealed=tuple(upload.sealed), metrics=dict(upload.metrics),
                             clipped={n: int(e.clipped) for n, e in inputs.items()})
         return ready, inputs, upload
@@ -287,8 +316,10 @@ class ClientEndpoint:
         return self.role.evaluate(parameters=parameters, client=self.context(round), split=self.eval_split)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"trainer": self.trainer.state_dict(), "state": dict(self.state)}
+        return {"trainer": self.trainer.state_dict(), "state": dict(self.state), "ledger": self.ledger.state_dict()}
 
     def load_state_dict(self, blob: Mapping[str, Any]) -> None:
         self.trainer.load_state_dict(blob["trainer"])
         self.state = dict(blob["state"])
+        if blob.get("ledger") is not None:
+            self.ledger.load_state_dict(blob["ledger"])

@@ -3,8 +3,10 @@
     server -> client  fl_train      a ClientBroadcast: arrays 'c/…', 'g/…', 'p/…' (float32), relayed
                                     ciphertexts 'i/k' (bytes), and 'meta' (JSON: group, sums with their
                                     transport round ids, relay senders, the run's secure config)
-    client -> server  fl_ready      'meta' (JSON: layout per sum, metrics, sealed receivers, or an
-                                    error naming what did not match) and sealed ciphertexts 's/k'
+    client -> server  fl_ready      'meta' (JSON: layout per sum, metrics, sealed receivers, the
+                                    client's own DP releases' names, units and claimed mechanisms, or
+                                    an error naming what did not match), sealed ciphertexts 's/k' and
+                                    release payloads 'r/k' (float64; admitted by the round machine)
     server -> client  fl_evaluate   the parameters this client evaluates ('p/…')
     client -> server  fl_evaluated  'meta' (JSON metrics)
 
@@ -21,8 +23,9 @@ from typing import Any
 import numpy as np
 
 from fl_algorithms.api import MAX_SEALED_BYTES, ClientBroadcast, Relayed, Sealed
-from fl_algorithms.engine.round import MAX_SEALED_PER_CLIENT, ClientReady
+from fl_algorithms.engine.round import MAX_RELEASES_PER_CLIENT, MAX_SEALED_PER_CLIENT, ClientReady
 from fl_algorithms.engine.secure_sum import MAX_PARTS, Layout
+from dp.released import ReleaseRecord
 from secagg.messages import ProtocolError, Value
 
 TRAIN, READY, EVALUATE, EVALUATED = "fl_train", "fl_ready", "fl_evaluate", "fl_evaluated"
@@ -134,7 +137,10 @@ def ready_fields(ready: ClientReady | None, *, error: str | None = None) -> dict
     if ready is None:
         return {"meta": _meta({"error": (error or "failed")[:2000]})}
     fields: dict[str, Value] = {f"s/{k}": s.ciphertext for k, s in enumerate(ready.sealed)}
-    fields["meta"] = _meta({"layouts": {n: [list(p) for p in lay.parts] for n, lay in ready.layouts.items()},
+    releases = sorted(ready.released.items())
+    fields.update({f"r/{k}": np.ascontiguousarray(r.payload, dtype=np.float64) for k, (_, r) in enumerate(releases)})
+    fields["meta"] = _meta({"released": [[n, r.unit.value, r.summary_key, dict(r.mechanism), r.round_id]
+                                         for n, r in releases],"layouts": {n: [list(p) for p in lay.parts] for n, lay in ready.layouts.items()},
                             "metrics": {k: float(v) for k, v in ready.metrics.items() if math.isfinite(float(v))},
                             "sealed": [s.receiver for s in ready.sealed], "error": None,
                             "clipped": {n: int(c) for n, c in ready.clipped.items()}})
@@ -143,7 +149,7 @@ def ready_fields(ready: ClientReady | None, *, error: str | None = None) -> dict
 
 def parse_ready(fields: Mapping[str, Value]) -> ClientReady | str:
     """The client's answer, or the error it reported (a string)."""
-    _check_field_names(fields, ("s/",))
+    _check_field_names(fields, ("s/", "r/"))
     meta = _parse_meta(fields)
     if meta.get("error"):
         return str(meta["error"])[:2000]
@@ -168,9 +174,26 @@ def parse_ready(fields: Mapping[str, Value]) -> ClientReady | str:
         clipped = {str(n): int(c) for n, c in clipped.items()}
         if any(c < 0 or c > layouts[n].length for n, c in clipped.items()):
             raise ValueError
+        released = _releases(meta.get("released", []), fields)
     except (KeyError, TypeError, ValueError) as exc:
         raise ProtocolError("malformed ready message") from exc
-    return ClientReady(layouts=layouts, sealed=sealed, metrics=metrics, clipped=clipped)
+    return ClientReady(layouts=layouts, sealed=sealed, metrics=metrics, clipped=clipped, released=released)
+
+
+def _releases(entries: Any, fields: Mapping[str, Value]) -> dict[str, ReleaseRecord]:
+    """The client's release records (ValueError if malformed: counts, names, payloads, mechanisms)."""
+    if not isinstance(entries, list) or len(entries) > MAX_RELEASES_PER_CLIENT:
+        raise ValueError
+    if len(entries) != sum(1 for n in fields if n.startswith("r/")):
+        raise ValueError
+    out = {}
+    for k, (name, unit, key, mechanism, round_id) in enumerate(entries):
+        payload = fields[f"r/{k}"]
+        if type(name) is not str or name in out or not isinstance(payload, np.ndarray) or not isinstance(mechanism, dict):
+            raise ValueError
+        out[name] = ReleaseRecord(payload=np.array(payload), unit=unit, summary_key=key, mechanism=mechanism,
+                                  round_id=round_id)
+    return out
 
 
 # ---- evaluation -----------------------------------------------------------------------------------

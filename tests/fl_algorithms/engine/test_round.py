@@ -4,6 +4,7 @@ import pytest
 
 from dp.distributed import DistributedDPConfig
 from dp.ledger import Ledger, LedgerConfig
+from dp.sketches import DPSketcher, SketchConfig
 from fl_algorithms.api import (AggregateView, Broadcast, Masked, RoundPlan, Sealed, SumSpec, Upload)
 from fl_algorithms.algorithms.ditto import Ditto
 from fl_algorithms.algorithms.fedavg import FedAvg
@@ -72,6 +73,91 @@ def test_simulation_and_deployment_give_the_same_parameters_ledger_and_relays():
         assert sim.clients[c].state["inbox"] == expected
         assert clients[c].state["inbox"] == expected
     assert [r.metrics for r in sim.history] == [r.metrics for r in server.history]
+
+
+class SketchingFedAvg(FedAvg):
+    """FedAvg whose clients also release a client-level DP sketch of a summary of their own; the
+    server keeps (round, client, norm) of each sketch it is shown."""
+
+    name = "sketching_fedavg"
+
+    def __init__(self, *, epsilon: float = 8.0) -> None:
+        super().__init__()
+        self.releases = {"sketch": DPSketcher(SketchConfig(epsilon=epsilon, unit="client", sketch_dim=8,
+                                                           max_cosine_noise_std=1e6), dim=5)}
+
+    def client_update(self, *, broadcast, client):
+        upload, state = super().client_update(broadcast=broadcast, client=client)
+        summary = np.arange(5.0) * client.client_id / 10.0
+        sketch = client.release("sketch", summary=summary)
+        return Upload(masked=upload.masked, released={"sketch": sketch}, metrics=upload.metrics), state
+
+    def server_update(self, *, state, view):
+        new = super().server_update(state=state, view=view)
+        seen = [[view.round, c, float(np.linalg.norm(r.payload))] for c, r in view.released["sketch"].items()]
+        new["seen.sketch"] = np.concatenate([state.get("seen.sketch", np.zeros((0, 3))), np.array(seen)])
+        return new
+
+
+@pytest.mark.parametrize("runtime", ["sim", "deploy"])
+def test_a_clients_own_release_reaches_the_server_and_is_charged_to_its_ledger(runtime):
+    config = RunConfig(rounds=2, secure=SecureAggregationConfig(protocol="secagg+", clip=4.0, max_weight=100,
+                                                               max_clients=8))
+    ledger = Ledger(LedgerConfig(delta=1e-5))
+    if runtime == "sim":
+        sim = SimulationRunner(algorithm=SketchingFedAvg(), trainers={c: toy_trainer(c, seed=0) for c in (1, 2, 3)},
+                               config=config, ledger=ledger)
+        sim.run(progress=False)
+        state, endpoints = sim.state, {c: sim.clients[c] for c in (1, 2, 3)}
+    else:
+        server, clients = _deploy(SketchingFedAvg(), config, ledger=ledger)
+        state, endpoints = server.state, {c: clients[c].endpoint for c in (1, 2, 3)}
+    seen = state["seen.sketch"]
+    assert sorted((int(t), int(c)) for t, c, _ in seen) == [(t, c) for t in (1, 2) for c in (1, 2, 3)]
+    assert np.all(seen[:, 2] > 0)
+    entries = {c: ledger.entries(c) for c in (1, 2, 3)}
+    for c in (1, 2, 3):
+        assert [(e.summary_key, e.observer.value, e.count, e.rounds) for e in entries[c]] == [
+            ("sketch", "server", 2, (1, 2)), ("sketch", "outsider", 2, (1, 2))]
+        # the client's own ledger holds the same charges as the server's re-derived ones
+        assert endpoints[c].ledger.clients() == [c] and endpoints[c].ledger.entries(c) == entries[c]
+        assert ledger.epsilon(c, unit="client", observer="server") > 8.0  # two releases at epsilon 8 each
+
+
+def test_simulation_and_deployment_charge_the_same_release_ledger():
+    config = RunConfig(rounds=2, secure=SecureAggregationConfig(protocol="secagg+", clip=4.0, max_weight=100,
+                                                               max_clients=8))
+    sim_ledger, dep_ledger = Ledger(), Ledger()
+    SimulationRunner(algorithm=SketchingFedAvg(), trainers={c: toy_trainer(c, seed=0) for c in (1, 2, 3)},
+                     config=config, ledger=sim_ledger).run(progress=False)
+    _deploy(SketchingFedAvg(), config, ledger=dep_ledger)
+    assert sim_ledger.state_dict() == dep_ledger.state_dict() and sim_ledger.clients() == [1, 2, 3]
+
+
+def test_a_client_releasing_under_another_mechanism_is_refused_naming_both_sides():
+    config = RunConfig(rounds=1, secure=SecureAggregationConfig(protocol="secagg+", clip=4.0, max_weight=100,
+                                                               max_clients=8))
+    clients = {c: DeployedClient(client_id=c, task=_task(SketchingFedAvg(epsilon=2.0)), config=config) for c in (1, 2)}
+    with InprocFederation(client_ids=clients, factory=lambda c, r: clients[c].protocol_for(r),
+                          handlers=lambda c: clients[c].handlers()) as driver:
+        server = DeployedServer(task=_task(SketchingFedAvg()), config=config, driver=driver, ledger=Ledger())
+        with pytest.raises(ClientSetupError, match=r"releases: server .*'epsilon': 8\.0.*client .*'epsilon': 2\.0"):
+            server.run()
+    assert server.ledger.clients() == []
+
+
+def test_a_release_the_algorithm_does_not_declare_fails_on_the_client():
+    class Undeclared(SketchingFedAvg):
+        def client_update(self, *, broadcast, client):
+            upload, state = super().client_update(broadcast=broadcast, client=client)
+            return Upload(masked=upload.masked, released={"other": upload.released["sketch"]}), state
+
+    config = RunConfig(rounds=1, secure=SecureAggregationConfig(protocol="secagg+", clip=4.0, max_weight=100,
+                                                               max_clients=8))
+    sim = SimulationRunner(algorithm=Undeclared(), trainers={c: toy_trainer(c, seed=0) for c in (1, 2)},
+                           config=config, ledger=Ledger())
+    with pytest.raises(ValueError, match=r"releases \['other'\] are not declared"):
+        sim.run(progress=False)
 
 
 def test_the_seedless_default_draws_fresh_noise_each_run():

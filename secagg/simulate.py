@@ -1,14 +1,17 @@
 """In-memory driver: runs one round with every party in this process, no sockets.
 
 The fastest runtime for research sweeps and protocol tests. Dropouts are scripted: a client listed
-for a stage stops answering from that stage on (it never sends that stage's reply).
+for a stage stops answering from that stage on (it never sends that stage's reply). As in the
+network drivers, a request a client refuses, or a reply the server refuses (ProtocolError), is
+dropped and counted in `rejected`: the client stays silent or is dropped as faulty, and the round
+goes on with the others.
 """
 from __future__ import annotations
 
 import time
 from collections.abc import Mapping
 
-from secagg.messages import Message
+from secagg.messages import Message, ProtocolError
 from secagg.protocols.base import ClientProtocol, RoundResult, ServerProtocol
 
 
@@ -19,10 +22,12 @@ def run_round(
     drop_at: Mapping[str, set[int]] | None = None,
     stage_times: dict[str, float] | None = None,
     bytes_sent: dict[int, int] | None = None,
+    rejected: dict[str, int] | None = None,
 ) -> RoundResult:
     """Drive one round to completion. Raises AbortError if the protocol cannot finish.
 
-    `stage_times` collects seconds per stage; `bytes_sent` the payload bytes each client sent.
+    `stage_times` collects seconds per stage; `bytes_sent` the payload bytes each client sent;
+    `rejected` counts refused messages ('client': requests a client refused, 'server': replies).
     """
     drop_at = drop_at or {}
     gone: set[int] = set()
@@ -34,12 +39,24 @@ def run_round(
         for cid, req in requests.items():
             if cid in gone:
                 continue
-            reply = clients[cid].handle(req)
+            try:
+                reply = clients[cid].handle(req)
+            except ProtocolError:
+                _count(rejected, "client")
+                continue
             if reply is not None:
                 if bytes_sent is not None:
                     bytes_sent[cid] = bytes_sent.get(cid, 0) + reply.nbytes()
-                server.accept(reply)
+                try:
+                    server.accept(reply)
+                except ProtocolError:
+                    _count(rejected, "server")
         requests = server.advance()
         if stage_times is not None:
             stage_times[stage] = stage_times.get(stage, 0.0) + time.perf_counter() - t0
     return server.result()
+
+
+def _count(counter: dict[str, int] | None, key: str) -> None:
+    if counter is not None:
+        counter[key] = counter.get(key, 0) + 1

@@ -78,8 +78,8 @@ def synthetic_sum(client_ids: Iterable[int], round_id: int, length: int, *, ring
     return total
 
 
-_PER_ROUND = frozenset({"round_id", "clients", "length", "ring", "client_id", "input_fn"})
-"""Constructor arguments the drivers fill in themselves, never from `--param`."""
+_PER_ROUND = frozenset({"round_id", "clients", "length", "ring", "client_id", "input_fn", "identity", "roster"})
+"""Constructor arguments the drivers fill in themselves (per round, or from enrolment), never from `--param`."""
 
 
 def param_names(cls: type) -> list[str]:

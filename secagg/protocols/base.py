@@ -3,7 +3,15 @@
 A round is driven by the server, stage by stage. The server emits one request per live client;
 each client answers with at most one reply; when all replies are in (or the stage's deadline
 passes, and the silent clients count as dropped) the driver calls `advance`, which either emits
-the next stage's requests or finishes. The same objects run in the in-memory simulator, over
+the next stage's requests or finishes.
+
+One faulty client never sinks a round: a reply from an expected client that fails its schema or
+the protocol's own checks (a low-order key, shares for the wrong peers, a vector out of range)
+drops that client at that stage at once, with the reason in `RoundResult.faulty`, and the round
+goes on with the others whenever enough remain. (Envelope errors, such as a reply for another
+round or of another stage's kind, only discard the message: they may be late or replayed.)
+Drivers authenticate the sender before `accept` (the transport binds each connection to one id),
+so a client can only fault itself. The same objects run in the in-memory simulator, over
 ZeroMQ inproc:// and over tcp:// between processes: drivers only move `Message`s.
 
 Protocols sum uint32 ring vectors of a fixed length; encoding floats to the ring is a separate
@@ -30,7 +38,9 @@ class RoundResult:
     """Sum (mod the ring) of the inputs of exactly the clients in `contributors`."""
     contributors: frozenset[int]
     dropped: Mapping[str, frozenset[int]] = field(default_factory=dict)
-    """Clients first found missing at each stage."""
+    """Clients first found missing (silent or faulty) at each stage."""
+    faulty: Mapping[int, str] = field(default_factory=dict)
+    """Clients dropped for a bad reply or for a bad message to a peer, with the stage and reason."""
 
 
 class ServerProtocol(ABC):
@@ -55,6 +65,8 @@ class ServerProtocol(ABC):
         self._replies: dict[int, Message] = {}
         self._expected: frozenset[int] = frozenset()
         self._dropped: dict[str, frozenset[int]] = {}
+        self._faulty: dict[int, str] = {}
+        """Client -> 'stage: reason' for every client dropped for misbehaving."""
 
     # ---- driver interface ---------------------------------------------------------------
     @abstractmethod
@@ -77,9 +89,25 @@ class ServerProtocol(ABC):
             raise ProtocolError(f"client {msg.sender} is not expected in stage '{self.stage}'")
         if msg.sender in self._replies:
             raise ProtocolError(f"duplicate '{msg.kind}' from client {msg.sender}")
-        self.schemas[self.stage].validate(msg)
-        self.check_reply(msg)
+        try:
+            self.schemas[self.stage].validate(msg)
+            self.check_reply(msg)
+        except ProtocolError as exc:
+            self.mark_faulty(msg.sender, str(exc))
+            raise
         self._replies[msg.sender] = msg
+
+    def mark_faulty(self, client: int, reason: str) -> None:
+        """Drop `client` at the current stage for `reason` (its reply, if any, is discarded)."""
+        self._faulty.setdefault(client, f"{self.stage}: {reason}"[:300])
+        self._expected = self._expected - {client}
+        self._replies.pop(client, None)
+        self._dropped[self.stage] = self._dropped.get(self.stage, frozenset()) | {client}
+
+    def max_reply_bytes(self) -> int:
+        """Largest reply (all frames) this round can legitimately receive: drivers refuse bigger
+        messages before decoding them. Protocols with larger replies than one vector override it."""
+        return 4 * self.length + (64 << 10)
 
     def advance(self) -> dict[int, Message]:
         """Close the current stage with the replies received; return the next requests ({} when done).
@@ -88,7 +116,7 @@ class ServerProtocol(ABC):
         """
         replies, missing = dict(self._replies), self._expected - self._replies.keys()
         if missing:
-            self._dropped[self.stage] = frozenset(missing)
+            self._dropped[self.stage] = self._dropped.get(self.stage, frozenset()) | missing
         self._replies = {}
         out = self.on_stage_complete(replies)
         self._expected = frozenset(out)
@@ -108,6 +136,11 @@ class ServerProtocol(ABC):
     def on_stage_complete(self, replies: dict[int, Message]) -> dict[int, Message]:
         """Consume the stage's replies, move to the next stage and return its requests."""
 
+    def _finish(self, ring_sum: np.ndarray, contributors) -> RoundResult:
+        """The round's result, with who dropped (and who was faulty) at each stage."""
+        self.stage = "done"
+        return RoundResult(ring_sum, frozenset(contributors), dict(self._dropped), dict(self._faulty))
+
     def _enter(self, stage: str, requests: dict[int, Message]) -> dict[int, Message]:
         self.stage = stage
         self._expected = frozenset(requests)
@@ -115,6 +148,29 @@ class ServerProtocol(ABC):
 
     def _request(self, kind: str, to: int, **fields) -> Message:
         return Message(kind=kind, round=self.round_id, sender=SERVER, receiver=to, fields=fields)
+
+
+def accusation_cover(accused_by: dict[int, frozenset[int]]) -> dict[int, str]:
+    """Clients to drop so that no accusation (accuser -> sender of a bad share) is left between two
+    kept clients, with the reason for each: greedy vertex cover, most accusations first, then
+    the accused over the accuser, then the lower id (deterministic, so every run agrees)."""
+    edges = {(a, u) for a, us in accused_by.items() for u in us}
+    out: dict[int, str] = {}
+    while edges:
+        degree: dict[int, list[int]] = {}
+        for a, u in edges:
+            degree.setdefault(a, [0, 0])[0] += 1
+            degree.setdefault(u, [0, 0])[0] += 1
+            degree[u][1] += 1
+        c = min(degree, key=lambda k: (-degree[k][0], -degree[k][1], k))
+        accusers = sorted(a for a, u in edges if u == c)
+        named = sorted(u for a, u in edges if a == c)
+        out[c] = "; ".join(filter(None, [
+            f"its sealed shares for clients {accusers} failed authentication there" if accusers else "",
+            f"it reported bad sealed shares from clients {named}" if named else ""]))
+        edges = {(a, u) for a, u in edges if c not in (a, u)}
+    return out
+
 
 
 MAX_VECTOR_LENGTH = 1 << 28

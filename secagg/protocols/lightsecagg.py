@@ -27,9 +27,18 @@ Security (honest-but-curious server, which also relays every client-to-client me
   * every message is validated (kinds, sizes, ranges, addressees, consistency of the announced
     set); a client answers each stage once, so a server cannot obtain aggregate pieces for two
     different survivor sets.
+Faulty clients are isolated, not fatal: a reply that fails validation (a low-order public key, a
+wrong piece set, a vector outside F_p) drops its sender at that stage. A sealed piece that fails
+authentication (or is not in F_p) at its receiver j cannot be judged by the server, so j names the
+sender in its masked input (`bad_pieces`) and goes on; the server drops a small set of clients
+covering every accusation (`accusation_cover`: one client sending bad pieces to many, or accusing
+many, is dropped alone) before it fixes U1, so every member of U1 holds a piece from every other.
+A lying client can exclude one honest client per round at most by accusing it alone (denial of
+service, reported in `RoundResult.faulty`); nothing is learned from it.
 Not covered (as in the paper): a malicious server announcing different survivor sets to different
-clients, or substituting public keys (no PKI here); a malicious client sending well-formed garbage
-pieces can make honest receivers reject the relay (denial of service, never a wrong-sum leak).
+clients. Substituted public keys are caught when clients are enrolled (`identity`: each client
+signs its key and checks every peer's signature against the roster); without enrolment the
+clients trust the server's relay of keys.
 Simplification relative to the paper: the offline (share) stage runs inside the round rather than
 ahead of it and in parallel with training; the protocol is otherwise the paper's.
 """
@@ -42,10 +51,12 @@ import numpy as np
 
 from secagg import crypto
 from secagg.crypto import DecryptionError, KeyPair, agree, context, open_sealed, seal
+from secagg.identity import SIGNATURE_BYTES, Identity, Roster, advertisement
 from secagg.lcc import LagrangeCode
 from secagg.messages import AbortError, Array, Bytes, BytesMap, Int, IntList, Message, ProtocolError, Schema
 from secagg.prg import random_vector
-from secagg.protocols.base import MAX_VECTOR_LENGTH, ClientProtocol, InputFn, RoundResult, ServerProtocol
+from secagg.protocols.base import (MAX_VECTOR_LENGTH, ClientProtocol, InputFn, RoundResult, ServerProtocol,
+                                   accusation_cover)
 from secagg.ring import FIELD_P31, MERSENNE_31, Ring
 
 NAME = "lightsecagg"
@@ -59,13 +70,15 @@ SETUP = Schema("lsa_setup", {
     "length": Int(1, MAX_LEN), "modulus": Int(3, 1 << 32), "roster": IntList(MAX_CLIENTS, 1),
     "target": Int(2, MAX_CLIENTS), "privacy": Int(1, MAX_CLIENTS),
 })
-KEYS = Schema("lsa_keys", {"keys": BytesMap(MAX_CLIENTS, crypto.PUBLIC_KEY_BYTES, exact=True)})
+KEYS = Schema("lsa_keys", {"keys": BytesMap(MAX_CLIENTS, crypto.PUBLIC_KEY_BYTES, exact=True),
+                           "signatures": BytesMap(MAX_CLIENTS, SIGNATURE_BYTES)})
 RELAY = Schema("lsa_relay", {"pieces": BytesMap(MAX_CLIENTS, _MAX_BLOB)})
 RECOVER = Schema("lsa_recover", {"survivors": IntList(MAX_CLIENTS, 1)})
 # client -> server replies, by stage
-PUBLIC_KEY = Schema("lsa_public_key", {"public_key": Bytes(crypto.PUBLIC_KEY_BYTES, exact=True)})
+PUBLIC_KEY = Schema("lsa_public_key", {"public_key": Bytes(crypto.PUBLIC_KEY_BYTES, exact=True),
+                                       "signature": Bytes(SIGNATURE_BYTES)})
 CODED_PIECES = Schema("lsa_coded_pieces", {"pieces": BytesMap(MAX_CLIENTS, _MAX_BLOB)})
-MASKED_INPUT = Schema("lsa_masked_input", {"vector": Array("uint32", MAX_LEN)})
+MASKED_INPUT = Schema("lsa_masked_input", {"vector": Array("uint32", MAX_LEN), "bad_pieces": IntList(MAX_CLIENTS, 1)})
 AGGREGATE_PIECE = Schema("lsa_aggregate_piece", {"piece": Array("uint32", MAX_LEN)})
 
 
@@ -101,8 +114,12 @@ class LightSecAggServer(ServerProtocol):
                "recovery": AGGREGATE_PIECE}
 
     def __init__(self, *, round_id: int, clients: Sequence[int], length: int, ring: Ring = FIELD_P31,
-                 target_survivors: int | float = 0.8, privacy: int | float = 0.5) -> None:
+                 target_survivors: int | float = 0.8, privacy: int | float = 0.5,
+                 roster: Roster | None = None) -> None:
+        """`roster`: enrolled clients' verify keys; with it, an unsigned or wrongly signed key
+        advertisement drops its sender at once (clients check every signature themselves anyway)."""
         super().__init__(round_id=round_id, clients=clients, length=length, ring=ring)
+        self.roster = roster
         if ring.modulus != MERSENNE_31:
             raise ValueError("LightSecAgg codes masks over F_p with p = 2^31 - 1; use FIELD_P31")
         n = len(self.clients)
@@ -115,6 +132,7 @@ class LightSecAggServer(ServerProtocol):
         self.position = {c: j for j, c in enumerate(self.clients)}
         self.blob_bytes = 4 * self.code.piece_length + SEAL_OVERHEAD
         self._keys: dict[int, bytes] = {}
+        self._relayed_to: dict[int, frozenset[int]] = {}   # receiver -> senders of the pieces relayed to it
         self._survivors: tuple[int, ...] = ()
         self._masked_sum: np.ndarray | None = None
         self._result: RoundResult | None = None
@@ -129,8 +147,13 @@ class LightSecAggServer(ServerProtocol):
 
     def check_reply(self, msg: Message) -> None:
         if self.stage == "advertise":
+            if not crypto.is_valid_public_key(msg["public_key"]):
+                raise ProtocolError(f"client {msg.sender} advertised an invalid (low-order) public key")
             if msg["public_key"] in self._replied_keys():
                 raise ProtocolError(f"client {msg.sender} advertised another client's public key")
+            if self.roster is not None and not self.roster.verify(
+                    msg.sender, msg["signature"], advertisement(NAME, self.round_id, msg.sender, msg["public_key"])):
+                raise ProtocolError(f"client {msg.sender}'s key advertisement is not signed by its enrolled key")
         elif self.stage == "share":
             pieces = msg["pieces"]
             if set(pieces) != set(self._keys) - {msg.sender}:
@@ -139,6 +162,8 @@ class LightSecAggServer(ServerProtocol):
                 raise ProtocolError(f"sealed pieces are {self.blob_bytes} bytes")
         elif self.stage == "masked_input":
             self._check_vector(msg["vector"], self.length)
+            if not set(msg["bad_pieces"]) <= self._relayed_to.get(msg.sender, frozenset()):
+                raise ProtocolError(f"client {msg.sender} reports bad pieces from clients that sent it none")
         elif self.stage == "recovery":
             self._check_vector(msg["piece"], self.code.piece_length)
 
@@ -160,7 +185,9 @@ class LightSecAggServer(ServerProtocol):
     def _after_advertise(self, replies: dict[int, Message]) -> dict[int, Message]:
         self._require(replies, "too few public keys")
         self._keys = {c: m["public_key"] for c, m in sorted(replies.items())}
-        return self._enter("share", {c: self._request(KEYS.kind, c, keys=self._keys) for c in self._keys})
+        signatures = {c: m["signature"] for c, m in sorted(replies.items())}
+        return self._enter("share", {c: self._request(KEYS.kind, c, keys=self._keys, signatures=signatures)
+                                     for c in self._keys})
 
     def _after_share(self, replies: dict[int, Message]) -> dict[int, Message]:
         self._require(replies, "too few clients shared their coded masks")
@@ -168,9 +195,14 @@ class LightSecAggServer(ServerProtocol):
             j: self._request(RELAY.kind, j, pieces={i: replies[i]["pieces"][j] for i in sorted(replies) if i != j})
             for j in sorted(replies)
         }
+        self._relayed_to = {j: frozenset(replies) - {j} for j in replies}
         return self._enter("masked_input", relays)
 
     def _after_masked_input(self, replies: dict[int, Message]) -> dict[int, Message]:
+        accused_by = {c: frozenset(m["bad_pieces"]) for c, m in replies.items() if m["bad_pieces"]}
+        for c, reason in accusation_cover(accused_by).items():
+            self.mark_faulty(c, reason)
+        replies = {c: m for c, m in replies.items() if c not in self._faulty}
         self._require(replies, "too few masked inputs")
         acc = np.zeros(self.length, dtype=np.uint32)
         for msg in replies.values():
@@ -187,10 +219,14 @@ class LightSecAggServer(ServerProtocol):
         coded = np.stack([replies[c]["piece"] for c in helpers])
         mask_sum = self.code.decode([self.position[c] for c in helpers], coded)
         total = self.ring.sub_(self._masked_sum, mask_sum)
-        self._result = RoundResult(total, frozenset(self._survivors), dict(self._dropped))
+        self._result = self._finish(total, self._survivors)
         self._masked_sum = None
-        self.stage = "done"
         return {}
+
+    def max_reply_bytes(self) -> int:
+        """The largest reply: a masked vector, or one sealed piece per other client (with map keys)."""
+        pieces = (len(self.clients) - 1) * (self.blob_bytes + 12)
+        return max(4 * self.length, pieces) + (64 << 10)
 
     # ---- helpers ----------------------------------------------------------------------------
     def _replied_keys(self) -> set[bytes]:
@@ -211,8 +247,11 @@ class LightSecAggClient(ClientProtocol):
     schemas = {s.kind: s for s in (SETUP, KEYS, RELAY, RECOVER)}
 
     def __init__(self, *, client_id: int, round_id: int, input_fn: InputFn, max_length: int = MAX_LEN,
-                 min_privacy: int = 1, min_survivors: int = 2) -> None:
+                 min_privacy: int = 1, min_survivors: int = 2, identity: Identity | None = None) -> None:
         super().__init__(client_id=client_id, round_id=round_id, input_fn=input_fn, max_length=max_length)
+        if identity is not None and identity.client_id != client_id:
+            raise ValueError(f"identity of client {identity.client_id} given to client {client_id}")
+        self.identity = identity
         self.min_privacy = min_privacy
         self.min_survivors = min_survivors
         self.code: LagrangeCode | None = None
@@ -250,7 +289,9 @@ class LightSecAggClient(ClientProtocol):
         self._position = {c: j for j, c in enumerate(roster)}
         self._keypair = KeyPair.generate()
         self._public_key = self._keypair.public_bytes
-        return self._reply(PUBLIC_KEY.kind, public_key=self._public_key), (KEYS.kind,)
+        signature = (self.identity.signing_key.sign(advertisement(NAME, self.round_id, self.client_id, self._public_key))
+                     if self.identity is not None else b"")
+        return self._reply(PUBLIC_KEY.kind, public_key=self._public_key, signature=signature), (KEYS.kind,)
 
     def _on_keys(self, msg: Message):
         keys = msg["keys"]
@@ -263,6 +304,13 @@ class LightSecAggClient(ClientProtocol):
             raise ProtocolError("the key list repeats a public key")
         if len(keys) < code.num_nodes:
             raise ProtocolError(f"{len(keys)} clients left, the round needs {code.num_nodes}")
+        if self.identity is not None:
+            signatures = msg["signatures"]
+            forged = sorted(c for c, pk in keys.items() if c != me and not self.identity.roster.verify(
+                c, signatures.get(c, b""), advertisement(NAME, self.round_id, c, pk)))
+            if forged:
+                raise ProtocolError(f"keys relayed for clients {forged[:5]} are not signed by their enrolled keys: "
+                                    f"the server substituted or altered them")
         try:
             peer_keys = {c: agree(self._keypair, pk, _piece_key_info(self.round_id, me, c))
                          for c, pk in keys.items() if c != me}
@@ -283,22 +331,21 @@ class LightSecAggClient(ClientProtocol):
             raise ProtocolError("relayed pieces from clients that were not in the key list")
         if len(pieces) + 1 < code.num_nodes:
             raise ProtocolError(f"{len(pieces) + 1} clients left, the round needs {code.num_nodes}")
-        held = {}
+        held, bad = {}, []
         for sender, blob in pieces.items():
             try:
                 raw = open_sealed(self._peer_keys[sender], blob, _piece_aad(self.round_id, sender, me))
-            except DecryptionError as exc:
-                raise ProtocolError(f"piece from client {sender}: {exc}") from exc
-            if len(raw) != 4 * code.piece_length:
-                raise ProtocolError(f"piece from client {sender} has the wrong length")
+            except DecryptionError:
+                raw = b""
             piece = np.frombuffer(raw, dtype="<u4").astype(np.uint32, copy=False)
-            if int(piece.max()) >= MERSENNE_31:
-                raise ProtocolError(f"piece from client {sender} is not in F_p")
+            if piece.shape[0] != code.piece_length or int(piece.max()) >= MERSENNE_31:
+                bad.append(sender)  # reported, not fatal: the server drops the sender (or this client)
+                continue
             held[sender] = piece
         masked = self._input(code.length, FIELD_P31).copy()
         FIELD_P31.add_(masked, self._mask)
         self._held, self._mask, self._peer_keys = held, None, {}
-        return self._reply(MASKED_INPUT.kind, vector=masked), (RECOVER.kind,)
+        return self._reply(MASKED_INPUT.kind, vector=masked, bad_pieces=tuple(sorted(bad))), (RECOVER.kind,)
 
     def _on_recover(self, msg: Message):
         survivors, me = msg["survivors"], self.client_id

@@ -43,8 +43,7 @@ class PlainServer(ServerProtocol):
         acc = np.zeros(self.length, dtype=np.uint32)
         for msg in replies.values():
             self.ring.add_(acc, msg["vector"])
-        self._result = RoundResult(acc, frozenset(replies), dict(self._dropped))
-        self.stage = "done"
+        self._result = self._finish(acc, replies)
         return {}
 
     def result(self) -> RoundResult:

@@ -15,8 +15,25 @@ for one client, and removes the masks:
 SecAgg uses the complete graph; SecAgg+ a random Harary graph of degree ~2 log2 N.
 
 Threat model: honest-but-curious server (it may also drop or delay messages); any party may
-send malformed bytes. Stages: advertise -> share -> masked -> unmask. The consistency-check
-round of the malicious-server variant (signatures over the survivor set) is not implemented.
+send malformed bytes. Stages: advertise -> share -> masked -> unmask.
+
+Faulty clients are isolated, not fatal: a reply that fails validation (e.g. a low-order public key)
+drops its sender at that stage (`ServerProtocol.accept`). A share ciphertext that fails
+authentication at its receiver c cannot be judged by the server (it cannot open it), so c names the
+sender in its masked input (`bad_shares`) and goes on: c still masks with that sender (pairwise
+masks come from the advertised keys, not from the shares) but holds no share of its secrets. The
+server cannot tell which end of an accusation lies, but one of them misbehaved, so it drops a
+small set of clients covering every accusation (greedy vertex cover: the client in most
+accusations first, the accused on a tie): one client sending bad shares to many is dropped alone,
+and so is one accusing many. A dropped client is treated as dropped after sharing: its masked
+input is left out and its masking key is rebuilt from its neighbours' shares, exactly as for a
+client that went silent; its self-mask seed is never requested. A lying client excludes one
+honest neighbour per round at most by accusing it alone (accusing two drops the accuser instead);
+colluders can pile accusations on one victim. That is denial of service, reported in
+`RoundResult.faulty`; nothing is learned from it.
+
+The consistency-check round of the malicious-server variant (signatures over the survivor set)
+is not implemented.
 """
 from __future__ import annotations
 
@@ -28,11 +45,13 @@ import numpy as np
 from secagg import crypto, shamir
 from secagg.crypto import DecryptionError, KeyPair
 from secagg.graph import complete_graph, default_degree, harary_graph, is_connected
+from secagg.identity import SIGNATURE_BYTES, Identity, Roster, advertisement
 from secagg.messages import (
     MAX_CLIENT_ID, AbortError, Array, Bytes, BytesMap, Int, IntList, Message, ProtocolError, Schema,
 )
 from secagg.prg import apply_mask_
-from secagg.protocols.base import MAX_VECTOR_LENGTH, ClientProtocol, InputFn, RoundResult, ServerProtocol
+from secagg.protocols.base import (MAX_VECTOR_LENGTH, ClientProtocol, InputFn, RoundResult, ServerProtocol,
+                                   accusation_cover)
 from secagg.ring import RING_2_32, Ring
 
 MAX_LEN = MAX_VECTOR_LENGTH
@@ -46,11 +65,16 @@ ADVERTISE_REQUEST = Schema("advertise_request", {
     "length": Int(1, MAX_LEN), "threshold": Int(1, MAX_PEERS),
     "neighbours": IntList(MAX_PEERS, 1, MAX_CLIENT_ID),
 })
-ADVERTISE_KEYS = Schema("advertise_keys", {"keys": Bytes(KEYS_BYTES, exact=True)})
-SHARE_REQUEST = Schema("share_request", {"keys": BytesMap(MAX_PEERS, KEYS_BYTES, exact=True)})
+ADVERTISE_KEYS = Schema("advertise_keys", {"keys": Bytes(KEYS_BYTES, exact=True),
+                                           "signature": Bytes(SIGNATURE_BYTES)})
+SHARE_REQUEST = Schema("share_request", {"keys": BytesMap(MAX_PEERS, KEYS_BYTES, exact=True),
+                                         "signatures": BytesMap(MAX_PEERS, SIGNATURE_BYTES)})
+SIGNED_AS = "secagg"
+"""Protocol family in signed advertisements (SecAgg and SecAgg+ are one state machine)."""
 SHARES = Schema("shares", {"ciphertexts": BytesMap(MAX_PEERS, SHARE_CIPHERTEXT, exact=True)})
 MASKED_REQUEST = Schema("masked_request", {"ciphertexts": BytesMap(MAX_PEERS, SHARE_CIPHERTEXT, exact=True)})
-MASKED_INPUT = Schema("masked_input", {"vector": Array("uint32", MAX_LEN)})
+MASKED_INPUT = Schema("masked_input", {"vector": Array("uint32", MAX_LEN),
+                                       "bad_shares": IntList(MAX_PEERS, 1, MAX_CLIENT_ID)})
 UNMASK_REQUEST = Schema("unmask_request", {"alive": IntList(MAX_PEERS, 1, MAX_CLIENT_ID)})
 UNMASK_SHARES = Schema("unmask_shares", {
     "seed_shares": BytesMap(MAX_PEERS, shamir.SECRET_BYTES, exact=True),
@@ -93,8 +117,12 @@ class SecAggPlusServer(ServerProtocol):
     def __init__(
         self, *, round_id: int, clients: Sequence[int], length: int, ring: Ring = RING_2_32,
         degree: int | None = None, threshold_fraction: float = 0.5, min_clients: int = 2,
+        roster: Roster | None = None,
     ) -> None:
+        """`roster`: enrolled clients' verify keys; with it, an unsigned or wrongly signed key
+        advertisement drops its sender at once (clients check every signature themselves anyway)."""
         super().__init__(round_id=round_id, clients=clients, length=length, ring=ring)
+        self.roster = roster
         if not ring.is_power_of_two:
             raise ValueError("SecAgg masks live in Z_{2^32}; use LightSecAgg for a prime field")
         if not 0.0 <= threshold_fraction < 1.0:
@@ -105,9 +133,11 @@ class SecAggPlusServer(ServerProtocol):
         self.threshold = threshold_for(k + 1, threshold_fraction)
         self.min_clients = max(min_clients, self.threshold)
         self._keys: dict[int, bytes] = {}
+        self._signatures: dict[int, bytes] = {}
         self._ciphertexts: dict[int, dict[int, bytes]] = {}   # receiver -> sender -> ct
         self._u2: frozenset[int] = frozenset()
         self._u3: frozenset[int] = frozenset()
+        self._accused_by: dict[int, frozenset[int]] = {}   # accuser -> senders of its bad shares
         self._sum: np.ndarray | None = None
         self._result: RoundResult | None = None
 
@@ -130,6 +160,9 @@ class SecAggPlusServer(ServerProtocol):
             for pub in (keys[: crypto.PUBLIC_KEY_BYTES], keys[crypto.PUBLIC_KEY_BYTES:]):
                 if not crypto.is_valid_public_key(pub):
                     raise ProtocolError(f"client {msg.sender} advertised an invalid (low-order) public key")
+            if self.roster is not None and not self.roster.verify(
+                    msg.sender, msg["signature"], advertisement(SIGNED_AS, self.round_id, msg.sender, keys)):
+                raise ProtocolError(f"client {msg.sender}'s key advertisement is not signed by its enrolled key")
         elif self.stage == "share":
             expected = self.graph[msg.sender] & self._keys.keys()
             if set(msg["ciphertexts"]) != expected:
@@ -137,8 +170,11 @@ class SecAggPlusServer(ServerProtocol):
         elif self.stage == "masked":
             if msg["vector"].shape[0] != self.length:
                 raise ProtocolError(f"masked input of length {msg['vector'].shape[0]}, expected {self.length}")
+            if not set(msg["bad_shares"]) <= self.graph[msg.sender] & self._u2:
+                raise ProtocolError(f"client {msg.sender} reports bad shares from clients that sent it none")
         elif self.stage == "unmask":
             alive, dropped = self._unmask_sets(msg.sender)
+            dropped -= self._accused_by.get(msg.sender, frozenset())  # it holds no share of those
             if set(msg["seed_shares"]) != alive | {msg.sender} or set(msg["key_shares"]) != dropped:
                 raise ProtocolError(f"client {msg.sender} returned shares for the wrong clients")
             try:
@@ -170,8 +206,10 @@ class SecAggPlusServer(ServerProtocol):
                              detail="two clients advertised the same public keys")
         u1 = self._viable(set(keys), "advertise")
         self._keys = {c: keys[c] for c in u1}
+        self._signatures = {c: replies[c]["signature"] for c in u1}
         return self._enter("share", {
-            c: self._request("share_request", c, keys={v: self._keys[v] for v in self.graph[c] & u1})
+            c: self._request("share_request", c, keys={v: self._keys[v] for v in self.graph[c] & u1},
+                             signatures={v: self._signatures[v] for v in self.graph[c] & u1})
             for c in u1
         })
 
@@ -189,7 +227,10 @@ class SecAggPlusServer(ServerProtocol):
         })
 
     def _after_masked(self, replies: dict[int, Message]) -> dict[int, Message]:
-        u3 = frozenset(replies)
+        self._accused_by = {c: frozenset(m["bad_shares"]) for c, m in replies.items() if m["bad_shares"]}
+        for c, reason in accusation_cover(self._accused_by).items():
+            self.mark_faulty(c, reason)
+        u3 = frozenset(replies) - self._faulty.keys()
         for c in u3:  # a survivor whose live neighbourhood is too small cannot be unmasked safely
             if len(self.graph[c] & u3) + 1 < self.threshold:
                 raise AbortError(stage="masked", survivors=len(u3), required=self.min_clients,
@@ -201,8 +242,8 @@ class SecAggPlusServer(ServerProtocol):
                              detail="survivors' masking graph is disconnected: partial sums would leak")
         self._u3 = u3
         acc = np.zeros(self.length, dtype=np.uint32)
-        for m in replies.values():
-            np.add(acc, m["vector"], out=acc)
+        for c in u3:
+            np.add(acc, replies[c]["vector"], out=acc)
         self._sum = acc
         self._ciphertexts = {}
         return self._enter("unmask", {
@@ -230,9 +271,8 @@ class SecAggPlusServer(ServerProtocol):
                 key = crypto.agree(pair, self._keys[u][crypto.PUBLIC_KEY_BYTES:], _mask_info(self.round_id, u, v))
                 # u added sign(u, v) * PRG(s_uv); take it back out.
                 apply_mask_(acc, key, self.ring, sign=-_sign(u, v))
-        self._result = RoundResult(acc, self._u3, dict(self._dropped))
+        self._result = self._finish(acc, self._u3)
         self._sum = None
-        self.stage = "done"
         return {}
 
     def _reconstruct(self, replies: dict[int, Message], responders: set[int], owners: frozenset[int],
@@ -258,6 +298,13 @@ class SecAggPlusServer(ServerProtocol):
             raise RuntimeError("round not finished")
         return self._result
 
+    def max_reply_bytes(self) -> int:
+        """The largest reply: a masked vector with its bad-share list, or one entry per neighbour
+        (keys: 8 bytes, lengths: 4) of sealed shares or of two unmasking shares."""
+        k = max((len(v) for v in self.graph.values()), default=0)
+        per_neighbour = max(SHARE_CIPHERTEXT + 12, 2 * (shamir.SECRET_BYTES + 12))
+        return 4 * self.length + 8 * k + k * per_neighbour + (64 << 10)
+
 
 class SecAggServer(SecAggPlusServer):
     """SecAgg: every client masks with every other (complete graph)."""
@@ -265,9 +312,9 @@ class SecAggServer(SecAggPlusServer):
     name = "secagg"
 
     def __init__(self, *, round_id: int, clients: Sequence[int], length: int, ring: Ring = RING_2_32,
-                 threshold_fraction: float = 0.5, min_clients: int = 2) -> None:
+                 threshold_fraction: float = 0.5, min_clients: int = 2, roster: Roster | None = None) -> None:
         super().__init__(round_id=round_id, clients=clients, length=length, ring=ring, degree=None,
-                         threshold_fraction=threshold_fraction, min_clients=min_clients)
+                         threshold_fraction=threshold_fraction, min_clients=min_clients, roster=roster)
 
     def _make_graph(self, degree: int) -> dict[int, frozenset[int]]:
         return complete_graph(self.clients)
@@ -289,9 +336,14 @@ class SecAggPlusClient(ClientProtocol):
     schemas = {s.kind: s for s in (ADVERTISE_REQUEST, SHARE_REQUEST, MASKED_REQUEST, UNMASK_REQUEST)}
 
     def __init__(self, *, client_id: int, round_id: int, input_fn: InputFn, max_length: int = MAX_LEN,
-                 policy: ClientPolicy = ClientPolicy()) -> None:
+                 policy: ClientPolicy = ClientPolicy(), identity: Identity | None = None) -> None:
+        """`identity` (from enrolment): sign this client's key advertisement and accept a neighbour's
+        keys only with a valid signature from its enrolled key; without it, trust the server's relay."""
         super().__init__(client_id=client_id, round_id=round_id, input_fn=input_fn, max_length=max_length)
+        if identity is not None and identity.client_id != client_id:
+            raise ValueError(f"identity of client {identity.client_id} given to client {client_id}")
         self.policy = policy
+        self.identity = identity
         self.ring = RING_2_32
 
     def first_kind(self) -> str:
@@ -316,7 +368,10 @@ class SecAggPlusClient(ClientProtocol):
         # The masking key's private scalar is drawn from the Shamir field so it can be shared whole.
         self.s_secret = shamir.random_element()
         self.c_pair, self.s_pair = KeyPair.generate(), KeyPair.from_private_bytes(shamir.to_bytes(self.s_secret))
-        return self._reply("advertise_keys", keys=self.c_pair.public_bytes + self.s_pair.public_bytes), ("share_request",)
+        keys = self.c_pair.public_bytes + self.s_pair.public_bytes
+        signature = (self.identity.signing_key.sign(advertisement(SIGNED_AS, self.round_id, self.client_id, keys))
+                     if self.identity is not None else b"")
+        return self._reply("advertise_keys", keys=keys, signature=signature), ("share_request",)
 
     def _on_share_request(self, msg: Message):
         keys: dict[int, bytes] = dict(msg["keys"])
@@ -327,6 +382,13 @@ class SecAggPlusClient(ClientProtocol):
         own = self.c_pair.public_bytes + self.s_pair.public_bytes
         if own in keys.values() or len(set(keys.values())) != len(keys):
             raise ProtocolError("repeated public keys")
+        if self.identity is not None:
+            signatures = msg["signatures"]
+            forged = sorted(v for v, k in keys.items() if not self.identity.roster.verify(
+                v, signatures.get(v, b""), advertisement(SIGNED_AS, self.round_id, v, k)))
+            if forged:
+                raise ProtocolError(f"keys relayed for clients {forged[:5]} are not signed by their enrolled keys: "
+                                    f"the server substituted or altered them")
         holders = sorted(keys) + [self.client_id]
         share_keys = {v: self._agree(self.c_pair, keys[v][: crypto.PUBLIC_KEY_BYTES], _share_key_info(self.round_id, self.client_id, v))
                       for v in holders[:-1]}
@@ -347,6 +409,7 @@ class SecAggPlusClient(ClientProtocol):
         if len(cts) + 1 < self.threshold:
             raise ProtocolError(f"only {len(cts)} neighbours shared, threshold {self.threshold}")
         held: dict[int, tuple[bytes, bytes]] = {}
+        bad: list[int] = []
         mask_keys = {v: self._agree(self.s_pair, self.peer_keys[v][crypto.PUBLIC_KEY_BYTES:], _mask_info(self.round_id, self.client_id, v))
                      for v in cts}
         for u, ct in cts.items():
@@ -354,15 +417,17 @@ class SecAggPlusClient(ClientProtocol):
                               _share_key_info(self.round_id, self.client_id, u))
             try:
                 plain = crypto.open_sealed(key, ct, _share_aad(self.round_id, u, self.client_id))
-            except DecryptionError as exc:
-                raise ProtocolError(f"share from client {u} failed authentication") from exc
+                shamir.from_bytes(plain[: shamir.SECRET_BYTES]), shamir.from_bytes(plain[shamir.SECRET_BYTES:])
+            except (DecryptionError, ValueError):
+                bad.append(u)  # reported, not fatal: the server drops u as if it went silent
+                continue
             held[u] = (plain[: shamir.SECRET_BYTES], plain[shamir.SECRET_BYTES:])
         y = self._input(self.length, self.ring).copy()
         apply_mask_(y, _self_mask_key(self.round_id, self.client_id, self.seed), self.ring)
         for v, key in mask_keys.items():
             apply_mask_(y, key, self.ring, sign=_sign(self.client_id, v))
-        self.held, self.masked_with = held, frozenset(cts)
-        return self._reply("masked_input", vector=y), ("unmask_request",)
+        self.held, self.masked_with, self.bad = held, frozenset(cts), frozenset(bad)
+        return self._reply("masked_input", vector=y, bad_shares=tuple(sorted(bad))), ("unmask_request",)
 
     @staticmethod
     def _agree(own: KeyPair, peer_public: bytes, info: bytes) -> bytes:
@@ -375,12 +440,14 @@ class SecAggPlusClient(ClientProtocol):
         alive = frozenset(msg["alive"])
         if not alive <= self.masked_with:
             raise ProtocolError("unmask request names clients this client did not mask with")
+        if alive & self.bad:
+            raise ProtocolError("unmask request names as alive a client whose share failed authentication")
         if len(alive) + 1 < self.threshold:
             raise ProtocolError(f"only {len(alive)} neighbours alive, threshold {self.threshold}")
         dropped = self.masked_with - alive
         seed_shares = {u: self.held[u][0] for u in alive}
         seed_shares[self.client_id] = shamir.to_bytes(self.own_shares[0])
-        key_shares = {v: self.held[v][1] for v in dropped}
+        key_shares = {v: self.held[v][1] for v in dropped - self.bad}
         self.held = {}
         return self._reply("unmask_shares", seed_shares=seed_shares, key_shares=key_shares), ()
 

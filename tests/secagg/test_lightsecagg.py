@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from secagg.crypto import DecryptionError, KeyPair, agree, open_sealed
+from secagg.crypto import DecryptionError, KeyPair, agree, open_sealed, seal
 from secagg.messages import SERVER, AbortError, Message, ProtocolError
 from secagg.prg import random_vector
 from secagg.protocols import registry
@@ -173,21 +173,66 @@ def test_server_relays_ciphertext_it_cannot_open_and_tampering_is_detected():
     with pytest.raises(DecryptionError):
         open_sealed(clients[receiver]._peer_keys[sender], blob, _piece_aad(ROUND + 1, sender, receiver))
 
+
+
+def _finish_with_relay(server, clients, relays, receiver, relay):
+    """Deliver `relay` to `receiver` instead of its genuine one, then run the round to its end."""
+    replies = {c: clients[c].handle(relay if c == receiver else r) for c, r in relays.items()}
+    for r in replies.values():
+        server.accept(r)
+    return replies, finish(server, clients, server.advance())
+
+
+@pytest.mark.parametrize("tamper", ["flipped", "wrong_key"])
+def test_a_piece_that_fails_authentication_drops_its_sender_not_the_round(tamper):
+    server, clients, inputs = make_round(6, 64, target=4, privacy=2)
+    requests = advance_to("share", server, clients)
+    deliver(server, clients, requests)
     relays = server.advance()
+    sender, receiver = 2, 4
     good = relays[receiver]
-    tampered_blob = bytearray(good["pieces"][sender])
-    tampered_blob[20] ^= 1
-    tampered = Message(good.kind, good.round, SERVER, receiver,
-                       {"pieces": {**good["pieces"], sender: bytes(tampered_blob)}})
-    with pytest.raises(ProtocolError):
-        clients[receiver].handle(tampered)
+    blob = bytearray(good["pieces"][sender])
+    if tamper == "flipped":
+        blob[20] ^= 1
+    else:  # sealed under a key the server made up (it knows every public key, no private one)
+        blob = bytearray(seal(agree(KeyPair.generate(), server._keys[receiver], b"guess"), bytes(len(blob) - 28), b""))
+    bad = Message(good.kind, good.round, SERVER, receiver, {"pieces": {**good["pieces"], sender: bytes(blob)}})
+    replies, result = _finish_with_relay(server, clients, relays, receiver, bad)
+    assert replies[receiver]["bad_pieces"] == (sender,)
+    assert result.faulty == {sender: f"masked_input: its sealed shares for clients [{receiver}] failed authentication there"}
+    assert result.contributors == frozenset(range(1, 7)) - {sender}
+    assert np.array_equal(result.ring_sum, field_sum(inputs[c] for c in result.contributors))
+
+
+def test_a_client_reporting_two_bad_pieces_is_dropped_itself():
+    """Swapping two senders' pieces (or a liar) makes one receiver report both: it is the one dropped."""
+    server, clients, inputs = make_round(6, 64, target=4, privacy=2)
+    deliver(server, clients, advance_to("share", server, clients))
+    relays = server.advance()
+    receiver, good = 4, relays[4]
     swapped = Message(good.kind, good.round, SERVER, receiver,
-                      {"pieces": {**good["pieces"], sender: good["pieces"][1], 1: good["pieces"][sender]}})
-    with pytest.raises(ProtocolError):
-        clients[receiver].handle(swapped)
-    assert clients[receiver]._held == {}  # nothing was stored
-    result = finish(server, clients, relays)  # the genuine relay still goes through
-    assert result.contributors == frozenset(range(1, 6))
+                      {"pieces": {**good["pieces"], 2: good["pieces"][1], 1: good["pieces"][2]}})
+    replies, result = _finish_with_relay(server, clients, relays, receiver, swapped)
+    assert replies[receiver]["bad_pieces"] == (1, 2)
+    assert result.faulty.keys() == {receiver} and "reported bad sealed shares from clients [1, 2]" in result.faulty[receiver]
+    assert result.contributors == frozenset(range(1, 7)) - {receiver}
+    assert np.array_equal(result.ring_sum, field_sum(inputs[c] for c in result.contributors))
+
+
+def test_a_low_order_public_key_drops_its_sender_at_advertise():
+    server, clients, inputs = make_round(5, 16, target=3, privacy=1)
+    requests = server.start()
+    for c, req in requests.items():
+        reply = clients[c].handle(req)
+        if c == 3:
+            with pytest.raises(ProtocolError, match="low-order"):
+                server.accept(Message(reply.kind, reply.round, 3, SERVER, {"public_key": bytes(32), "signature": b""}))
+            continue
+        server.accept(reply)
+    result = finish(server, clients, server.advance())
+    assert result.faulty.keys() == {3} and result.faulty[3].startswith("advertise: ")
+    assert result.contributors == {1, 2, 4, 5}
+    assert np.array_equal(result.ring_sum, field_sum(inputs[c] for c in (1, 2, 4, 5)))
 
 
 # ---- server-side validation ----------------------------------------------------------------
@@ -196,55 +241,63 @@ def reply(kind: str, sender: int, *, round_id: int = ROUND, **fields) -> Message
     return Message(kind=kind, round=round_id, sender=sender, receiver=SERVER, fields=fields)
 
 
-def test_server_rejects_malformed_and_replayed_replies_without_changing_state():
-    server, clients, inputs = make_round(5, 30, target=4, privacy=2)
+def test_envelope_errors_are_discarded_and_malformed_replies_drop_their_sender():
+    server, clients, inputs = make_round(7, 30, target=3, privacy=2)
     requests = server.start()
     first = clients[1].handle(requests[1])
     server.accept(first)
     waiting = server.waiting_for()
-    bad = [
-        first,  # replay
-        reply("lsa_public_key", 2, public_key=b"\x01" * 31),
-        reply("lsa_public_key", 2, public_key=first["public_key"]),  # someone else's key
-        reply("lsa_public_key", 2, round_id=ROUND + 1, public_key=b"\x02" * 32),
-        reply("lsa_coded_pieces", 2, pieces={}),
-        reply("lsa_public_key", 99, public_key=b"\x03" * 32),
-    ]
-    for msg in bad:
+    for msg in (first,                                                        # replay
+                reply("lsa_public_key", 2, round_id=ROUND + 1, public_key=b"\x02" * 32, signature=b""),  # another round
+                reply("lsa_coded_pieces", 2, pieces={}),                      # another stage's kind
+                reply("lsa_public_key", 99, public_key=b"\x03" * 32, signature=b"")):        # not in the round
         with pytest.raises(ProtocolError):
             server.accept(msg)
         assert server.waiting_for() == waiting
-    deliver(server, clients, {c: r for c, r in requests.items() if c != 1})
+    for sender, msg in ((2, reply("lsa_public_key", 2, public_key=b"\x01" * 31, signature=b"")),         # wrong size
+                        (3, reply("lsa_public_key", 3, public_key=first["public_key"], signature=b""))):  # someone else's key
+        with pytest.raises(ProtocolError):
+            server.accept(msg)
+        assert sender not in server.waiting_for() and server._faulty[sender].startswith("advertise: ")
+    assert "another client's public key" in server._faulty[3]
+    deliver(server, clients, {c: r for c, r in requests.items() if c not in (1, 2, 3)})
     requests = server.advance()
+    assert set(requests) == {1, 4, 5, 6, 7}
 
     shares = {c: clients[c].handle(requests[c]) for c in requests}
-    good = shares[3]["pieces"]
-    missing = dict(good)
-    missing.pop(1)
-    short = {k: v[:-1] for k, v in good.items()}
-    own = {**good, 3: good[1]}
-    for pieces in (missing, short, own):
-        with pytest.raises(ProtocolError):
-            server.accept(reply("lsa_coded_pieces", 3, pieces=pieces))
-    for c in shares:
+    good = shares[4]["pieces"]
+    missing = {k: v for k, v in good.items() if k != 1}
+    with pytest.raises(ProtocolError):
+        server.accept(reply("lsa_coded_pieces", 4, pieces=missing))
+    short = {k: v[:-1] for k, v in shares[5]["pieces"].items()}
+    with pytest.raises(ProtocolError):
+        server.accept(reply("lsa_coded_pieces", 5, pieces=short))
+    for c in (1, 6, 7):
         server.accept(shares[c])
     requests = server.advance()
+    assert set(requests) == {1, 6, 7}
 
     masked = {c: clients[c].handle(requests[c]) for c in requests}
-    for vector in (np.zeros(29, dtype=np.uint32), np.full(30, 2**31 - 1, dtype=np.uint32),
-                   np.zeros(30, dtype=np.int64)):
-        with pytest.raises(ProtocolError):
-            server.accept(reply("lsa_masked_input", 2, vector=vector))
-    for c in masked:
-        server.accept(masked[c])
     with pytest.raises(ProtocolError):
-        server.accept(masked[2])
-    requests = server.advance()
+        server.accept(reply("lsa_masked_input", 6, vector=np.full(30, 2**31 - 1, dtype=np.uint32), bad_pieces=()))
+    with pytest.raises(ProtocolError):
+        server.accept(masked[6])  # dropped: its genuine reply comes too late
+    with pytest.raises(AbortError):  # two left, three needed: too few honest clients to finish
+        for c in (1, 7):
+            server.accept(masked[c])
+        server.advance()
+    assert server._faulty.keys() == {2, 3, 4, 5, 6}
 
+
+def test_a_malformed_aggregate_piece_is_dropped_and_recovery_uses_the_others():
+    server, clients, inputs = make_round(5, 30, target=3, privacy=1)
+    requests = advance_to("recovery", server, clients)
     m = server.code.piece_length
     with pytest.raises(ProtocolError):
         server.accept(reply("lsa_aggregate_piece", 2, piece=np.zeros(m + 1, dtype=np.uint32)))
-    result = finish(server, clients, requests)
+    result = finish(server, clients, {c: r for c, r in requests.items() if c != 2})
+    assert result.faulty.keys() == {2} and result.faulty[2].startswith("recovery: ")
+    assert result.contributors == frozenset(range(1, 6))  # its masked input was already in U1
     assert np.array_equal(result.ring_sum, field_sum(inputs.values()))
     with pytest.raises(ProtocolError):
         server.accept(reply("lsa_aggregate_piece", 2, piece=np.zeros(m, dtype=np.uint32)))
@@ -323,11 +376,13 @@ def test_client_rejects_replays_bad_key_lists_and_inconsistent_survivor_sets():
         clients[1].handle(requests[1])  # a second recovery request (e.g. another survivor set)
 
 
-def test_relay_from_a_previous_round_is_rejected():
-    old_server, old_clients, _ = make_round(4, 8, target=3, privacy=1, round_id=1)
+def test_a_relay_from_a_previous_round_fails_authentication_and_its_receiver_reports_every_sender():
+    old_server, old_clients, _ = make_round(5, 8, target=3, privacy=1, round_id=1)
     old_relays = advance_to("masked_input", old_server, old_clients)
-    server, clients, _ = make_round(4, 8, target=3, privacy=1, round_id=2)
-    advance_to("masked_input", server, clients)
-    stale = old_relays[1]
-    with pytest.raises(ProtocolError):
-        clients[1].handle(Message(stale.kind, 2, SERVER, 1, stale.fields))
+    server, clients, inputs = make_round(5, 8, target=3, privacy=1, round_id=2)
+    relays = advance_to("masked_input", server, clients)
+    stale = Message(old_relays[1].kind, 2, SERVER, 1, old_relays[1].fields)
+    replies, result = _finish_with_relay(server, clients, relays, 1, stale)
+    assert replies[1]["bad_pieces"] == (2, 3, 4, 5)  # nothing from round 1 opens in round 2
+    assert result.faulty.keys() == {1}                # one accuser of four is dropped, not four senders
+    assert np.array_equal(result.ring_sum, field_sum(inputs[c] for c in (2, 3, 4, 5)))

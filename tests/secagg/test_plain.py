@@ -83,45 +83,54 @@ def test_too_few_contributors_abort_with_counts():
         (FIELD_P31, np.full(8, 2**31 - 1, dtype=np.uint32)),   # not a field element
     ],
 )
-def test_server_refuses_malformed_vectors_and_still_finishes(ring, vector):
+def test_a_malformed_vector_drops_its_sender_at_once_and_the_round_finishes(ring, vector):
     server, clients, inputs = make(3, 8, ring=ring)
     reqs = server.start()
     bad = Message("plain_input", 1, 1, SERVER, {"vector": vector})
     with pytest.raises(ProtocolError):
         server.accept(bad)
-    assert server.waiting_for() == frozenset(inputs)
-    for c, r in reqs.items():
-        server.accept(clients[c].handle(r))
+    assert server.waiting_for() == frozenset({2, 3})  # no need to wait for client 1's deadline
+    with pytest.raises(ProtocolError, match="not expected"):
+        server.accept(clients[1].handle(reqs[1]))  # a second try is too late: it was dropped
+    for c in (2, 3):
+        server.accept(clients[c].handle(reqs[c]))
     server.advance()
-    assert np.array_equal(server.result().ring_sum, ring_sum(ring, inputs.values(), 8))
+    result = server.result()
+    assert result.contributors == {2, 3} and result.dropped == {"collect": frozenset({1})}
+    assert result.faulty.keys() == {1} and result.faulty[1].startswith("collect: ")
+    assert np.array_equal(result.ring_sum, ring_sum(ring, [inputs[2], inputs[3]], 8))
 
 
-def test_server_refuses_envelope_errors_replays_and_late_replies():
+def test_envelope_errors_replays_and_late_replies_are_discarded_without_dropping_anyone():
     server, clients, inputs = make(3, 8)
     reqs = server.start()
     good = clients[1].handle(reqs[1])
     variants = [
-        Message(good.kind, 2, 1, SERVER, good.fields),        # wrong round
+        Message(good.kind, 2, 1, SERVER, good.fields),        # wrong round (late or replayed)
         Message(good.kind, 1, 1, 2, good.fields),             # not addressed to the server
         Message(good.kind, 1, 9, SERVER, good.fields),        # not a participant
-        Message("masked_input", 1, 1, SERVER, good.fields),   # wrong kind
-        Message(good.kind, 1, 1, SERVER, {}),                 # missing field
-        Message(good.kind, 1, 1, SERVER, {**good.fields, "x": 1}),
+        Message("masked_input", 1, 1, SERVER, good.fields),   # another stage's kind
         "not a message",
     ]
     for bad in variants:
         with pytest.raises(ProtocolError):
             server.accept(bad)
+        assert server.waiting_for() == frozenset({1, 2, 3})
     server.accept(good)
     with pytest.raises(ProtocolError, match="duplicate"):
         server.accept(good)
-    server.accept(clients[2].handle(reqs[2]))
+    assert server.waiting_for() == frozenset({2, 3})
+    for fields in ({}, {**good.fields, "x": 1}):                # schema errors are the sender's own
+        with pytest.raises(ProtocolError):
+            server.accept(Message(good.kind, 1, 2, SERVER, fields))
     server.advance()  # client 3 is late
     late = clients[3].handle(reqs[3])
     with pytest.raises(ProtocolError):
         server.accept(late)
-    assert server.result().contributors == frozenset({1, 2})
-    assert np.array_equal(server.result().ring_sum, ring_sum(RING_2_32, [inputs[1], inputs[2]], 8))
+    result = server.result()
+    assert result.contributors == frozenset({1}) and result.faulty.keys() == {2}
+    assert result.dropped == {"collect": frozenset({2, 3})}
+    assert np.array_equal(result.ring_sum, ring_sum(RING_2_32, [inputs[1]], 8))
 
 
 def test_result_before_the_end_is_an_error():

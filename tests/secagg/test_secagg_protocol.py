@@ -11,6 +11,8 @@ Properties checked:
 """
 from __future__ import annotations
 
+import copy
+
 import os
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -27,6 +29,7 @@ from secagg.graph import is_connected
 from secagg.messages import SERVER, AbortError, Message, ProtocolError
 from secagg.prg import random_vector
 from secagg.protocols import secagg as sa
+from secagg.protocols.base import accusation_cover
 from secagg.protocols.secagg import (
     ClientPolicy, SecAggClient, SecAggPlusClient, SecAggPlusServer, SecAggServer,
 )
@@ -109,6 +112,20 @@ def refuse(receiver, action, bad) -> None:
     assert_unchanged(receiver, snap)
 
 
+def faulted(server, bad: Message, cid: int) -> None:
+    """`bad` raises ProtocolError and drops client `cid` at once, with the stage and reason
+    recorded; then the server's bookkeeping is put back, to test the next variant."""
+    saved = {k: copy.copy(getattr(server, k)) for k in ("_expected", "_replies", "_faulty", "_dropped")}
+    assert cid in server.waiting_for()
+    with pytest.raises(ProtocolError):
+        server.accept(bad)
+    assert cid not in server.waiting_for()
+    assert server._faulty[cid].startswith(f"{server.stage}: ")
+    assert cid in server._dropped[server.stage]
+    for k, v in saved.items():
+        setattr(server, k, v)
+
+
 def remake(m: Message, *, fields=None, **env) -> Message:
     return Message(kind=env.get("kind", m.kind), round=env.get("round", m.round), sender=env.get("sender", m.sender),
                    receiver=env.get("receiver", m.receiver), fields=dict(m.fields) if fields is None else fields)
@@ -135,8 +152,11 @@ def drive(s: Setup, *, drop_at=None, bad_requests=None, bad_replies=None):
                     refuse(client, client.handle, bad)
             reply = client.handle(req)
             if bad_replies:
-                for bad in bad_replies(stage, cid, reply):
-                    refuse(s.server, s.server.accept, bad)
+                for bad, faults in bad_replies(stage, cid, reply):
+                    if faults:
+                        faulted(s.server, bad, cid)
+                    else:
+                        refuse(s.server, s.server.accept, bad)
             s.server.accept(reply)
         requests = s.server.advance()
     return s.server.result()
@@ -413,13 +433,17 @@ def _bad_replies_for(s: Setup):
     other_stage_kind = {"advertise": "shares", "share": "masked_input", "masked": "unmask_shares", "unmask": "advertise_keys"}
 
     def bad(stage, cid, reply):
-        out = [
+        """(variant, whether it drops its sender): envelope errors (late, replayed, misaddressed or
+        from someone else) are discarded; a reply that is the sender's own and malformed drops it."""
+        envelope = [
             remake(reply, round=reply.round + 1),
             remake(reply, round=reply.round - 1),
             remake(reply, receiver=cid),
             remake(reply, sender=999),
             remake(reply, sender=SERVER),
             remake(reply, kind=other_stage_kind[stage]),
+        ]
+        out = [
             with_field(reply, "extra", 1),
             remake(reply, fields={}),
         ]
@@ -463,7 +487,7 @@ def _bad_replies_for(s: Setup):
                 k0 = next(iter(keys))
                 out += [with_field(reply, "key_shares", {u: b for u, b in keys.items() if u != k0}),
                         with_field(reply, "seed_shares", {**seeds, k0: keys[k0]})]
-        return out
+        return [(m, False) for m in envelope] + [(m, True) for m in out]
 
     return bad
 
@@ -571,29 +595,16 @@ def _bad_requests_for(s: Setup, foreign: dict, exercised: set):
                 with_field(req, "keys", {**keys, v0: keys[v0][:-1]}),
             ]
         elif stage == "masked":
+            # (ciphertexts that fail authentication are not refused but reported: see
+            # test_a_share_that_fails_authentication_drops_its_sender_not_the_round)
             cts = dict(req["ciphertexts"])
-            for u, ct in cts.items():
-                sent[(u, cid)] = ct
             u0 = next(iter(cts))
-            flipped = bytearray(cts[u0])
-            flipped[len(flipped) // 2] ^= 0x01
-            reflected = sent.get((cid, u0))  # what cid itself sent to u0, presented as coming from u0
-            redirected = next((ct for (snd, rcv), ct in sent.items() if snd == u0 and rcv != cid), None)
             out += [
-                with_field(req, "ciphertexts", {**cts, u0: bytes(flipped)}),
                 with_field(req, "ciphertexts", {**cts, 10_000: cts[u0]}),               # unannounced sender
                 with_field(req, "ciphertexts", dict(list(cts.items())[: s.t - 2])),     # below t
-                with_field(req, "ciphertexts", {**cts, u0: cts[u0][:-1]}),
+                with_field(req, "ciphertexts", {**cts, u0: cts[u0][:-1]}),              # wrong size
             ]
-            if (u0, cid) in foreign:  # replayed from another round among the same ids
-                out.append(with_field(req, "ciphertexts", {**cts, u0: foreign[(u0, cid)]}))
-                exercised.add("replayed")
-            if reflected is not None:
-                out.append(with_field(req, "ciphertexts", {**cts, u0: reflected}))
-                exercised.add("reflected")
-            if redirected is not None:
-                out.append(with_field(req, "ciphertexts", {**cts, u0: redirected}))
-                exercised.add("redirected")
+            exercised.add("masked")
         elif stage == "unmask":
             alive = req["alive"]
             out += [
@@ -630,7 +641,82 @@ def test_client_refuses_hostile_requests_and_the_round_still_finishes(protocol):
     res = drive(s, drop_at={"masked": {7}},
                 bad_requests=_bad_requests_for(s, _foreign_ciphertexts(protocol, ids), exercised))
     check_result(s, res, contributors=range(1, 7))
-    assert exercised == {"replayed", "reflected", "redirected"}
+    assert exercised == {"masked"}
+
+
+def _tampered(variant: str, *, cts: dict, cid: int, u0: int, sent: dict, foreign: dict) -> bytes:
+    """A ciphertext presented to `cid` as u0's share that must fail authentication there."""
+    if variant == "flipped":
+        flipped = bytearray(cts[u0])
+        flipped[len(flipped) // 2] ^= 0x01
+        return bytes(flipped)
+    if variant == "reflected":
+        return sent[(cid, u0)]                   # what cid itself sent to u0
+    if variant == "redirected":
+        return next(ct for (snd, rcv), ct in sent.items() if snd == u0 and rcv != cid)
+    return foreign[(u0, cid)]                    # u0's share for cid in another round
+
+
+@pytest.mark.parametrize("variant", ["flipped", "reflected", "redirected", "replayed"])
+@pytest.mark.parametrize("protocol", sorted(PROTOCOLS))
+def test_a_share_that_fails_authentication_drops_its_sender_not_the_round(protocol, variant):
+    ids = list(range(1, 8))
+    s = make(protocol, 7, 16, ids=ids)
+    foreign = _foreign_ciphertexts(protocol, ids)
+    victim, u0 = 1, None
+    requests = s.server.start()
+    while requests:
+        if s.server.stage == "masked":
+            sent = {(snd, rcv): ct for rcv, r in requests.items() for snd, ct in r["ciphertexts"].items()}
+            cts = dict(requests[victim]["ciphertexts"])
+            u0 = max(cts)
+            cts[u0] = _tampered(variant, cts=cts, cid=victim, u0=u0, sent=sent, foreign=foreign)
+            requests[victim] = with_field(requests[victim], "ciphertexts", cts)
+        for cid, req in requests.items():
+            s.server.accept(s.clients[cid].handle(req))
+        requests = s.server.advance()
+    res = s.server.result()
+    assert s.accepted["masked"][victim]["bad_shares"] == (u0,)
+    assert res.faulty == {u0: f"masked: its sealed shares for clients [{victim}] failed authentication there"}
+    assert res.dropped == {"masked": frozenset({u0})}
+    check_result(s, res, contributors=set(ids) - {u0})
+    assert_never_both(s)  # u0's masking key was rebuilt, its self-mask seed never asked for
+
+
+@pytest.mark.parametrize("protocol", sorted(PROTOCOLS))
+def test_one_client_accusing_many_drops_itself_and_the_accused_stay(protocol):
+    """A liar naming every neighbour as a bad sharer: the cover drops the liar alone."""
+    s = make(protocol, 7, 16)
+    liar = 3
+    requests = s.server.start()
+    while requests:
+        for cid, req in requests.items():
+            reply = s.clients[cid].handle(req)
+            if s.server.stage == "masked" and cid == liar:
+                reply = with_field(reply, "bad_shares", tuple(sorted(req["ciphertexts"])))
+            s.server.accept(reply)
+        requests = s.server.advance()
+    res = s.server.result()
+    assert res.faulty.keys() == {liar} and "it reported bad sealed shares from clients" in res.faulty[liar]
+    check_result(s, res, contributors=set(s.clients) - {liar})
+    assert_never_both(s)
+
+
+def test_the_accusation_cover_is_small_and_covers_every_accusation():
+    cover = accusation_cover({1: frozenset({2}), 3: frozenset({2}), 4: frozenset({5, 6, 7})})
+    assert set(cover) == {2, 4}  # the twice-accused sender and the accuser of three
+    assert accusation_cover({1: frozenset({2})}).keys() == {2}  # a tie: the accused goes
+    assert accusation_cover({}) == {}
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.dictionaries(st.integers(1, 12), st.frozensets(st.integers(1, 12), max_size=5), max_size=8))
+def test_no_accusation_survives_between_two_kept_clients(accused_by):
+    accused_by = {a: us - {a} for a, us in accused_by.items()}
+    cover = accusation_cover(accused_by)
+    assert all(a in cover or u in cover for a, us in accused_by.items() for u in us)
+    involved = {a for a, us in accused_by.items() if us} | {u for us in accused_by.values() for u in us}
+    assert set(cover) <= involved and all(cover.values())  # only parties to an accusation, each with a reason
 
 
 def test_client_refuses_replayed_and_out_of_order_requests():

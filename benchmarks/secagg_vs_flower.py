@@ -44,14 +44,16 @@ def _loadavg() -> float:
 def ours_tcp(*, protocol: str, clients: int, dim: int, rounds: int, params: dict[str, str], dropouts: int = 0) -> dict:
     """Server and `clients` client processes over loopback tcp; median round wall time after round 1.
 
-    With `dropouts`, that many clients crash at the masked-input stage of the last round.
+    With `dropouts`, that many clients crash at the masked-input stage of the last round. Runs
+    `--insecure` (no CurveZMQ, no signed keys) to compare like for like with Flower's SecAgg+ over
+    plain gRPC; an enrolled deployment adds transport encryption and one signature per client-round.
     """
     py = [sys.executable, "-m", "transport.cli"]
     extra = [x for k, v in params.items() for x in ("--param", f"{k}={v}")]  # server-side parameters
     env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     with tempfile.TemporaryDirectory() as tmp:
         ep_file = Path(tmp) / "endpoint"
-        server = subprocess.Popen(py + ["server", "--protocol", protocol, "--clients", str(clients), "--dim", str(dim),
+        server = subprocess.Popen(py + ["server", "--insecure", "--protocol", protocol, "--clients", str(clients), "--dim", str(dim),
                                         "--port", "0", "--endpoint-file", str(ep_file), "--rounds", str(rounds),
                                         "--float-input", "--stage-timeout", "120", "--register-timeout", "300", *extra],
                                   cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
@@ -63,7 +65,7 @@ def ours_tcp(*, protocol: str, clients: int, dim: int, rounds: int, params: dict
             time.sleep(0.05)
         endpoint = ep_file.read_text().strip()
         drop = ["--drop-at-input", "--drop-round", str(rounds)]
-        procs = [subprocess.Popen(py + ["client", "--id", str(i), "--connect", endpoint, "--dim", str(dim),
+        procs = [subprocess.Popen(py + ["client", "--insecure", "--id", str(i), "--connect", endpoint, "--dim", str(dim),
                                         "--protocol", protocol, "--float-input", "--max-clients", str(clients),
                                         *(drop if i > clients - dropouts else [])],
                                   cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

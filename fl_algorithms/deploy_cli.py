@@ -1,10 +1,14 @@
 """Run a federated experiment as separate processes over tcp.
 
-    python -m fl_algorithms.deploy_cli server --task fl_algorithms.tasks.toy:build --clients 3 \\
+    python -m fl_algorithms.deploy_cli server --keys keys --task fl_algorithms.tasks.toy:build --clients 3 \\
         --bind tcp://127.0.0.1:5555 [--config run.toml] [--rounds N] [--protocol secagg+] \\
         [--checkpoint-dir DIR] [--resume]
-    python -m fl_algorithms.deploy_cli client --task fl_algorithms.tasks.toy:build --id 1 \\
+    python -m fl_algorithms.deploy_cli client --keys keys --task fl_algorithms.tasks.toy:build --id 1 \\
         --connect tcp://127.0.0.1:5555 [--config run.toml] [--protocol secagg+] [--checkpoint-dir DIR]
+
+Both sides need `--keys DIR`, an enrolment from `python -m transport.cli enrol` (CurveZMQ with a
+client allowlist and a pinned server key; round keys signed by each client's enrolled key), or
+`--insecure` for development on a trusted machine, which says so loudly.
 
 The server prints one JSON line per round as the round completes, then a final evaluation line.
 Server and clients must agree on the configuration (protocol, encoding, DP): a client that differs
@@ -72,6 +76,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--resume", action="store_true", help="server: continue from --checkpoint-dir")
     ap.add_argument("--run-dir", help="server: a run directory (config.toml, metrics.jsonl/csv per round as it "
                                       "completes, results.json, ledger.json); also the checkpoint dir if none given")
+    ap.add_argument("--keys", help="enrolment folder from `python -m transport.cli enrol`")
+    ap.add_argument("--insecure", action="store_true", help="no authentication or encryption: development only")
     ap.add_argument("--register-timeout", type=_positive(float), default=120.0)
     ap.add_argument("--broadcast-timeout", type=_positive(float), default=600.0)
     ap.add_argument("--stage-timeout", type=_positive(float), default=60.0)
@@ -101,6 +107,18 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("client needs --id K")
     if args.resume and not (args.role == "server" and (args.checkpoint_dir or args.run_dir)):
         ap.error("--resume is for the server and needs --checkpoint-dir or --run-dir")
+    from transport.cli import use_enrolment
+    from transport.enrolment import load_client, load_server
+
+    try:
+        curve, roster, identity = None, None, None
+        if use_enrolment(args):
+            if args.role == "server":
+                curve, roster = load_server(Path(args.keys))
+            else:
+                curve, identity = load_client(Path(args.keys), args.id)
+    except (OSError, ValueError) as exc:
+        ap.error(f"--keys {args.keys}: {exc}" if args.keys else str(exc))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s", stream=sys.stderr)
     config = run_config(args, ap)
     try:
@@ -116,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
             from dp.ledger import Ledger
 
             ledger = Ledger()
-        with ServerDriver(args.bind) as driver:
+        with ServerDriver(args.bind, curve=curve) as driver:
             got = driver.wait_for_clients(count=args.clients, timeout=args.register_timeout)
             if len(got) < args.clients:
                 print(f"error: only {len(got)} of {args.clients} clients registered", file=sys.stderr)
@@ -135,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
                     run.log_round(dataclasses.asdict(rec))
 
             server = DeployedServer(task=task, config=config, driver=driver, deployment=deployment, ledger=ledger,
-                                    on_round=on_round)
+                                    on_round=on_round, roster=roster)
             if args.resume and server.load() and run is not None:
                 run.truncate_rounds(after=len(server.history))
             server.run()
@@ -152,10 +170,10 @@ def main(argv: list[str] | None = None) -> int:
     from transport.client import ProtocolMismatchError, RegistrationError, run_client
 
     client = DeployedClient(client_id=args.id, task=task, config=config, checkpoint_dir=args.checkpoint_dir,
-                            deployment=deployment)
+                            deployment=deployment, identity=identity)
     try:
         summary = run_client(endpoint=args.connect, client_id=args.id, factory=client.protocol_for,
-                             handlers=client.handlers())
+                             handlers=client.handlers(), curve=curve)
     except (ProtocolMismatchError, RegistrationError) as exc:
         print(f"error: client {args.id}: {exc}", file=sys.stderr)
         return 2

@@ -1,8 +1,8 @@
 """Deployment CLI: a server process and client processes over tcp:// (or ipc://).
 
-    python -m transport.cli server --protocol secagg+ --clients 50 --dim 1000000 --port 5555 --check
-    python -m transport.cli client --id 7 --connect tcp://127.0.0.1:5555 --protocol secagg+ --dim 1000000
-    python -m transport.cli keygen --dir keys --clients 50      # then --curve-dir keys on both sides
+    python -m transport.cli server --keys keys --protocol secagg+ --clients 50 --dim 1000000 --port 5555 --check
+    python -m transport.cli client --keys keys --id 7 --connect tcp://127.0.0.1:5555 --protocol secagg+ --dim 1000000
+    python -m transport.cli enrol --dir keys --clients 50       # then --keys keys on both sides
 
 Clients sum a deterministic synthetic vector (`synthetic_input`), so the server can check the
 exact ring sum over the round's contributors (`--check`); this makes the CLI a smoke test and a
@@ -10,6 +10,11 @@ benchmark harness for the transport and the protocols. Protocols are chosen by r
 `--protocol` (default secagg+, on both sides; server and clients must run the same one);
 `--param name=value` passes extra constructor arguments (e.g. `--param degree=10`), checked against
 the protocol's real keyword arguments. The server prints one JSON line per round.
+
+Deployment is authenticated by default: both sides need `--keys DIR` from `enrol`
+(`transport.enrolment`: CurveZMQ with a client allowlist and a pinned server key, client ids bound
+to keys at the handshake, round keys signed with each client's enrolled key). `--insecure` runs
+without any of it, for development on a trusted machine only, and says so loudly.
 
 Every argument is checked before any socket opens: a bad value is an argparse error (exit code 2)
 naming the option. Both sides announce their session (protocol and vector length) at registration:
@@ -41,7 +46,7 @@ from secagg.ring import RING_2_32, Ring
 
 from transport.client import ClientConfig, ProtocolMismatchError, RegistrationError, run_client
 from transport.server import RoundReport, ServerConfig, ServerDriver
-from transport.sockets import load_client_keys, load_server_keys, write_keys
+from transport.enrolment import EnrolmentError, enrol, load_client, load_server
 
 MAX_CLIENTS = ServerConfig().max_clients
 """Most clients one server registers (the driver's own limit)."""
@@ -205,7 +210,8 @@ def serve(args: argparse.Namespace) -> int:
                 print(json.dumps({"event": "error", "round": round_id, "error": error}), flush=True)
                 return 1
             try:
-                protocol = server_cls(round_id=round_id, clients=sorted(driver.clients), length=length, **args.params)
+                protocol = server_cls(round_id=round_id, clients=sorted(driver.clients), length=length,
+                                      **registry.with_enrolment(server_cls, args.params, roster=args.roster))
                 report = driver.run_round(protocol, stage_timeout=args.stage_timeout)
             except (AbortError, ValueError) as exc:  # ValueError: too few clients left for the protocol
                 line = {"event": "aborted", "round": round_id, "error": str(exc)}
@@ -239,7 +245,8 @@ def _round_line(args: argparse.Namespace, round_id: int, report: RoundReport, re
         "server_seconds": {k: round(v, 4) for k, v in report.server_seconds.items()},
         "round_seconds": round(report.seconds, 4), "register_seconds": round(registered, 4),
         "bytes_received": sum(report.bytes_received.values()), "bytes_sent": sum(report.bytes_sent.values()),
-        "rejected": report.rejected,
+        "rejected": report.rejected, "faulty": {str(c): why for c, why in sorted(res.faulty.items())},
+        "authenticated": args.curve is not None,
     }
     if args.check and not args.float_input:
         expected = synthetic_sum(res.contributors, round_id, args.dim, ring=ring)
@@ -289,7 +296,8 @@ def client(args: argparse.Namespace) -> int:
             if args.float_input:
                 return float_input(args.dim, n_clients=args.max_clients, ring=registry.default_ring(args.protocol))
             return synthetic_input(cid, round_id, args.dim)
-        proto = client_cls(client_id=cid, round_id=round_id, input_fn=input_fn, **args.params)
+        proto = client_cls(client_id=cid, round_id=round_id, input_fn=input_fn,
+                           **registry.with_enrolment(client_cls, args.params, identity=args.identity))
         return _ExpectLength(proto, length=length, source=source)
 
     config = ClientConfig(hello_timeout=args.hello_timeout, idle_timeout=args.idle_timeout, session=_session(args))
@@ -305,9 +313,20 @@ def client(args: argparse.Namespace) -> int:
 
 # ---- keys and argument parsing ------------------------------------------------------------
 
-def keygen(args: argparse.Namespace) -> int:
-    write_keys(Path(args.dir), clients=args.clients)
-    print(f"wrote server and {args.clients} client key pairs to {args.dir}")
+INSECURE_WARNING = ("INSECURE MODE (--insecure): no CurveZMQ, no client authentication, unsigned round keys. "
+                    "Anyone who can reach this port can register any client id, read what is sent and, as the "
+                    "server, substitute keys. For development on a trusted machine only; enrol with "
+                    "`python -m transport.cli enrol` and pass --keys for anything else.")
+
+
+def enrol_command(args: argparse.Namespace) -> int:
+    try:
+        roster = enrol(Path(args.dir), clients=range(1, args.clients + 1))
+    except EnrolmentError as exc:
+        print(f"enrol: {exc}", file=sys.stderr)
+        return 2
+    print(f"enrolled the server and clients 1..{args.clients} in {args.dir}: give {roster.name} to everyone, "
+          f"server.key_secret to the server, client-<k>.key_secret and client-<k>.sign_secret to client k only")
     return 0
 
 
@@ -387,7 +406,9 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--register-timeout", type=_positive_float, default=60.0, help="seconds to wait for --clients")
     s.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
                    help="server protocol argument, e.g. degree=10 or threshold_fraction=0.6 (checked)")
-    s.add_argument("--curve-dir", help="CurveZMQ keys from `keygen`: server secret + client allowlist")
+    s.add_argument("--keys", "--curve-dir", dest="keys",
+                   help="enrolment folder from `enrol` (roster.json + server.key_secret)")
+    s.add_argument("--insecure", action="store_true", help="no authentication or encryption: development only")
     s.add_argument("--check", action="store_true", help="verify the exact sum of the synthetic inputs")
     s.add_argument("--float-input", action="store_true", help="clients encode random float vectors (length dim + 1)")
     s.set_defaults(run=serve, validate=_validate_server, error=s.error)
@@ -402,7 +423,9 @@ def parser() -> argparse.ArgumentParser:
                    help="must match the server's (default secagg+)")
     c.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
                    help="client protocol argument, e.g. min_survivors=3 for lightsecagg (checked)")
-    c.add_argument("--curve-dir", help="CurveZMQ keys from `keygen`: this client's pair + the server's public key")
+    c.add_argument("--keys", "--curve-dir", dest="keys",
+                   help="enrolment folder from `enrol` (roster.json + this client's two secret files)")
+    c.add_argument("--insecure", action="store_true", help="no authentication or encryption: development only")
     c.add_argument("--hello-timeout", type=_positive_float, default=60.0, help="seconds to wait for the welcome")
     c.add_argument("--idle-timeout", type=_positive_float, default=600.0,
                    help="exit after this many seconds without a message")
@@ -413,10 +436,11 @@ def parser() -> argparse.ArgumentParser:
                    help="with --float-input: the encoder's client bound")
     c.set_defaults(run=client, validate=_validate_client, error=c.error)
 
-    k = sub.add_parser("keygen", help="write CurveZMQ key pairs for a server and its clients")
-    k.add_argument("--dir", required=True)
-    k.add_argument("--clients", type=_at_least(int, 1, MAX_CLIENTS), required=True)
-    k.set_defaults(run=keygen, validate=_validate_keygen, error=k.error)
+    k = sub.add_parser("enrol", aliases=["keygen"],
+                       help="create the server's and clients' keys and the roster (see transport.enrolment)")
+    k.add_argument("--dir", required=True, help="a new folder (existing keys are never overwritten)")
+    k.add_argument("--clients", type=_at_least(int, 1, MAX_CLIENTS), required=True, help="enrol ids 1..N")
+    k.set_defaults(run=enrol_command, validate=_validate_keygen, error=k.error)
     return p
 
 
@@ -429,12 +453,14 @@ def _validate_server(args: argparse.Namespace) -> None:
     if _vector_length(args) > MAX_VECTOR_LENGTH:
         raise ValueError(f"--dim {args.dim} with --float-input exceeds the longest vector, {MAX_VECTOR_LENGTH}")
     args.params = check_server_params(args.protocol, args.param, clients=args.clients, length=_vector_length(args))
-    args.curve = None
-    if args.curve_dir:
+    args.curve, args.roster = None, None
+    if use_enrolment(args):
         try:
-            args.curve = load_server_keys(_key_dir(args.curve_dir))
+            args.curve, args.roster = load_server(_key_dir(args.keys))
         except (OSError, ValueError) as exc:
-            raise ValueError(f"--curve-dir {args.curve_dir}: cannot read the server keys ({exc})") from None
+            raise ValueError(f"--keys {args.keys}: cannot read the server's enrolment ({exc})") from None
+        if len(args.roster.keys) < args.clients:
+            raise ValueError(f"--clients {args.clients}: only {len(args.roster.keys)} clients are enrolled in {args.keys}")
 
 
 def _validate_client(args: argparse.Namespace) -> None:
@@ -450,13 +476,24 @@ def _validate_client(args: argparse.Namespace) -> None:
     if args.params.get("max_length", MAX_VECTOR_LENGTH) < _vector_length(args):
         raise ValueError(f"--param max_length={args.params['max_length']} is below this client's vector length "
                          f"{_vector_length(args)}: it would refuse every round")
-    args.curve = None
-    if args.curve_dir:
+    args.curve, args.identity = None, None
+    if use_enrolment(args):
         try:
-            args.curve = load_client_keys(_key_dir(args.curve_dir), args.id)
+            args.curve, args.identity = load_client(_key_dir(args.keys), args.id)
         except (OSError, ValueError) as exc:
-            raise ValueError(f"--curve-dir {args.curve_dir}: cannot read the keys of client {args.id} "
-                             f"({exc})") from None
+            raise ValueError(f"--keys {args.keys}: cannot read the enrolment of client {args.id} ({exc})") from None
+
+
+def use_enrolment(args: argparse.Namespace) -> bool:
+    """True with --keys; False with --insecure (after the loud warning); ValueError with neither or both."""
+    if args.insecure and args.keys:
+        raise ValueError("--insecure and --keys contradict each other: give one")
+    if not args.insecure and not args.keys:
+        raise ValueError("give --keys DIR (an enrolment from `python -m transport.cli enrol`) or, for "
+                         "development on a trusted machine only, --insecure")
+    if args.insecure:
+        print(INSECURE_WARNING, file=sys.stderr, flush=True)
+    return not args.insecure
 
 
 def _validate_keygen(args: argparse.Namespace) -> None:
@@ -467,7 +504,7 @@ def _validate_keygen(args: argparse.Namespace) -> None:
 def _key_dir(text: str) -> Path:
     path = Path(text)
     if not path.is_dir():
-        raise ValueError("no such folder (write one with `keygen`)")
+        raise ValueError("no such folder (write one with `enrol`)")
     return path
 
 

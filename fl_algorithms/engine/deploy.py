@@ -74,8 +74,11 @@ class DeployedServer:
     """Runs FL rounds over a connected ServerDriver; logs and checkpoints after each round; resumable."""
 
     def __init__(self, *, task: Task, config: RunConfig, driver, deployment: DeploymentConfig = DeploymentConfig(),
-                 ledger=None, on_round: Callable[[RoundRecord], None] | None = None) -> None:
+                 ledger=None, on_round: Callable[[RoundRecord], None] | None = None, roster=None) -> None:
+        """`roster` (from enrolment): secure sums drop a client whose round keys are not signed by
+        its enrolled key (clients check each other's signatures either way)."""
         self.task, self.config, self.driver, self.deployment = task, config, driver, deployment
+        self.roster = roster
         self.algorithm = task.algorithm
         self.server = ServerRole(task.algorithm)
         self.ledger = ledger
@@ -160,9 +163,11 @@ class DeployedServer:
         clipped = 0
         for job in machine.sum_jobs():
             clipped += sum(clipped_by.get(c, {}).get(job.name, 0) for c in job.members)
-            protocol = registry.server_class(self.config.secure.protocol)(
+            server_cls = registry.server_class(self.config.secure.protocol)
+            protocol = server_cls(
                 round_id=job.round_id, clients=list(job.members), length=job.length, ring=self.config.secure.ring,
-                **{**dict(self.config.secure.protocol_params), **dict(job.protocol_params)})
+                **registry.with_enrolment(server_cls, {**dict(self.config.secure.protocol_params),
+                                                       **dict(job.protocol_params)}, roster=self.roster))
             s0 = time.perf_counter()
             try:
                 report = self.driver.run_round(protocol, stage_timeout=self.deployment.stage_timeout)
@@ -221,8 +226,10 @@ class DeployedClient:
     """Client side: answers broadcasts with local training, joins its secure sums, evaluates."""
 
     def __init__(self, *, client_id: int, task: Task, config: RunConfig, deployment: DeploymentConfig = DeploymentConfig(),
-                 checkpoint_dir: str | None = None) -> None:
+                 checkpoint_dir: str | None = None, identity=None) -> None:
+        """`identity` (from enrolment): sign this client's round keys and check its peers'."""
         self.client_id, self.config, self.deployment = client_id, config, deployment
+        self.identity = identity
         self.algorithm = task.algorithm
         self.trainer = task.make_trainer(client_id)
         self.endpoint = ClientEndpoint(client_id=client_id, role=ClientRole(task.algorithm), trainer=self.trainer,
@@ -290,8 +297,9 @@ class DeployedClient:
         vec = self._pending.pop(round_id, None)
         if vec is None:
             return None
-        return registry.client_class(self.config.secure.protocol)(client_id=self.client_id, round_id=round_id,
-                                                                 input_fn=lambda: vec)
+        client_cls = registry.client_class(self.config.secure.protocol)
+        return client_cls(client_id=self.client_id, round_id=round_id, input_fn=lambda: vec,
+                          **registry.with_enrolment(client_cls, {}, identity=self.identity))
 
 
 def describe_round(rec: RoundRecord) -> str:

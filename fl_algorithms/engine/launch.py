@@ -5,6 +5,8 @@ This is what an example's `--runtime deploy` does. Each client process rebuilds 
 `task_spec` and `options` (so it holds only what its own `make_trainer` builds), reads the run's
 secure-aggregation settings from a TOML file, and writes its output to `<log_dir>/client-<id>.log`.
 A client that dies before registering stops the run with its log's last lines, never a silent hang.
+Every launch enrols its clients afresh in `<log_dir>/keys` (`transport.enrolment`), so even a
+loopback run is authenticated and encrypted (CurveZMQ, signed round keys) like a real deployment.
 """
 from __future__ import annotations
 
@@ -55,10 +57,11 @@ def write_client_config(config: RunConfig, path: Path) -> Path:
     return path
 
 
-def client_command(*, task_spec: str, options: Mapping[str, str], config_path: Path, client_id: int,
+def client_command(*, task_spec: str, options: Mapping[str, str], config_path: Path, client_id: int, keys: Path | None,
                    endpoint: str) -> list[str]:
     command = [sys.executable, "-m", "fl_algorithms.deploy_cli", "client", "--task", task_spec,
-               "--config", str(config_path), "--id", str(client_id), "--connect", endpoint]
+               "--config", str(config_path), "--id", str(client_id), "--connect", endpoint,
+               *(["--keys", str(keys)] if keys is not None else ["--insecure"])]
     for key, value in options.items():
         command += ["--option", f"{key}={value}"]
     return command
@@ -76,19 +79,25 @@ def run_on_loopback(*, task: Task, task_spec: str, options: Mapping[str, str], c
 
     if clients < 2:
         raise ValueError("a deployment needs at least 2 clients")
+    from transport.enrolment import enrol, load_server
+
     log_dir.mkdir(parents=True, exist_ok=True)
     config_path = write_client_config(config, log_dir / "client_config.toml")
+    keys = log_dir / "keys"  # a fresh enrolment per launch: authenticated and encrypted even on loopback
+    if not (keys / "roster.json").exists():
+        enrol(keys, clients=range(1, clients + 1))
+    curve, roster = load_server(keys)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     procs: dict[int, subprocess.Popen] = {}
     logs: dict[int, Path] = {}
-    with ServerDriver("tcp://127.0.0.1:*") as driver:
+    with ServerDriver("tcp://127.0.0.1:*", curve=curve) as driver:
         try:
             for cid in range(1, clients + 1):
                 logs[cid] = log_dir / f"client-{cid}.log"
                 with open(logs[cid], "wb") as out:
                     procs[cid] = subprocess.Popen(
                         client_command(task_spec=task_spec, options=options, config_path=config_path, client_id=cid,
-                                       endpoint=driver.endpoint)
+                                       endpoint=driver.endpoint, keys=keys)
                     + ([] if client_checkpoints is None
                        else ["--checkpoint-dir", str(client_checkpoints / f"client-{cid}")]),
                         stdout=out, stderr=subprocess.STDOUT, env=env)
@@ -104,7 +113,8 @@ def run_on_loopback(*, task: Task, task_spec: str, options: Mapping[str, str], c
                     raise LaunchError(f"clients {missing} did not register within {register_timeout:.0f} s; "
                                       f"see {log_dir}")
                 driver.wait_for_clients(count=clients, timeout=1.0)
-            server = DeployedServer(task=task, config=config, driver=driver, deployment=deployment, ledger=ledger)
+            server = DeployedServer(task=task, config=config, driver=driver, deployment=deployment, ledger=ledger,
+                                    roster=roster)
             if on_round is not None:
                 server.on_round = lambda rec: on_round(rec, server)
             if resume:

@@ -38,3 +38,12 @@ def server_class(name: str) -> type:
 
 def client_class(name: str) -> type:
     return _load(name, 2)
+
+
+def with_enrolment(cls: type, params: dict, **enrolment) -> dict:
+    """Constructor keywords plus the enrolment ones (`roster` for servers, `identity` for clients)
+    that `cls` accepts and that are set: the plain protocol takes none."""
+    import inspect
+
+    accepted = inspect.signature(cls).parameters
+    return {**params, **{k: v for k, v in enrolment.items() if v is not None and k in accepted}}

@@ -54,11 +54,11 @@ def finish(procs: list[subprocess.Popen], timeout: float = 60.0) -> list[tuple[i
 @pytest.mark.slow
 def test_server_and_client_processes_over_tcp_sum_exactly(tmp_path) -> None:
     dim = 1000
-    server = cli("server", "--clients", "3", "--dim", str(dim), "--rounds", "2", "--check",
+    server = cli("server", "--insecure", "--clients", "3", "--dim", str(dim), "--rounds", "2", "--check",
                  "--stage-timeout", "30", "--register-timeout", "60", "--endpoint-file", str(tmp_path / "ep"))
     endpoint = wait_for_file(tmp_path / "ep", server)
     assert endpoint.startswith("tcp://127.0.0.1:")
-    clients = [cli("client", "--id", str(k), "--connect", endpoint, "--dim", str(dim), "--idle-timeout", "60",
+    clients = [cli("client", "--insecure", "--id", str(k), "--connect", endpoint, "--dim", str(dim), "--idle-timeout", "60",
                    *(["--drop-at-input", "--drop-round", "2"] if k == 3 else []))
                for k in (1, 2, 3)]
     (code, stdout, stderr), *client_results = finish([server, *clients])
@@ -104,7 +104,10 @@ CLIENT = ["client", "--id", "1", "--connect", "tcp://127.0.0.1:5555", "--dim", "
     ([*SERVER, "--endpoint", "inproc://x"], "--endpoint: expected tcp://HOST:PORT or ipc://PATH"),
     ([*SERVER, "--endpoint", "tcp://127.0.0.1:5555", "--port", "5556"], "--endpoint replaces --host and --port"),
     ([*SERVER, "--endpoint-file", "/nonexistent-folder/ep"], "--endpoint-file /nonexistent-folder/ep: its folder"),
-    ([*SERVER, "--curve-dir", "/nonexistent-folder"], "--curve-dir /nonexistent-folder: cannot read"),
+    ([*SERVER, "--keys", "/nonexistent-folder"], "--keys /nonexistent-folder: cannot read"),
+    (SERVER, "give --keys DIR"),
+    (CLIENT, "give --keys DIR"),
+    ([*SERVER, "--keys", "k", "--insecure"], "--insecure and --keys contradict"),
     ([*SERVER, "--param", "threshold=5"], "it takes ['degree', 'min_clients', 'threshold_fraction']"),
     ([*SERVER, "--param", "nonsense"], "--param takes NAME=VALUE, got 'nonsense'; secagg+ takes ['degree'"),
     ([*SERVER, "--param", "threshold_fraction=1.5"], "threshold_fraction must be in [0, 1)"),
@@ -188,7 +191,7 @@ def test_a_secagg_plus_cli_client_of_a_secagg_server_is_refused_at_registration_
     with ServerDriver("tcp://127.0.0.1:*", config=ServerConfig(session=server_session)) as driver:
         out: dict[str, int] = {}
         t = threading.Thread(target=lambda: out.setdefault("code", main(
-            ["client", "--id", "1", "--connect", driver.endpoint, "--dim", "10", "--protocol", "secagg+",
+            ["client", "--insecure", "--id", "1", "--connect", driver.endpoint, "--dim", "10", "--protocol", "secagg+",
              "--hello-timeout", "10", "--idle-timeout", "10"])), daemon=True)
         t.start()
         assert driver.wait_for_clients(count=1, timeout=3.0) == frozenset()
@@ -202,7 +205,7 @@ def test_a_secagg_plus_cli_client_of_a_secagg_server_is_refused_at_registration_
 def test_a_cli_client_of_the_same_session_registers() -> None:
     """The control for the refusal above: the same protocol and length are welcomed."""
     with ServerDriver("tcp://127.0.0.1:*", config=ServerConfig(session="secagg+ length=10")) as driver:
-        t = threading.Thread(target=main, args=(["client", "--id", "1", "--connect", driver.endpoint, "--dim", "10",
+        t = threading.Thread(target=main, args=(["client", "--insecure", "--id", "1", "--connect", driver.endpoint, "--dim", "10",
                                                  "--protocol", "secagg+", "--hello-timeout", "10",
                                                  "--idle-timeout", "3"],), daemon=True)
         t.start()
@@ -215,7 +218,7 @@ def test_a_cli_client_with_another_dim_exits_2_naming_both_lengths(capsys) -> No
     with ServerDriver("tcp://127.0.0.1:*") as driver:
         out: dict[str, int] = {}
         t = threading.Thread(target=lambda: out.setdefault("code", main(
-            ["client", "--id", "1", "--connect", driver.endpoint, "--dim", "11", "--protocol", "plain",
+            ["client", "--insecure", "--id", "1", "--connect", driver.endpoint, "--dim", "11", "--protocol", "plain",
              "--hello-timeout", "10", "--idle-timeout", "10"])), daemon=True)
         t.start()
         assert driver.wait_for_clients(count=1, timeout=10.0) == {1}
@@ -229,10 +232,10 @@ def test_a_cli_client_with_another_dim_exits_2_naming_both_lengths(capsys) -> No
 
 @pytest.mark.slow
 def test_cli_server_secagg_plus_and_plain_clients_name_both_protocols(tmp_path) -> None:
-    server = cli("server", "--protocol", "secagg+", "--clients", "2", "--dim", "10", "--stage-timeout", "5",
+    server = cli("server", "--insecure", "--protocol", "secagg+", "--clients", "2", "--dim", "10", "--stage-timeout", "5",
                  "--register-timeout", "8", "--endpoint-file", str(tmp_path / "ep"))
     endpoint = wait_for_file(tmp_path / "ep", server)
-    clients = [cli("client", "--id", str(k), "--connect", endpoint, "--dim", "10", "--protocol", "plain",
+    clients = [cli("client", "--insecure", "--id", str(k), "--connect", endpoint, "--dim", "10", "--protocol", "plain",
                    "--hello-timeout", "30", "--idle-timeout", "30") for k in (1, 2)]
     (code, stdout, stderr), *client_results = finish([server, *clients], timeout=60.0)
     for client_code, _, client_err in client_results:

@@ -11,6 +11,7 @@ from fl_algorithms.engine.deploy import DeployedClient, DeployedServer
 from fl_algorithms.engine.sim import RunConfig, SimulationRunner
 from fl_algorithms.engine.secure_sum import SecureAggregationConfig
 from fl_algorithms.tasks.toy import build
+from transport.enrolment import enrol
 from transport.simulation import InprocFederation
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -69,7 +70,8 @@ def test_multiprocess_tcp_run(tmp_path):
     cfg = tmp_path / "run.toml"
     cfg.write_text('rounds = 3\n[secure]\nprotocol = "secagg+"\nclip = 4.0\nmax_weight = 100.0\nmax_clients = 8\n')
     common = [sys.executable, "-m", "fl_algorithms.deploy_cli"]
-    task = ["--task", "fl_algorithms.tasks.toy:build", "--config", str(cfg)]
+    enrol(tmp_path / "keys", clients=[1, 2, 3])  # authenticated: CurveZMQ and signed round keys
+    task = ["--task", "fl_algorithms.tasks.toy:build", "--config", str(cfg), "--keys", str(tmp_path / "keys")]
     server = subprocess.Popen(common + ["server", *task, "--clients", "3", "--bind", endpoint,
                                         "--run-dir", str(tmp_path / "run")],
                               cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -23,6 +23,12 @@ k = sqrt(2) erfcinv(modclip_prob) stddevs of the aggregate must fit the ring,
 A target epsilon is met by bisection on the noise multiplier z (each z fixing sigma_l, s and the
 rounding-inflated sensitivities) through the Skellam/DDG accounting of `dp.accounting`.
 
+Survivors: the noise of fewer than n_min clients is below calibration, so such a sum must never be
+unmasked. The secure layer raises the protocol's own survivor minimum to n_min (`protocol_floor`,
+applied by `fl_algorithms.engine.secure_sum.SecureAggregator.protocol_params`), so the protocol
+aborts before unmasking; `check_survivors` in `release` is the second line of defence. A sum of more
+than n = expected_clients clients is refused too: the ring was sized for n.
+
 Simplifications, stated: no adaptive clipping; a single rotation (num_repeats = 1); the
 accounting follows the papers in treating the n_min noise shares as present in both neighbouring
 datasets.
@@ -55,6 +61,10 @@ class PlanningError(ValueError):
 
 class InsufficientNoiseError(RuntimeError):
     """Fewer clients contributed noise than the noise was calibrated for (n_min)."""
+
+
+class TooManyClientsError(ValueError):
+    """More clients than the ring was sized for (expected_clients): the sum may wrap around."""
 
 
 @dataclass(frozen=True)
@@ -111,6 +121,20 @@ class DistributedDPConfig:
     @property
     def n_min(self) -> int:
         return self.min_clients or self.expected_clients
+
+    def protocol_floor(self) -> int:
+        """Fewest survivors a secure-sum protocol may unmask under this config: n_min (at least 2).
+
+        Give it to the protocol as its minimum (SecAgg's `min_clients`, LightSecAgg's target
+        survivors) so that a sum with less noise than calibrated is never opened."""
+        return max(2, self.n_min)
+
+    def check_cohort(self, n_clients: int) -> None:
+        """Refuse a sum over more clients than the ring was sized for (its aggregate may wrap)."""
+        if n_clients > self.expected_clients:
+            raise TooManyClientsError(f"a secure sum of {n_clients} members exceeds distributed_dp expected_clients="
+                                      f"{self.expected_clients} (the ring is sized for that many): raise "
+                                      "expected_clients or shrink the cohort")
 
     @property
     def k_stddevs(self) -> float:
@@ -348,14 +372,20 @@ class DistributedDPEncoder:
         return total / denom, DecodeReport(headroom=headroom, n_clients=n_clients)
 
     def check_survivors(self, n_clients: int) -> None:
-        """Refuse aggregates of fewer than n_min clients: their noise is below calibration.
+        """Refuse aggregates of fewer than n_min clients (noise below calibration) or more than
+        expected_clients (the ring was sized for that many).
 
-        The secure-sum protocol's threshold should be at least n_min so such a sum is never
-        unmasked in the first place; this is the second line of defence.
+        The secure layer sets the protocol's survivor minimum to n_min (`DistributedDPConfig.
+        protocol_floor`), so such a sum is never unmasked in the first place; this is the second
+        line of defence.
         """
         if n_clients < self.plan.config.n_min:
             raise InsufficientNoiseError(f"{n_clients} contributors < min_clients={self.plan.config.n_min}: "
                                          "the summed noise is below the calibrated level")
+        if n_clients > self.plan.config.expected_clients:
+            raise TooManyClientsError(f"{n_clients} contributors > expected_clients="
+                                      f"{self.plan.config.expected_clients}: the ring was sized for fewer; "
+                                      "the sum may have wrapped")
 
     # ---- accounting -----------------------------------------------------------------------
     def charge_round(self, ledger: Ledger, *, round_id: int, participants: Iterable[int],

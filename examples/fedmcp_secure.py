@@ -293,7 +293,9 @@ def run_method(method: str, seed: int, clients: FedMCPClients, plan: Plan, run: 
     where = f"{method}-seed{seed}"
     secure = SecureAggregationConfig(protocol=protocol, clip=1.0,  # per-coordinate range of one round's update
                                      max_weight=float(max(c.sizes["train"] for c in clients.info)),
-                                     max_clients=clients.num_clients)
+                                     max_clients=clients.num_clients,
+                                     # FedMCP's benchmark has 4 clients in all: every sum is over all of them
+                                     min_release_group=min(5, clients.num_clients))
     config = RunConfig(rounds=clients.settings.rounds, seed=seed, secure=secure,
                        checkpoint_dir=str(run.checkpoint_dir / where))
     task = clients.task(name, seed=seed)

@@ -111,7 +111,7 @@ def _parser() -> argparse.ArgumentParser:
             continue
         kind = {"max_docs": int, "max_length": int, "clients": int, "min_client_docs": int, "rounds": int,
                 "clients_per_round": int, "local_epochs": int, "adapter_layers": int, "bottleneck": int,
-                "batch_size": int}.get(field.name, float)
+                "batch_size": int, "min_release_group": int}.get(field.name, float)
         p.add_argument("--" + field.name.replace("_", "-"), type=kind, default=None, metavar=kind.__name__.upper())
     return p
 

@@ -9,8 +9,11 @@ One Lloyd iteration (research/dp_leakage.md Sec. 3.2):
   4. the server sets mu_c = sum_c / count_c for clusters with enough members.
 
 Pure functions and small dataclasses; no network. With noise-free sums, a cluster of count 1
-reveals one (anonymous but exact) vector: use DP noise on the blocks (per-client sensitivity
-sqrt(||x||^2 + 1)) or a `min_count` below which a centroid is not updated.
+reveals one (anonymous but exact) vector. So decoding withholds (NaN) the sum of every cluster with
+fewer than `min_count` members, default `MIN_COUNT` = 5, and such a centroid keeps its previous
+value; a smaller `min_count` must be asked for explicitly (e.g. with DP noise on the blocks,
+per-client sensitivity sqrt(||x||^2 + 1)). The counts themselves are released (they name no one).
+The engine's cluster-indexed parts (`fl_algorithms.engine.secure_sum`) refuse such a sum outright.
 """
 from __future__ import annotations
 
@@ -18,6 +21,17 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+
+MIN_COUNT = 5.0
+"""Fewest members of a cluster whose sum (hence mean) a server may see when sums are noise-free."""
+
+
+def _check_min_count(min_count: float) -> float:
+    """Any number but NaN: below 1 only makes sense for DP-noised counts (which can be 0 or negative)."""
+    if isinstance(min_count, bool) or not isinstance(min_count, (int, float, np.integer, np.floating)) \
+            or np.isnan(min_count):
+        raise ValueError(f"min_count must be a number, got {min_count!r}")
+    return float(min_count)
 
 
 @dataclass(frozen=True)
@@ -83,24 +97,29 @@ class ClusterSums:
     counts: np.ndarray
     """(K,) per-cluster member counts (floats: noisy under DP)."""
 
-    def means(self, *, min_count: float = 1.0) -> np.ndarray:
-        """(K, d) per-cluster means; NaN rows where count < min_count."""
+    def means(self, *, min_count: float = MIN_COUNT) -> np.ndarray:
+        """(K, d) per-cluster means; NaN rows where count < min_count (or the sum was withheld)."""
+        min_count = _check_min_count(min_count)
         out = np.full_like(self.sums, np.nan)
-        ok = self.counts >= min_count
+        ok = (self.counts >= min_count) & (self.counts > 0)
         out[ok] = self.sums[ok] / self.counts[ok, None]
         return out
 
 
-def decode_cluster_sums(total: np.ndarray, *, layout: ClusterLayout) -> ClusterSums:
-    """Server side: split the summed blocks into per-cluster sums and counts."""
+def decode_cluster_sums(total: np.ndarray, *, layout: ClusterLayout, min_count: float = MIN_COUNT) -> ClusterSums:
+    """Server side: split the summed blocks into per-cluster sums and counts; the sum of a cluster
+    with fewer than `min_count` members is withheld (NaN), as one member's sum is its vector."""
+    min_count = _check_min_count(min_count)
     total = np.asarray(total, dtype=np.float64)
     if total.shape != (layout.length,):
         raise ValueError(f"expected a summed vector of length {layout.length}")
     blocks = total.reshape(layout.n_clusters, layout.block)
-    return ClusterSums(sums=blocks[:, : layout.dim].copy(), counts=blocks[:, layout.dim].copy())
+    sums, counts = blocks[:, : layout.dim].copy(), blocks[:, layout.dim].copy()
+    sums[~(counts >= min_count)] = np.nan
+    return ClusterSums(sums=sums, counts=counts)
 
 
-def update_centroids(sums: ClusterSums, *, previous: np.ndarray, min_count: float = 1.0) -> np.ndarray:
+def update_centroids(sums: ClusterSums, *, previous: np.ndarray, min_count: float = MIN_COUNT) -> np.ndarray:
     """New centroids: the cluster mean where count >= min_count, else the previous centroid."""
     prev = _check_centroids(previous)
     means = sums.means(min_count=min_count)
@@ -114,12 +133,13 @@ SecureSum = Callable[[Sequence[np.ndarray]], np.ndarray]
 
 
 def lloyd_iteration(client_vectors: Mapping[int, np.ndarray] | Sequence[np.ndarray], centroids: np.ndarray, *,
-                    secure_sum: SecureSum, min_count: float = 1.0) -> tuple[np.ndarray, ClusterSums]:
+                    secure_sum: SecureSum, min_count: float = MIN_COUNT) -> tuple[np.ndarray, ClusterSums]:
     """Simulate one iteration: every client builds its block locally, `secure_sum` adds them, the
-    server decodes. Returns (new centroids, per-cluster sums and counts)."""
+    server decodes (withholding clusters below `min_count`). Returns (new centroids, per-cluster sums
+    and counts)."""
     c = _check_centroids(centroids)
     layout = ClusterLayout(c.shape[0], c.shape[1])
     vectors = list(client_vectors.values()) if isinstance(client_vectors, Mapping) else list(client_vectors)
     uploads = [client_block(x, c)[0] for x in vectors]
-    sums = decode_cluster_sums(secure_sum(uploads), layout=layout)
+    sums = decode_cluster_sums(secure_sum(uploads), layout=layout, min_count=min_count)
     return update_centroids(sums, previous=c, min_count=min_count), sums

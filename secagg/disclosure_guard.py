@@ -21,7 +21,12 @@ exact test "e_i in the row space" (random cohorts reach leverages of 0.999 witho
 A release carrying DP noise (a `dp.released.Released` value, or the ledger charges of its debit)
 is recorded and allowed: fresh noise per release makes the per-client accountant the real bound.
 If the guard was given the run's ledger it checks the charges are in it. The minimum-cohort rule
-(at least `min_cohort` contributors) applies to noise-free sums.
+(at least `min_cohort` contributors, default 5) applies to noise-free sums, including sums over
+anonymous groups whose members the server does not know (`authorize_count`: the per-cluster sums of
+a cluster-indexed part, where a cluster of one is one client's exact vector).
+
+The secure layer (`fl_algorithms.engine.secure_sum.SecureAggregator`) puts every sum it decodes
+through a guard before server code sees it.
 """
 from __future__ import annotations
 
@@ -43,8 +48,8 @@ class DisclosureError(PermissionError):
 
 @dataclass(frozen=True)
 class GuardConfig:
-    min_cohort: int = 2
-    """Fewest contributors of a noise-free sum."""
+    min_cohort: int = 5
+    """Fewest contributors of a noise-free sum (smaller groups make each member's share too large)."""
     max_leverage: float = 0.99
     """Refuse if any client's leverage would exceed this (1 - 1e-8: exact exposure only)."""
     span_tol: float = 1e-9
@@ -104,6 +109,22 @@ class DisclosureGuard:
         """Like `authorize` without recording (a dry run)."""
         return self._decide(summary_key, members, noise=noise, record=False)
 
+    def authorize_count(self, summary_key: str, count: int, *, noisy: bool = False) -> None:
+        """A noise-free sum over an anonymous group of `count` clients (members unknown to the server,
+        e.g. one cluster of a cluster-indexed sum): refused below `min_cohort`. Only the size rule
+        applies (no membership to track); an empty group (count 0) releases nothing and passes."""
+        if isinstance(count, bool) or not isinstance(count, (int, np.integer)) or count < 0:
+            raise ValueError(f"a group size is a non-negative int, got {count!r}")
+        if not noisy and 0 < count < self.config.min_cohort:
+            raise DisclosureError(f"'{summary_key}': a noise-free sum of {count} client(s) is below the "
+                                  f"minimum cohort {self.config.min_cohort} (min_cohort rule)", summary_key=summary_key)
+
+    def forget(self, summary_keys: Iterable[str]) -> None:
+        """Drop the history of these keys (their vectors will never be released again, e.g. a
+        past round's model update)."""
+        for key in summary_keys:
+            self._keys.pop(key, None)
+
     def _decide(self, summary_key: str, members: Iterable[int], *, noise: Any, record: bool) -> Decision:
         ids = tuple(sorted({_client_id(m) for m in members}))
         if not ids:
@@ -117,7 +138,7 @@ class DisclosureGuard:
             return Decision(summary_key, ids, True, state.rank, self._max_leverage(state))
         if len(ids) < self.config.min_cohort:
             raise DisclosureError(f"'{summary_key}': a noise-free sum of {len(ids)} client(s) is below the "
-                                  f"minimum cohort {self.config.min_cohort}", summary_key=summary_key,
+                                  f"minimum cohort {self.config.min_cohort} (min_cohort rule)", summary_key=summary_key,
                                   exposed=ids if len(ids) == 1 else ())
         new = [c for c in ids if c not in state.columns]
         width = len(state.columns) + len(new)
@@ -199,11 +220,16 @@ class DisclosureGuard:
             return {"exact": [], "noisy": []}
         return {"exact": list(state.exact_releases), "noisy": list(state.noisy_releases)}
 
-    def state_dict(self) -> dict[str, Any]:
-        """The release history (membership lists); the basis is rebuilt on load."""
+    def keys(self) -> list[str]:
+        """Summary keys with a recorded history."""
+        return sorted(self._keys)
+
+    def state_dict(self, *, keys: Iterable[str] | None = None) -> dict[str, Any]:
+        """The release history (membership lists) of `keys` (default all); the basis is rebuilt on load."""
+        chosen = self._keys if keys is None else {k: self._keys[k] for k in keys if k in self._keys}
         return {"format": "fedsecure-nlp/disclosure-guard/v1",
                 "keys": {k: {"exact": [list(r) for r in s.exact_releases], "noisy": [list(r) for r in s.noisy_releases]}
-                         for k, s in self._keys.items()}}
+                         for k, s in chosen.items()}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if state.get("format") != "fedsecure-nlp/disclosure-guard/v1":

@@ -5,6 +5,10 @@ stochastic rounding (unbiased) driven by an AES-CTR stream keyed from the OS CSP
 are chosen so that the sum over up to `max_clients` clients can never wrap: every encoded value
 v satisfies |v| <= half / max_clients - 1, hence |sum| < half. The decoded weighted mean is
 sum(w x) / sum(w).
+
+The guarantee holds only up to `max_clients` summands: one more can wrap (the bound is tight for
+small counts), so `decode` refuses a stated contributor count above it, and the secure layer
+refuses such a cohort when the round is configured (`SecureAggregator.check_members`).
 """
 from __future__ import annotations
 
@@ -21,6 +25,10 @@ _CHUNK = 1 << 16
 
 class BitBudgetError(ValueError):
     """The configured range, weight and client count cannot be summed in the ring without wrap."""
+
+
+class TooManySummandsError(ValueError):
+    """More summands than the encoding's `max_clients`: their ring sum may have wrapped."""
 
 
 @dataclass(frozen=True)
@@ -138,8 +146,22 @@ class FixedPointEncoder:
             return q.astype(np.uint32)  # two's complement truncation is reduction mod 2^32
         return np.mod(q, self.ring.modulus).astype(np.uint32)
 
-    def decode(self, ring_sum: np.ndarray) -> Decoded:
-        """Weighted mean from the ring sum of encoded vectors."""
+    def check_count(self, n_clients: int) -> None:
+        """Refuse a sum of more than `max_clients` encodings: the no-wrap guarantee stops there."""
+        if isinstance(n_clients, bool) or not isinstance(n_clients, (int, np.integer)) or n_clients < 1:
+            raise ValueError(f"a contributor count is a positive int, got {n_clients!r}")
+        if n_clients > self.config.max_clients:
+            raise TooManySummandsError(
+                f"{n_clients} contributors exceed the encoding's max_clients={self.config.max_clients}: "
+                "their fixed-point sum may have wrapped around the ring; raise max_clients or shrink the cohort")
+
+    def decode(self, ring_sum: np.ndarray, *, n_clients: int | None = None) -> Decoded:
+        """Weighted mean from the ring sum of encoded vectors.
+
+        `n_clients` (how many encodings were summed) is checked against `max_clients` first: the
+        secure layer always passes it; None skips the check (a caller that cannot know the count)."""
+        if n_clients is not None:
+            self.check_count(n_clients)
         signed = self.ring.to_signed(ring_sum)
         total_w = float(signed[0]) / self.weight_scale
         if total_w <= 0:

@@ -102,7 +102,8 @@ class DeployedServer:
 
         save_state(root / "latest", {"server": self.state, "relays": self.relays.state_dict(),
                                      "rng": self.rng.bit_generator.state, "history": [asdict(r) for r in self.history],
-                                     "ledger": self.ledger.state_dict() if self.ledger is not None else None})
+                                     "ledger": self.ledger.state_dict() if self.ledger is not None else None,
+                                     "secure": self.aggregator.state_dict()})
         if self.ledger is not None:
             self.ledger.write(root / "ledger.json")
 
@@ -121,6 +122,8 @@ class DeployedServer:
         self.history = [RoundRecord.from_json(r) for r in blob["history"]]
         if self.ledger is not None and blob.get("ledger") is not None:
             self.ledger.load_state_dict(blob["ledger"])
+        if blob.get("secure") is not None:
+            self.aggregator.load_state_dict(blob["secure"])
         return True
 
     # ---- rounds --------------------------------------------------------------------------------
@@ -164,11 +167,14 @@ class DeployedServer:
         for job in machine.sum_jobs():
             clipped += sum(clipped_by.get(c, {}).get(job.name, 0) for c in job.members)
             server_cls = registry.server_class(self.config.secure.protocol)
-            protocol = server_cls(
-                round_id=job.round_id, clients=list(job.members), length=job.length, ring=self.config.secure.ring,
-                **registry.with_enrolment(server_cls, {**dict(self.config.secure.protocol_params),
-                                                       **dict(job.protocol_params)}, roster=self.roster))
             s0 = time.perf_counter()
+            try:  # the secure layer's limits (members vs encoding, survivor floor) fail this sum only
+                protocol = self.aggregator.server_protocol(
+                    round_id=job.round_id, members=job.members, length=job.length, overrides=job.protocol_params,
+                    **registry.with_enrolment(server_cls, {}, roster=self.roster))
+            except Exception as exc:
+                machine.on_sum(job.name, error=f"{type(exc).__name__}: {exc}", seconds=time.perf_counter() - s0)
+                continue
             try:
                 report = self.driver.run_round(protocol, stage_timeout=self.deployment.stage_timeout)
             except AbortError as exc:

@@ -148,6 +148,9 @@ class RoundMachine:
         self.specs: tuple[SumSpec, ...] = self.plan.sums_for(self.cohort)
         if len(self.specs) > MAX_SUMS_PER_ROUND:
             raise ValueError(f"at most {MAX_SUMS_PER_ROUND} secure sums per round")
+        for spec in self.specs:  # before any client encodes: refuse a sum the encoding cannot add without wrap
+            if spec.members & set(self.cohort):
+                self.aggregator.check_members(len(spec.members & set(self.cohort)))
         self.ready: dict[int, ClientReady] = {}
         self.admitted: dict[int, dict[str, Released]] = {}
         self.jobs: dict[str, SumJob] = {}

@@ -9,6 +9,19 @@ weights but not who is in which cluster.
 Server half (`SecureAggregator.server_decode`): the protocol's ring sum is decoded into per-part
 weighted means (or a Released noisy mean, charged to the ledger). The round engine
 (`fl_algorithms.engine.round`) builds the AggregateView from these; drivers move the vectors.
+
+Limits enforced here, for both runtimes:
+  * cohort size: a sum of more members than the encoding can add without wrap (`max_clients`, or
+    the distributed-DP plan's `expected_clients`) is refused (`check_members`) before its protocol
+    runs and again before decoding;
+  * survivors: the protocol server is built (`server_protocol` / `protocol_params`) with its
+    survivor minimum raised to the distributed-DP plan's n_min (the noise is calibrated for that
+    many), or to `min_release_group` for noise-free sums, so it aborts before unmasking fewer;
+  * disclosure: every noise-free aggregate passes a `secagg.disclosure_guard.DisclosureGuard`
+    before server code sees it: at least `min_release_group` contributors per sum and per non-empty
+    cluster of a cluster-indexed part, and no two sums of the same part in one round (or of a
+    `fixed_parts` part in the whole run) whose difference isolates a client. A refused release
+    raises DisclosureError, which fails that sum only. DP-noised releases are recorded and allowed.
 """
 from __future__ import annotations
 
@@ -21,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from fl_algorithms.api import _SECURE_LAYER, DEFAULT_SUM, AggregateView, GroupAggregate, Upload
+from secagg.disclosure_guard import DisclosureError, DisclosureGuard, GuardConfig
 from secagg.encoding import EncodingConfig, FixedPointEncoder
 from secagg.protocols import registry
 from secagg.protocols.base import MAX_VECTOR_LENGTH
@@ -32,6 +46,9 @@ MAX_PARTS = 64
 """Most Masked parts in one secure sum."""
 MAX_CLUSTERS = 1024
 """Most clusters of one cluster-indexed part."""
+MIN_RELEASE_GROUP = 5
+"""Default fewest contributors of a noise-free release (a sum, or one cluster of a cluster-indexed part)."""
+_STATE_FORMAT = "fedsecure-nlp/secure-aggregator/v1"
 
 
 @dataclass(frozen=True)
@@ -43,8 +60,11 @@ class SecureAggregationConfig:
     max_weight: float = 1e4
     """Largest aggregation weight (e.g. a client's example count)."""
     max_clients: int = 1000
+    """Most members of one secure sum: the fixed-point scales are set so that this many never wrap,
+    and a larger sum is refused (`SecureAggregator.check_members`)."""
     protocol_params: Mapping[str, object] = field(default_factory=dict)
-    """Extra keyword arguments of the protocol's server (e.g. degree, threshold_fraction)."""
+    """Extra keyword arguments of the protocol's server (e.g. degree, threshold_fraction). Its survivor
+    minimum is raised to `min_release_group` (noise-free) or the DP plan's n_min (distributed DP)."""
     distributed_dp: Any = None
     """A `dp.distributed.DistributedDPConfig`: each client clips its whole contribution to a sum
     (all its Masked parts together, client-level unit) and adds integer noise before masking; the
@@ -53,6 +73,15 @@ class SecureAggregationConfig:
     """TESTS ONLY. Derives every client's stochastic rounding and DP noise from this public seed
     and (round, sum, client), so that two runtimes can be compared bit for bit. Anyone who knows
     the seed knows the noise and can subtract it: never set it in a run whose privacy you report."""
+    min_release_group: int = MIN_RELEASE_GROUP
+    """Fewest contributors of a noise-free release: a sum of fewer (or a non-empty cluster of fewer,
+    in a cluster-indexed part) is refused before server code sees it, and the protocol never unmasks
+    fewer. Lower it only knowingly (small tests); DP-noised releases are not bound by it."""
+    fixed_parts: tuple[str, ...] = ()
+    """Masked parts whose per-client vector is the same in every round (e.g. a fixed document-mean
+    summary): the disclosure guard tracks their releases over the whole run (checkpointed with
+    `SecureAggregator.state_dict`), so that two rounds' sums over overlapping cohorts cannot be
+    differenced to isolate a client. Other parts (fresh model updates) are tracked per round."""
 
     def __post_init__(self) -> None:
         if self.protocol not in registry.names():
@@ -61,6 +90,37 @@ class SecureAggregationConfig:
             from dp.distributed import DistributedDPConfig
 
             object.__setattr__(self, "distributed_dp", DistributedDPConfig(**self.distributed_dp))
+        object.__setattr__(self, "fixed_parts", tuple(sorted({str(p) for p in self.fixed_parts})))
+        for name in ("max_clients", "min_release_group"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+                raise ValueError(f"{name} must be an int, got {value!r}")
+            object.__setattr__(self, name, int(value))
+        if self.max_clients < 1:
+            raise ValueError(f"max_clients must be positive, got {self.max_clients}")
+        group = self.min_release_group
+        if group < 2:
+            raise ValueError(f"min_release_group must be an int >= 2 (one member's sum is its input), got {group}")
+        floor, why = self.survivor_floor()
+        if self.distributed_dp is None and group > self.max_clients:
+            raise ValueError(f"min_release_group={group} exceeds max_clients={self.max_clients}: no noise-free "
+                             "sum could ever be released")
+        for key in ("min_clients", "target_survivors"):
+            given = self.protocol_params.get(key)
+            if isinstance(given, int) and not isinstance(given, bool) and given < floor:
+                raise ValueError(f"protocol_params {key}={given} is below {why}={floor}: the protocol could "
+                                 "unmask a sum that must not be opened; raise it or leave it out")
+
+    def survivor_floor(self) -> tuple[int, str]:
+        """(fewest survivors a sum may be unmasked with, the setting that says so)."""
+        if self.distributed_dp is not None:
+            return self.distributed_dp.protocol_floor(), "distributed_dp min_clients (n_min)"
+        return self.min_release_group, "min_release_group"
+
+    @property
+    def max_members(self) -> int:
+        """Most members of one sum: the DP plan's expected_clients under distributed DP, else max_clients."""
+        return self.distributed_dp.expected_clients if self.distributed_dp is not None else self.max_clients
 
     @property
     def ring(self):
@@ -75,7 +135,8 @@ class SecureAggregationConfig:
         doc = {"protocol": self.protocol, "clip": self.clip, "max_weight": self.max_weight,
                "max_clients": self.max_clients, "protocol_params": dict(self.protocol_params),
                "distributed_dp": None if ddp is None else dataclasses.asdict(ddp),
-               "insecure_seed": self.insecure_seed}
+               "insecure_seed": self.insecure_seed, "min_release_group": self.min_release_group,
+               "fixed_parts": list(self.fixed_parts)}
         return json.loads(json.dumps(doc, default=str))  # as it reads after a trip over the wire
 
 
@@ -84,7 +145,9 @@ class Layout:
     """Names, lengths and cluster counts of the parts in one sum, in the order they are concatenated.
 
     Each entry is (name, n, k): k = 0 for an ordinary part, k >= 1 for a cluster-indexed part of
-    k blocks of n values each.
+    k blocks of n values each. In the fixed-point ring vector an ordinary part is [w, w x] (n + 1
+    values) and each cluster block is [w, w x, member count] (n + 2 values: the count, an exact
+    integer 0 or 1 per client, lets the server enforce a minimum group size per cluster).
     """
 
     parts: tuple[tuple[str, int, int], ...]
@@ -99,8 +162,8 @@ class Layout:
 
     @property
     def length(self) -> int:
-        """Length of the fixed-point ring vector: one weight slot per part (per cluster block)."""
-        return sum((n + 1) * max(k, 1) for _, n, k in self.parts)
+        """Length of the fixed-point ring vector: a weight slot per part, weight and count slots per cluster block."""
+        return sum(_width(n, k) for _, n, k in self.parts)
 
     @property
     def dim(self) -> int:
@@ -118,6 +181,11 @@ class Layout:
             if not 0 <= n <= MAX_PART_LENGTH or not 0 <= k <= MAX_CLUSTERS or n * max(k, 1) > MAX_PART_LENGTH:
                 raise ValueError(f"part '{name}' of {n} values x {k} clusters is outside the limits")
         return self
+
+
+def _width(n: int, k: int) -> int:
+    """Ring values of one part of n values and k clusters (k = 0: an ordinary part)."""
+    return n + 1 if k == 0 else k * (n + 2)
 
 
 @dataclass
@@ -146,6 +214,8 @@ class SecureAggregator:
 
     With `distributed_dp` set, every sum carries the clients' integer DP noise and is charged to
     `ledger`; `transcript` (a `dp.leakage.Transcript`) records exactly what the server received.
+    The server half owns the run's disclosure guard (`guard`); its history of `fixed_parts` is
+    server state to checkpoint (`state_dict` / `load_state_dict`).
     """
 
     def __init__(self, config: SecureAggregationConfig, *, ledger=None, transcript=None,
@@ -160,6 +230,10 @@ class SecureAggregator:
         self._ddp: dict[int, Any] = {}
         if config.distributed_dp is not None and ledger is None and not client_side:
             raise ValueError("distributed DP needs a ledger to charge")
+        self.guard: DisclosureGuard | None = None if client_side else \
+            DisclosureGuard(GuardConfig(min_cohort=config.min_release_group), ledger=ledger)
+        self._guard_round: int | None = None
+        self._round_keys: set[str] = set()
 
     @property
     def ddp(self) -> bool:
@@ -181,6 +255,64 @@ class SecureAggregator:
     def input_length(self, layout: Layout) -> int:
         """Length of the ring vector every member of a sum with this layout contributes."""
         return self.ddp_encoder(layout.dim).length if self.ddp and layout.parts else layout.length
+
+    # ---- limits -----------------------------------------------------------------------------
+    @property
+    def max_members(self) -> int:
+        return self.config.max_members
+
+    def check_members(self, n: int) -> None:
+        """Refuse a sum over `n` members that the encoding cannot add without wrap (ValueError).
+
+        Call it when a round is configured, before any client encodes; `run_sum`, `aggregate`,
+        `server_protocol` and `server_decode` call it too."""
+        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
+            raise ValueError(f"a sum needs a positive int member count, got {n!r}")
+        if self.ddp:
+            self.config.distributed_dp.check_cohort(int(n))
+        else:
+            self.encoder.check_count(int(n))
+
+    def protocol_params(self, *, members: int, overrides: Mapping[str, object] | None = None) -> dict[str, object]:
+        """Keyword arguments of the protocol server for one sum of `members` clients: the run's
+        `protocol_params`, the sum's `overrides`, then the survivor minimum raised to the floor
+        (n_min under distributed DP, else `min_release_group`), so the protocol aborts rather than
+        unmask a sum that must not be opened. A sum that cannot reach the floor is refused here."""
+        self.check_members(members)
+        params = {**dict(self.config.protocol_params), **dict(overrides or {})}
+        floor, why = self.config.survivor_floor()
+        if members < floor:
+            message = f"a secure sum of {members} members cannot reach {why}={floor}"
+            if self.ddp:
+                from dp.distributed import InsufficientNoiseError
+
+                raise InsufficientNoiseError(message + ": its summed noise would be below the calibrated level")
+            raise DisclosureError(message + ": a noise-free sum of fewer may not be released",
+                                  summary_key="secure-sum")
+        if self.config.protocol == "lightsecagg":
+            import math
+
+            from secagg.protocols.lightsecagg import resolve_count
+
+            target = resolve_count(params.get("target_survivors", 0.8), members, name="target_survivors",
+                                   rounding=math.ceil)
+            params["target_survivors"] = max(target, floor)
+        else:
+            params["min_clients"] = max(int(params.get("min_clients", 2)), floor)
+        return params
+
+    def server_protocol(self, *, round_id: int, members: Iterable[int], length: int,
+                        overrides: Mapping[str, object] | None = None, **extra: object):
+        """The configured protocol's server for one sum, built with `protocol_params` (both runtimes
+        should build it here). `extra`: constructor arguments that are not survivor policy (e.g. an
+        enrolment roster); they may not name the survivor minimum."""
+        clients = sorted(int(c) for c in members)
+        params = self.protocol_params(members=len(clients), overrides=overrides)
+        clash = sorted(set(extra) & {"min_clients", "target_survivors", "round_id", "clients", "length", "ring"})
+        if clash:
+            raise ValueError(f"server_protocol: {clash} are set by the secure layer; pass policy in `overrides`")
+        return registry.server_class(self.config.protocol)(round_id=round_id, clients=clients, length=length,
+                                                           ring=self.config.ring, **params, **extra)
 
     # ---- client half ------------------------------------------------------------------------
     def client_encode(self, upload: Upload, *, parts: tuple[str, ...] | None, round: int,
@@ -208,9 +340,10 @@ class SecureAggregator:
             clipped += report.clipped
             if k == 0:
                 pieces.append(vec)
-            else:  # cluster-indexed: the client's block, zeros (exact) everywhere else
-                blocks = np.zeros((k, n + 1), dtype=np.uint32)
-                blocks[part.cluster] = vec
+            else:  # cluster-indexed: the client's block [w, w x, 1], zeros (exact) everywhere else
+                blocks = np.zeros((k, n + 2), dtype=np.uint32)
+                blocks[part.cluster, : n + 1] = vec
+                blocks[part.cluster, n + 1] = 1
                 pieces.append(blocks.ravel())
         vector = np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.uint32)
         return EncodedInput(layout=layout, vector=vector, clipped=clipped)
@@ -223,36 +356,99 @@ class SecureAggregator:
         return enc.vector, enc.clipped
 
     # ---- server half ------------------------------------------------------------------------
-    def decode(self, ring_sum: np.ndarray, layout: Layout, count: int) -> dict[str, GroupAggregate]:
-        """Per-part weighted means from a fixed-point ring sum; cluster k of part p is 'p[k]'."""
-        out, start = {}, 0
+    def _decode_exact(self, ring_sum: np.ndarray, layout: Layout,
+                      count: int) -> tuple[dict[str, GroupAggregate], dict[str, list[int]]]:
+        """Per-part weighted means from a fixed-point ring sum (cluster k of part p is 'p[k]'), and
+        per cluster-indexed part its member count per cluster. Unguarded: `server_decode` only."""
+        ring = self.encoder.ring
+        if ring_sum.shape != (layout.length,):
+            raise ValueError(f"ring sum of shape {ring_sum.shape}, expected ({layout.length},)")
+        out, counts, start = {}, {}, 0
         for name, n, k in layout.parts:
-            for block in range(max(k, 1)):
-                chunk = ring_sum[start: start + n + 1]
+            if k == 0:
+                dec = self.encoder.decode(ring_sum[start: start + n + 1], n_clients=count)
                 start += n + 1
-                key = name if k == 0 else f"{name}[{block}]"
-                signed_weight = float(self.encoder.ring.to_signed(chunk[:1])[0])
-                if k and signed_weight == 0:  # an empty cluster: nothing to decode
+                out[name] = GroupAggregate(mean=dec.mean, total_weight=dec.total_weight, count=count,
+                                           error_bound=self.encoder.mean_error_bound(n_clients=count,
+                                                                                     total_weight=dec.total_weight))
+                continue
+            blocks = ring_sum[start: start + k * (n + 2)].reshape(k, n + 2)
+            start += k * (n + 2)
+            members = [int(m) for m in ring.to_signed(blocks[:, n + 1])]
+            if any(m < 0 for m in members) or sum(members) != count:
+                raise ValueError(f"part '{name}': per-cluster member counts {members} do not add up to the "
+                                 f"{count} contributors (a corrupted or forged sum)")
+            counts[name] = members
+            for block, m in enumerate(members):
+                key = f"{name}[{block}]"
+                if m == 0:  # an empty cluster: nothing to decode
+                    if int(ring.to_signed(blocks[block, :1])[0]) != 0:
+                        raise ValueError(f"part '{key}': an empty cluster with a non-zero weight (a corrupted sum)")
                     out[key] = GroupAggregate(mean=np.full(n, np.nan), total_weight=0.0, count=0, error_bound=float("nan"))
                     continue
-                dec = self.encoder.decode(chunk)
-                out[key] = GroupAggregate(
-                    mean=dec.mean, total_weight=dec.total_weight, count=count,
-                    error_bound=self.encoder.mean_error_bound(n_clients=count, total_weight=dec.total_weight))
-        return out
+                dec = self.encoder.decode(blocks[block, : n + 1], n_clients=m)
+                bound = self.encoder.mean_error_bound(n_clients=m, total_weight=dec.total_weight)
+                out[key] = GroupAggregate(mean=dec.mean, total_weight=dec.total_weight, count=m, error_bound=bound)
+        return out, counts
+
+    def _summary_key(self, part: str, round: int) -> str:
+        """Guard key of one part: run-wide for `fixed_parts`, else per round (fresh vectors each round)."""
+        return part if part in self.config.fixed_parts else f"round {round}/{part}"
+
+    def _enter_round(self, round: int) -> None:
+        """Forget the per-round guard history of earlier rounds (those vectors are never summed again)."""
+        if self._guard_round != round:
+            self.guard.forget(self._round_keys)
+            self._round_keys.clear()
+            self._guard_round = round
+
+    def _use_key(self, part: str, round: int) -> str:
+        key = self._summary_key(part, round)
+        if part not in self.config.fixed_parts:
+            self._round_keys.add(key)
+        return key
+
+    def _guard_exact(self, *, layout: Layout, contributors: frozenset[int], counts: Mapping[str, list[int]],
+                     round: int, sum_name: str) -> None:
+        """Every rule on every part first (nothing recorded), then record: a refusal leaves no trace."""
+        guard = self.guard
+        keys = {name: self._summary_key(name, round) for name, _, _ in layout.parts}
+        try:
+            for name, members in counts.items():
+                for block, m in enumerate(members):
+                    guard.authorize_count(f"{keys[name]}[{block}]", m)
+            for name, _, _ in layout.parts:  # a cluster-indexed part also releases its total over all clusters
+                guard.check(keys[name], contributors)
+        except DisclosureError as exc:
+            raise DisclosureError(f"round {round}, secure sum '{sum_name}' refused by the disclosure guard "
+                                  f"(min_release_group={self.config.min_release_group}): {exc}",
+                                  summary_key=exc.summary_key, exposed=exc.exposed) from exc
+        for name, _, _ in layout.parts:
+            guard.authorize(self._use_key(name, round), contributors)
 
     def server_decode(self, ring_sum: np.ndarray, *, layout: Layout, contributors: frozenset[int], round: int,
                       sum_name: str = DEFAULT_SUM, population: Iterable[int] | None = None):
-        """Server side: (per-part aggregates, the Released noisy mean under DDP or None)."""
+        """Server side: (per-part aggregates, the Released noisy mean under DDP or None).
+
+        Refuses (ValueError) more contributors than the encoding can sum, and (DisclosureError) a
+        noise-free release the disclosure guard refuses; either fails this sum only."""
+        if self.guard is None:
+            raise RuntimeError("a client-side aggregator does not decode")
         if not layout.parts:
             return {}, None
+        contributors = frozenset(int(c) for c in contributors)
+        self.check_members(len(contributors))
+        self._enter_round(round)
         if not self.ddp:
-            return self.decode(ring_sum, layout, len(contributors)), None
+            groups, counts = self._decode_exact(ring_sum, layout, len(contributors))
+            self._guard_exact(layout=layout, contributors=contributors, counts=counts, round=round, sum_name=sum_name)
+            return groups, None
         summary_key = "model-update" if sum_name == DEFAULT_SUM else f"model-update/{sum_name}"
         released = self.ddp_encoder(layout.dim).release(
             ring_sum, round_seed=self.rotation_seed(round, sum_name), round_id=round, contributors=contributors,
             ledger=self.ledger, population=sorted(population) if population is not None else sorted(contributors),
             summary_key=summary_key)
+        self.guard.authorize(self._use_key(summary_key, round), contributors, noise=released)
         groups, start = {}, 0
         for name, n, _ in layout.parts:
             groups[name] = GroupAggregate(mean=np.asarray(released.payload[start:start + n]),
@@ -260,6 +456,22 @@ class SecureAggregator:
                                           error_bound=float("nan"))
             start += n
         return groups, released
+
+    # ---- server state -----------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Server state to checkpoint with the run: the guard's run-wide history (`fixed_parts`)."""
+        if self.guard is None:
+            raise RuntimeError("a client-side aggregator keeps no server state")
+        run_wide = [k for k in self.guard.keys() if k not in self._round_keys]
+        return {"format": _STATE_FORMAT, "guard": self.guard.state_dict(keys=run_wide)}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        if self.guard is None:
+            raise RuntimeError("a client-side aggregator keeps no server state")
+        if state.get("format") != _STATE_FORMAT:
+            raise ValueError("not a secure-aggregator state")
+        self.guard.load_state_dict(dict(state["guard"]))
+        self._guard_round, self._round_keys = None, set()
 
     def record_individuals(self, round: int, inputs: Mapping[int, EncodedInput], contributors: Iterable[int]) -> None:
         """The plain protocol shows the server every client's vector: record what it saw."""
@@ -269,18 +481,19 @@ class SecureAggregator:
             enc, start = inputs[cid], 0
             for name, n, k in enc.layout.parts:
                 if k == 0:
-                    dec = self.encoder.decode(enc.vector[start:start + n + 1])
+                    dec = self.encoder.decode(enc.vector[start:start + n + 1], n_clients=1)
                     self.transcript.record_individual(round, cid, name, dec.weighted_sum / dec.total_weight)
-                start += (n + 1) * max(k, 1)
+                start += _width(n, k)
 
     # ---- in-memory driver of one sum --------------------------------------------------------
     def run_sum(self, *, round_id: int, inputs: Mapping[int, np.ndarray], length: int,
                 protocol_params: Mapping[str, object] | None = None,
                 drop_at: Mapping[str, set[int]] | None = None, bytes_sent: dict[int, int] | None = None):
-        """Run the configured protocol over `inputs` in this process; returns its RoundResult."""
-        params = {**dict(self.config.protocol_params), **dict(protocol_params or {})}
-        server = registry.server_class(self.config.protocol)(
-            round_id=round_id, clients=sorted(inputs), length=length, ring=self.config.ring, **params)
+        """Run the configured protocol over `inputs` in this process; returns its RoundResult.
+
+        The protocol is built by `server_protocol`: a sum over too many members, or too few to reach
+        the survivor floor, is refused before anything runs."""
+        server = self.server_protocol(round_id=round_id, members=inputs, length=length, overrides=protocol_params)
         clients = {cid: registry.client_class(self.config.protocol)(client_id=cid, round_id=round_id,
                                                                     input_fn=lambda v=vec: v)
                    for cid, vec in inputs.items()}
@@ -295,6 +508,7 @@ class SecureAggregator:
         """
         if not uploads:
             raise ValueError("no uploads to aggregate")
+        self.check_members(len(uploads))  # before any client encodes
         inputs = {cid: self.client_encode(up, parts=None, round=round, client_id=cid) for cid, up in uploads.items()}
         layouts = {enc.layout for enc in inputs.values()}
         if len(layouts) != 1:

@@ -94,7 +94,8 @@ class SimulationRunner:
         return {"server": self.state, "relays": self.relays.state_dict(),
                 "clients": {c: e.state_dict() for c, e in self.clients.items()},
                 "rng": self.rng.bit_generator.state, "history": [asdict(r) for r in self.history],
-                "ledger": self.ledger.state_dict() if self.ledger is not None else None}
+                "ledger": self.ledger.state_dict() if self.ledger is not None else None,
+                "secure": self.aggregator.state_dict()}
 
     def load_state_dict(self, blob: Mapping[str, Any]) -> None:
         self.state = blob["server"]
@@ -105,6 +106,8 @@ class SimulationRunner:
         self.history = [RoundRecord.from_json(r) for r in blob["history"]]
         if self.ledger is not None and blob.get("ledger") is not None:
             self.ledger.load_state_dict(blob["ledger"])
+        if blob.get("secure") is not None:
+            self.aggregator.load_state_dict(blob["secure"])
 
     def save(self) -> None:
         """Write the whole run state atomically: a crash leaves the previous checkpoint intact."""

@@ -63,6 +63,8 @@ class FedNLPSettings:
     """FedOPT's server Adam lr (chosen on validation, see examples/fednlp_classification.py)."""
     clip: float = 1.0
     """Fixed-point range of each uploaded delta coordinate (clipped values are counted and reported)."""
+    min_release_group: int = 5
+    """Fewest clients in a released noise-free sum (SecureAggregationConfig.min_release_group)."""
     seed: int = 0
     data: str | None = None
     """Your own classification file or folder (CSV/TSV/JSONL/save_to_disk) instead of BBC News."""
@@ -85,6 +87,7 @@ class FedNLPSettings:
             (self.client_lr > 0 and self.fedprox_mu >= 0, "need --client-lr > 0 and --fedprox-mu >= 0"),
             (self.server_lr > 0, "--server-lr must be positive"),
             (self.clip > 0, "--clip must be positive"),
+            (self.min_release_group >= 2, "--min-release-group must be at least 2"),
             (self.seed >= 0, "seeds must be non-negative"),
         ]
         if self.max_docs is not None and self.max_docs < self.clients * self.min_client_docs:
@@ -100,7 +103,7 @@ class FedNLPSettings:
                               batch_size=self.batch_size, lr=self.client_lr, seed=self.seed)
 
 
-QUICK = dict(quick=True, max_docs=600, max_length=64, clients=8, rounds=8, clients_per_round=4)
+QUICK = dict(quick=True, max_docs=600, max_length=64, clients=8, rounds=8, clients_per_round=4, min_release_group=4)
 
 
 def make_algorithm(method: str, settings: FedNLPSettings) -> Algorithm:
@@ -118,7 +121,7 @@ def make_algorithm(method: str, settings: FedNLPSettings) -> Algorithm:
 def secure_config(settings: FedNLPSettings, *, protocol: str, max_weight: int) -> SecureAggregationConfig:
     """Fixed-point range `clip` per coordinate, weights up to the largest client's example count."""
     return SecureAggregationConfig(protocol=protocol, clip=settings.clip, max_weight=float(max_weight),
-                                   max_clients=settings.clients)
+                                   max_clients=settings.clients, min_release_group=settings.min_release_group)
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dp.distributed import (DistributedDPConfig, DistributedDPEncoder, InsufficientNoiseError, PlanningError,
-                            plan_distributed_dp)
+                            TooManyClientsError, plan_distributed_dp)
 from dp.ledger import Ledger, Observer
 from dp.released import Released
 from dp.samplers import CryptoRandom
@@ -131,6 +131,32 @@ def test_dropout_margin_calibrates_to_survivors_and_refuses_fewer():
     uploads = [encoder.encode(np.zeros(64), round_seed=0) for _ in range(7)]
     with pytest.raises(InsufficientNoiseError):
         encoder.decode(ring_sum(RING_2_32, uploads), round_seed=0, n_clients=7)
+
+
+def test_the_protocol_floor_is_the_calibrated_survivor_count():
+    config = DistributedDPConfig(l2_clip=1.0, noise_multiplier=1.0, expected_clients=10, min_clients=8, bits=16)
+    assert config.protocol_floor() == 8
+    assert DistributedDPConfig(l2_clip=1.0, noise_multiplier=1.0, expected_clients=10).protocol_floor() == 10
+    assert DistributedDPConfig(l2_clip=1.0, noise_multiplier=1.0, expected_clients=3,
+                               min_clients=1).protocol_floor() == 2  # a secure sum has two members at least
+    for n in (1, 8, 10):
+        config.check_cohort(n)
+    with pytest.raises(TooManyClientsError, match="11 members exceeds distributed_dp expected_clients=10"):
+        config.check_cohort(11)
+
+
+def test_more_contributors_than_the_ring_was_sized_for_are_refused_before_any_charge():
+    config = DistributedDPConfig(l2_clip=1.0, noise_multiplier=1.0, expected_clients=4, bits=16)
+    encoder = DistributedDPEncoder.from_config(config, dim=16)
+    total = ring_sum(RING_2_32, [encoder.encode(np.zeros(16), round_seed=0) for _ in range(5)])
+    with pytest.raises(TooManyClientsError):
+        encoder.decode(total, round_seed=0, n_clients=5)
+    ledger = Ledger()
+    with pytest.raises(TooManyClientsError):
+        encoder.release(total, round_seed=0, round_id=0, contributors=range(1, 6), ledger=ledger)
+    with pytest.raises(InsufficientNoiseError):
+        encoder.release(total, round_seed=0, round_id=0, contributors=range(1, 4), ledger=ledger)
+    assert ledger.state_dict() == Ledger().state_dict()  # nothing charged for a refused release
 
 
 def test_release_charges_server_and_outsiders():

@@ -21,6 +21,7 @@ fednlp = importlib.import_module("fednlp_classification")
 LAST_LINE = re.compile(r"^fedavg_acc=\d\.\d{4} fedprox_acc=\d\.\d{4} fedopt_acc=\d\.\d{4} "
                        r"secure_vs_plain_max_abs_diff=\d\.\d{3}e[+-]\d\d$")
 TINY = ["--backbone", "tiny", "--max-docs", "60", "--clients", "3", "--min-client-docs", "10", "--rounds", "2", "--max-length", "32",
+        "--min-release-group", "3",
         "--adapter-layers", "1", "--batch-size", "8", "--threads", "1", "--no-progress"]
 
 

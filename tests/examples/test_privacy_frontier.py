@@ -25,7 +25,7 @@ from dp.leakage import Transcript  # noqa: E402
 
 LAST = re.compile(r"^plain_token_f1=(\d\.\d{3}) secagg_token_f1=(\d\.\d{3}) ddp_eps8_token_f1=(\d\.\d{3}) "
                   r"plain_acc=(\d\.\d{3}) ddp_eps8_acc=(\d\.\d{3}) ledger=(\S+)$")
-TINY = ["--clients", "6", "--cohort", "3", "--rounds", "2", "--local-epochs", "1", "--max-examples", "400",
+TINY = ["--clients", "6", "--cohort", "5", "--rounds", "2", "--local-epochs", "1", "--max-examples", "400",
         "--no-progress"]
 
 

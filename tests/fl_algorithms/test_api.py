@@ -65,7 +65,7 @@ class SpyFedAvg(FedAvg):
 
 
 def test_server_update_never_reaches_a_per_client_vector(toy_trainers):
-    cfg = RunConfig(rounds=2, secure=SecureAggregationConfig(protocol="secagg+", clip=4.0, max_weight=100, max_clients=8))
+    cfg = RunConfig(rounds=2, secure=SecureAggregationConfig(protocol="secagg+", clip=4.0, max_weight=100, max_clients=8, min_release_group=2))
     runner = SimulationRunner(algorithm=SpyFedAvg(), trainers=toy_trainers(4), config=cfg)
     runner.run(progress=False)
     server = runner.server.algorithm

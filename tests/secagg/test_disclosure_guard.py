@@ -57,10 +57,10 @@ def test_two_sums_attack_is_refused_naming_the_victim():
 
 def test_subset_removal_is_the_same_attack():
     guard = DisclosureGuard()
-    guard.authorize("k", [1, 2, 3, 4])
+    guard.authorize("k", range(1, 9))
     with pytest.raises(DisclosureError) as info:
-        guard.authorize("k", [1, 2, 3])
-    assert info.value.exposed == (4,)
+        guard.authorize("k", range(1, 8))
+    assert info.value.exposed == (8,)
 
 
 def test_random_cohorts_are_refused_once_the_rank_test_fails():
@@ -147,9 +147,50 @@ def test_min_cohort_rule():
     assert info.value.exposed == (7,)
 
 
+def test_the_default_minimum_group_is_five():
+    assert GuardConfig().min_cohort >= 5
+    guard = DisclosureGuard()
+    with pytest.raises(DisclosureError, match=r"4 client\(s\) is below the minimum cohort 5 \(min_cohort rule\)"):
+        guard.authorize("k", [1, 2, 3, 4])
+    assert guard.rank("k") == 0 and guard.keys() == []
+    assert guard.authorize("k", [1, 2, 3, 4, 5]).rank == 1
+
+
+def test_anonymous_groups_follow_the_size_rule_and_leave_no_history():
+    guard = DisclosureGuard()
+    guard.authorize_count("part[0]", 0)  # an empty cluster releases nothing
+    guard.authorize_count("part[1]", 5)
+    for small in (1, 2, 4):
+        with pytest.raises(DisclosureError, match="min_cohort rule"):
+            guard.authorize_count("part[2]", small)
+    guard.authorize_count("part[2]", 1, noisy=True)  # DP noise on the cluster: allowed
+    for bad in (-1, 2.5, True):
+        with pytest.raises(ValueError):
+            guard.authorize_count("part[3]", bad)
+    assert guard.keys() == []
+    assert DisclosureGuard(GuardConfig(min_cohort=2)).authorize_count("x", 2) is None
+
+
+def test_forget_drops_a_key_and_state_can_be_limited_to_keys():
+    guard = DisclosureGuard()
+    a = list(range(1, 11))
+    guard.authorize("round 1/body", a)
+    guard.authorize("doc-mean", a)
+    with pytest.raises(DisclosureError):
+        guard.authorize("round 1/body", a + [42])
+    guard.forget(["round 1/body", "never-seen"])
+    assert guard.keys() == ["doc-mean"]
+    guard.authorize("round 1/body", a + [42])  # a fresh history: one sum exposes nobody
+    kept = DisclosureGuard()
+    kept.load_state_dict(guard.state_dict(keys=["doc-mean"]))
+    assert kept.keys() == ["doc-mean"]
+    with pytest.raises(DisclosureError):
+        kept.authorize("doc-mean", a + [42])
+
+
 def test_dp_noised_releases_are_recorded_and_allowed_when_charged():
     ledger = Ledger()
-    guard = DisclosureGuard(ledger=ledger)
+    guard = DisclosureGuard(GuardConfig(min_cohort=2), ledger=ledger)
     mech = GaussianMechanism(noise_multiplier=1.0)
     charges = [ledger.debit(c, mech, unit="client", observer="server", round_id=0) for c in (1, 2, 3)]
     guard.authorize("k", [1, 2, 3])
@@ -166,13 +207,14 @@ def test_dp_noised_releases_are_recorded_and_allowed_when_charged():
 
 
 def test_check_is_a_dry_run_and_state_round_trips():
-    guard = DisclosureGuard()
+    small = GuardConfig(min_cohort=2)
+    guard = DisclosureGuard(small)
     guard.authorize("k", [1, 2, 3])
     assert guard.check("k", [4, 5, 6]).rank == 2
     assert guard.rank("k") == 1
     guard.authorize("k", [3, 4, 5])
     guard.authorize("other", [9, 10])
-    restored = DisclosureGuard()
+    restored = DisclosureGuard(small)
     restored.load_state_dict(guard.state_dict())
     assert restored.rank("k") == 2 and restored.leverage("k") == pytest.approx(guard.leverage("k"))
     with pytest.raises(DisclosureError):

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from secagg.encoding import BitBudgetError, EncodingConfig, FixedPointEncoder
+from secagg.encoding import BitBudgetError, EncodingConfig, FixedPointEncoder, TooManySummandsError
 from secagg.ring import FIELD_P31, RING_2_32, Ring
 
 FAST = settings(max_examples=40, deadline=None)
@@ -55,6 +55,15 @@ def test_decoded_weighted_mean_matches_float_mean_within_the_stated_bound(pop):
     assert np.max(np.abs(out.weighted_sum - exact * W)) <= len(xs) / enc.value_scale + 1e-9 * W * cfg.clip
 
 
+def _extreme(enc: FixedPointEncoder, sign: float) -> np.ndarray:
+    """An upload at max_weight with every value at (or far beyond) the clip: the largest |encoded value|."""
+    c = enc.config.clip
+    x = sign * np.array([c, 10 * c, 1e30, c * (1 - 1e-12)])
+    e, rep = enc.encode(x, weight=enc.config.max_weight)
+    assert rep.clipped == 2
+    return e
+
+
 @FAST
 @given(
     st.sampled_from(RINGS),
@@ -64,21 +73,37 @@ def test_decoded_weighted_mean_matches_float_mean_within_the_stated_bound(pop):
     st.sampled_from([1.0, -1.0]),
 )
 def test_never_wraps_at_max_clients_with_max_weight_and_extreme_values(ring, max_clients, clip, max_weight, sign):
-    cfg = EncodingConfig(clip=clip, max_weight=max_weight, max_clients=max_clients)
-    enc = FixedPointEncoder(cfg, ring=ring)
-    x = sign * np.array([clip, 10 * clip, 1e30, clip * (1 - 1e-12)])
-    e, rep = enc.encode(x, weight=max_weight)
-    assert rep.clipped == 2
-    signed = ring.to_signed(e)
-    per_client = ring.half // max_clients - 1
-    assert np.all(np.abs(signed) <= per_client)
-    # the worst case sum of max_clients such uploads stays inside the centred range
-    assert max_clients * per_client < ring.half
-    worst = ring.from_signed(signed * max_clients)
-    out = enc.decode(worst)
+    enc = FixedPointEncoder(EncodingConfig(clip=clip, max_weight=max_weight, max_clients=max_clients), ring=ring)
+    signed = ring.to_signed(_extreme(enc, sign)).astype(np.int64)
+    # the integer sum of max_clients such uploads (what the ring holds before reduction) stays in range
+    worst_integer_sum = signed * max_clients
+    assert np.all(np.abs(worst_integer_sum) < ring.half)
+    out = enc.decode(ring.from_signed(worst_integer_sum), n_clients=max_clients)
     assert np.allclose(out.mean, sign * clip, rtol=1e-6, atol=enc.mean_error_bound(
         n_clients=max_clients, total_weight=max_clients * max_weight))
     assert out.total_weight == pytest.approx(max_clients * max_weight, rel=1e-6, abs=max_clients / enc.weight_scale)
+
+
+@FAST
+@given(st.sampled_from(RINGS), st.integers(1, 3000), st.floats(1e-2, 1e3), st.sampled_from([1.0, -1.0]))
+def test_one_summand_past_max_clients_can_wrap_and_its_decode_is_refused(ring, max_clients, clip, sign):
+    """The no-wrap budget is tight: max_clients + 1 extreme uploads leave the centred range, so only
+    the count check stands between a cohort above max_clients and a silently wrong sum."""
+    enc = FixedPointEncoder(EncodingConfig(clip=clip, max_weight=1.0, max_clients=max_clients), ring=ring)
+    signed = ring.to_signed(_extreme(enc, sign)).astype(np.int64)
+    over = signed * (max_clients + 1)
+    assert np.any(np.abs(over) >= ring.half)  # wraps: the budget has no slack to hide a larger cohort
+    wrapped = ring.from_signed(np.mod(over + ring.half, ring.modulus) - ring.half)
+    with pytest.raises(TooManySummandsError, match=f"max_clients={max_clients}"):
+        enc.decode(wrapped, n_clients=max_clients + 1)
+    enc.decode(ring.from_signed(signed * max_clients), n_clients=max_clients)  # the limit itself is fine
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, True, "3"])
+def test_check_count_refuses_non_counts(bad):
+    enc = FixedPointEncoder(EncodingConfig(max_clients=10))
+    with pytest.raises(ValueError):
+        enc.check_count(bad)
 
 
 @pytest.mark.parametrize("ring", RINGS)
@@ -87,7 +112,7 @@ def test_a_real_sum_of_max_clients_extreme_uploads_decodes_to_the_clip_value(rin
     enc = FixedPointEncoder(cfg, ring=ring)
     for sign in (1.0, -1.0):
         ups = [enc.encode(np.full(4, sign * 1e9), weight=50.0)[0] for _ in range(300)]
-        out = enc.decode(_ring_sum(ring, ups))
+        out = enc.decode(_ring_sum(ring, ups), n_clients=300)
         bound = enc.mean_error_bound(n_clients=300, total_weight=300 * 50.0)
         assert np.all(np.abs(out.mean - sign * 3.0) <= bound)
         assert out.total_weight == pytest.approx(15000.0, abs=300 / enc.weight_scale)

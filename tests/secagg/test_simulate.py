@@ -1,7 +1,6 @@
 """The in-memory driver: scripted dropouts, stage timing, byte accounting, error propagation."""
 from __future__ import annotations
 
-import inspect
 from collections import defaultdict
 
 import numpy as np
@@ -88,7 +87,6 @@ def test_stage_times_are_recorded_and_accumulated():
     assert set(times) == {"collect"}
 
 
-@pytest.mark.skipif("bytes_sent" not in inspect.signature(run_round).parameters, reason="driver has no byte count")
 @pytest.mark.parametrize("name", ["plain", "secagg", "secagg+"])
 def test_bytes_sent_match_the_replies_and_stay_near_4_bytes_per_parameter(name):
     d, n = 10_000, 8
@@ -117,8 +115,35 @@ def test_abort_propagates_from_the_protocol():
     assert e.value.stage == "share"
 
 
-def test_a_client_refusal_propagates_to_the_caller():
-    """The in-memory driver does not swallow ProtocolError: a refusing client stops the simulation."""
-    server, clients, _ = make("secagg", 6, 8, threshold_fraction=0.2)
-    with pytest.raises(ProtocolError):
-        run_round(server, clients)
+class Refusing(Spy):
+    """A client that refuses one kind of request (as a client refuses an unsafe one)."""
+
+    def __init__(self, inner, kind: str):
+        super().__init__(inner)
+        self.kind = kind
+
+    def handle(self, msg):
+        if msg.kind == self.kind:
+            self.seen.append(msg.kind)
+            raise ProtocolError(f"refusing {msg.kind}")
+        return super().handle(msg)
+
+
+def test_a_client_refusal_is_counted_and_the_round_goes_on_without_it():
+    server, clients, inputs = make("secagg", 6, 8)
+    clients[3] = Refusing(clients[3].inner, "share_request")
+    rejected: dict[str, int] = {}
+    res = run_round(server, clients, rejected=rejected)
+    assert rejected == {"client": 1}
+    assert clients[3].seen == ["advertise_request", "share_request"]
+    assert res.contributors == frozenset(set(inputs) - {3})
+    assert np.array_equal(res.ring_sum, expected(inputs, set(inputs) - {3}))
+
+
+def test_when_every_client_refuses_the_round_aborts_naming_the_stage():
+    server, clients, _ = make("secagg", 6, 8, threshold_fraction=0.2)  # every client finds t unsafe
+    rejected: dict[str, int] = {}
+    with pytest.raises(AbortError) as e:
+        run_round(server, clients, rejected=rejected)
+    assert e.value.stage == "advertise" and e.value.survivors == 0
+    assert rejected == {"client": 6}

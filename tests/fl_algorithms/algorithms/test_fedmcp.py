@@ -151,7 +151,8 @@ def test_server_update_is_the_weighted_mean_of_global_deltas_and_private_parts_s
     broadcast, uploads = _round(trainers, algorithm, state)
     deltas = {c: t.get_shared()[GLOBAL_PART] - broadcast[GLOBAL_PART] for c, t in trainers.items()}
     private = {c: t.private_state() for c, t in trainers.items()}
-    aggregator = SecureAggregator(SecureAggregationConfig(protocol=protocol, clip=4.0, max_weight=100, max_clients=3))
+    aggregator = SecureAggregator(SecureAggregationConfig(protocol=protocol, clip=4.0, max_weight=100, max_clients=3,
+                                                          min_release_group=3))
     view = aggregator.aggregate(round=1, uploads=uploads)
     assert set(view.groups) == {GLOBAL_PART}
     new = algorithm.server_update(state=state, view=view)

@@ -83,7 +83,8 @@ def test_runs_under_secure_aggregation_and_keeps_personal_heads():
     trainers = {c: ToyRepTrainer(c) for c in (1, 2, 3)}
     runner = SimulationRunner(algorithm=FedRep(head_epochs=3), trainers=trainers,
                               config=RunConfig(rounds=3, secure=SecureAggregationConfig(protocol="secagg+", clip=4.0,
-                                                                                         max_weight=100, max_clients=3)))
+                                                                                         max_weight=100, max_clients=3,
+                                                                                         min_release_group=3)))
     history = runner.run(progress=False)
     bodies = {c: t.get_shared()["body"] for c, t in trainers.items()}
     np.testing.assert_allclose(bodies[1], bodies[2], atol=1e-6)  # the representation is shared

@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[3]
 
 
 def _config(protocol="secagg+", **kw):
-    return RunConfig(rounds=3, secure=SecureAggregationConfig(protocol=protocol, clip=4.0, max_weight=100, max_clients=8), **kw)
+    return RunConfig(rounds=3, secure=SecureAggregationConfig(protocol=protocol, clip=4.0, max_weight=100, max_clients=8, min_release_group=2), **kw)
 
 
 @pytest.mark.parametrize("protocol", ["secagg+", "lightsecagg"])
@@ -68,7 +68,7 @@ def test_multiprocess_tcp_run(tmp_path):
     port = _free_port()
     endpoint = f"tcp://127.0.0.1:{port}"
     cfg = tmp_path / "run.toml"
-    cfg.write_text('rounds = 3\n[secure]\nprotocol = "secagg+"\nclip = 4.0\nmax_weight = 100.0\nmax_clients = 8\n')
+    cfg.write_text('rounds = 3\n[secure]\nprotocol = "secagg+"\nclip = 4.0\nmax_weight = 100.0\nmax_clients = 8\nmin_release_group = 2\n')
     common = [sys.executable, "-m", "fl_algorithms.deploy_cli"]
     enrol(tmp_path / "keys", clients=[1, 2, 3])  # authenticated: CurveZMQ and signed round keys
     task = ["--task", "fl_algorithms.tasks.toy:build", "--config", str(cfg), "--keys", str(tmp_path / "keys")]
@@ -109,7 +109,7 @@ def test_clipped_counts_and_metrics_cross_only_when_reporting_is_on(report):
     from fl_algorithms.engine.deploy import DeploymentConfig
 
     cfg = RunConfig(rounds=1, secure=SecureAggregationConfig(protocol="secagg+", clip=1e-4, max_weight=100,
-                                                             max_clients=8))
+                                                             max_clients=8, min_release_group=2))
     deployment = DeploymentConfig(report_metrics=report)
     clients = {c: DeployedClient(client_id=c, task=build({}), config=cfg, deployment=deployment) for c in (1, 2, 3)}
     with InprocFederation(client_ids=clients, factory=lambda c, r: clients[c].protocol_for(r),

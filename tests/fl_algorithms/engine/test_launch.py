@@ -11,7 +11,7 @@ from fl_algorithms.experiments.config import load_toml
 from fl_algorithms.tasks.toy import build, toy_trainer
 
 CONFIG = RunConfig(rounds=2, clients_per_round=2, seed=3,
-                   secure=SecureAggregationConfig(protocol="secagg+", clip=4.0, max_weight=100.0, max_clients=8))
+                   secure=SecureAggregationConfig(protocol="secagg+", clip=4.0, max_weight=100.0, max_clients=8, min_release_group=2))
 
 
 def test_client_config_round_trips_through_toml(tmp_path):

@@ -102,7 +102,7 @@ class SketchingFedAvg(FedAvg):
 @pytest.mark.parametrize("runtime", ["sim", "deploy"])
 def test_a_clients_own_release_reaches_the_server_and_is_charged_to_its_ledger(runtime):
     config = RunConfig(rounds=2, secure=SecureAggregationConfig(protocol="secagg+", clip=4.0, max_weight=100,
-                                                               max_clients=8))
+                                                               max_clients=8, min_release_group=2))
     ledger = Ledger(LedgerConfig(delta=1e-5))
     if runtime == "sim":
         sim = SimulationRunner(algorithm=SketchingFedAvg(), trainers={c: toy_trainer(c, seed=0) for c in (1, 2, 3)},
@@ -126,7 +126,7 @@ def test_a_clients_own_release_reaches_the_server_and_is_charged_to_its_ledger(r
 
 def test_simulation_and_deployment_charge_the_same_release_ledger():
     config = RunConfig(rounds=2, secure=SecureAggregationConfig(protocol="secagg+", clip=4.0, max_weight=100,
-                                                               max_clients=8))
+                                                               max_clients=8, min_release_group=2))
     sim_ledger, dep_ledger = Ledger(), Ledger()
     SimulationRunner(algorithm=SketchingFedAvg(), trainers={c: toy_trainer(c, seed=0) for c in (1, 2, 3)},
                      config=config, ledger=sim_ledger).run(progress=False)
@@ -136,7 +136,7 @@ def test_simulation_and_deployment_charge_the_same_release_ledger():
 
 def test_a_client_releasing_under_another_mechanism_is_refused_naming_both_sides():
     config = RunConfig(rounds=1, secure=SecureAggregationConfig(protocol="secagg+", clip=4.0, max_weight=100,
-                                                               max_clients=8))
+                                                               max_clients=8, min_release_group=2))
     clients = {c: DeployedClient(client_id=c, task=_task(SketchingFedAvg(epsilon=2.0)), config=config) for c in (1, 2)}
     with InprocFederation(client_ids=clients, factory=lambda c, r: clients[c].protocol_for(r),
                           handlers=lambda c: clients[c].handlers()) as driver:
@@ -153,7 +153,7 @@ def test_a_release_the_algorithm_does_not_declare_fails_on_the_client():
             return Upload(masked=upload.masked, released={"other": upload.released["sketch"]}), state
 
     config = RunConfig(rounds=1, secure=SecureAggregationConfig(protocol="secagg+", clip=4.0, max_weight=100,
-                                                               max_clients=8))
+                                                               max_clients=8, min_release_group=2))
     sim = SimulationRunner(algorithm=Undeclared(), trainers={c: toy_trainer(c, seed=0) for c in (1, 2)},
                            config=config, ledger=Ledger())
     with pytest.raises(ValueError, match=r"releases \['other'\] are not declared"):
@@ -193,7 +193,7 @@ class PerClientProbe(FedAvg):
 
 @pytest.mark.parametrize("runtime", ["sim", "deploy"])
 def test_each_client_receives_only_its_own_and_its_groups_parts(runtime):
-    config = RunConfig(rounds=1, secure=SecureAggregationConfig(protocol="secagg+", clip=4.0, max_weight=100, max_clients=8))
+    config = RunConfig(rounds=1, secure=SecureAggregationConfig(protocol="secagg+", clip=4.0, max_weight=100, max_clients=8, min_release_group=2))
     if runtime == "sim":
         sim = SimulationRunner(algorithm=PerClientProbe(), trainers={c: toy_trainer(c) for c in (1, 2, 3, 4)}, config=config)
         sim.run(progress=False)
@@ -210,7 +210,7 @@ def test_each_client_receives_only_its_own_and_its_groups_parts(runtime):
 
 def test_group_sums_update_each_group_and_skip_a_group_below_its_minimum():
     groups = {1: "a", 2: "a", 3: "a", 4: "b"}
-    config = RunConfig(rounds=1, secure=SecureAggregationConfig(protocol="secagg+", clip=4.0, max_weight=100, max_clients=8))
+    config = RunConfig(rounds=1, secure=SecureAggregationConfig(protocol="secagg+", clip=4.0, max_weight=100, max_clients=8, min_release_group=2))
     sim = SimulationRunner(algorithm=GroupFedAvg(groups=groups), trainers={c: toy_trainer(c) for c in groups}, config=config)
     initial = sim.state
     sim.run(progress=False)
@@ -257,7 +257,7 @@ class ClusterProbe(FedAvg):
 
 
 def test_cluster_indexed_parts_give_per_cluster_means_without_assignments():
-    config = RunConfig(rounds=1, secure=SecureAggregationConfig(protocol="secagg+", clip=4.0, max_weight=100, max_clients=8))
+    config = RunConfig(rounds=1, secure=SecureAggregationConfig(protocol="secagg+", clip=4.0, max_weight=100, max_clients=8, min_release_group=2))
     sim = SimulationRunner(algorithm=ClusterProbe(), trainers={c: toy_trainer(c) for c in (1, 2, 3, 4, 5)}, config=config)
     sim.run(progress=False)
     st = sim.state
@@ -268,7 +268,7 @@ def test_cluster_indexed_parts_give_per_cluster_means_without_assignments():
 
 
 def test_ditto_keeps_a_private_personal_model_and_evaluates_with_it():
-    config = RunConfig(rounds=3, secure=SecureAggregationConfig(protocol="secagg+", clip=4.0, max_weight=100, max_clients=8))
+    config = RunConfig(rounds=3, secure=SecureAggregationConfig(protocol="secagg+", clip=4.0, max_weight=100, max_clients=8, min_release_group=2))
     sim = SimulationRunner(algorithm=Ditto(lam=0.5), trainers={c: toy_trainer(c, lr=0.1) for c in (1, 2, 3)}, config=config)
     sim.run(progress=False)
     glob = sim.server.shared_parameters(sim.state)
@@ -282,14 +282,14 @@ def test_ditto_keeps_a_private_personal_model_and_evaluates_with_it():
 
 
 def test_a_client_with_another_protocol_is_refused_naming_both_sides():
-    server_config = RunConfig(rounds=1, secure=SecureAggregationConfig(protocol="secagg+", clip=4.0, max_weight=100, max_clients=8))
-    client_config = RunConfig(rounds=1, secure=SecureAggregationConfig(protocol="plain", clip=4.0, max_weight=100, max_clients=8))
+    server_config = RunConfig(rounds=1, secure=SecureAggregationConfig(protocol="secagg+", clip=4.0, max_weight=100, max_clients=8, min_release_group=2))
+    client_config = RunConfig(rounds=1, secure=SecureAggregationConfig(protocol="plain", clip=4.0, max_weight=100, max_clients=8, min_release_group=2))
     with pytest.raises(ClientSetupError, match=r"protocol: server 'secagg\+', client 'plain'"):
         _deploy(FedAvg(), server_config, client_config=client_config, n=2)
 
 
 def test_a_client_with_another_model_size_is_refused_naming_both_sizes():
-    config = RunConfig(rounds=1, secure=SecureAggregationConfig(protocol="secagg+", clip=4.0, max_weight=100, max_clients=8))
+    config = RunConfig(rounds=1, secure=SecureAggregationConfig(protocol="secagg+", clip=4.0, max_weight=100, max_clients=8, min_release_group=2))
     clients = {c: DeployedClient(client_id=c, task=_task(FedAvg()), config=config) for c in (1, 2)}
     small = toy_trainer(1)
     small_initial = {k: v[:-1] for k, v in small.get_shared().items()}

@@ -11,7 +11,7 @@ from fl_algorithms.engine.secure_sum import SecureAggregationConfig
 
 def _run(make, protocol, algorithm=None, rounds=3, **kw):
     trainers = make(4)
-    cfg = RunConfig(rounds=rounds, secure=SecureAggregationConfig(protocol=protocol, clip=4.0, max_weight=100, max_clients=8), **kw)
+    cfg = RunConfig(rounds=rounds, secure=SecureAggregationConfig(protocol=protocol, clip=4.0, max_weight=100, max_clients=8, min_release_group=2), **kw)
     runner = SimulationRunner(algorithm=algorithm or FedAvg(local_epochs=1), trainers=trainers, config=cfg)
     runner.run(progress=False)
     return runner
@@ -40,7 +40,7 @@ def test_fedavg_is_exactly_weighted_mean_of_client_updates(toy_trainers):
     trainers = toy_trainers(3)
     import copy
     shadow = {c: copy.deepcopy(t) for c, t in trainers.items()}
-    cfg = RunConfig(rounds=1, secure=SecureAggregationConfig(protocol="plain", clip=4.0, max_weight=100, max_clients=4))
+    cfg = RunConfig(rounds=1, secure=SecureAggregationConfig(protocol="plain", clip=4.0, max_weight=100, max_clients=4, min_release_group=2))
     runner = SimulationRunner(algorithm=FedAvg(), trainers=trainers, config=cfg)
     w0 = {k: v.copy() for k, v in runner.algorithm.shared_parameters(runner.state).items()}
     runner.run(progress=False)
@@ -74,7 +74,7 @@ def test_local_uploads_nothing(toy_trainers):
 def test_dropouts_and_sampling(toy_trainers):
     trainers = toy_trainers(8)
     cfg = RunConfig(rounds=3, clients_per_round=6, dropout=0.2, seed=3,
-                    secure=SecureAggregationConfig(protocol="secagg+", clip=4.0, max_weight=100, max_clients=8))
+                    secure=SecureAggregationConfig(protocol="secagg+", clip=4.0, max_weight=100, max_clients=8, min_release_group=2))
     runner = SimulationRunner(algorithm=FedAvg(), trainers=trainers, config=cfg)
     runner.run(progress=False)
     assert all(len(r.cohort) == 6 for r in runner.history)
@@ -84,7 +84,7 @@ def test_dropouts_and_sampling(toy_trainers):
 
 def test_resume_after_crash_continues_from_last_round(toy_trainers, tmp_path):
     cfg = RunConfig(rounds=4, checkpoint_dir=str(tmp_path), clients_per_round=3, seed=5,
-                    secure=SecureAggregationConfig(protocol="plain", clip=4.0, max_weight=100, max_clients=8))
+                    secure=SecureAggregationConfig(protocol="plain", clip=4.0, max_weight=100, max_clients=8, min_release_group=2))
     straight = SimulationRunner(algorithm=FedAvg(), trainers=toy_trainers(4), config=RunConfig(
         **{**cfg.__dict__, "checkpoint_dir": None}))
     straight.run(progress=False)

@@ -11,7 +11,7 @@ from fl_algorithms.algorithms.fedprox import FedProx  # noqa: E402
 from fl_algorithms.tasks.fednlp import FedNLPClients, FedNLPSettings, build  # noqa: E402
 
 SETTINGS = FedNLPSettings(max_docs=60, clients=3, min_client_docs=10, rounds=2, max_length=32, adapter_layers=1,
-                          batch_size=8, clients_per_round=None)
+                          batch_size=8, clients_per_round=None, min_release_group=3)
 
 
 @pytest.fixture(scope="module")

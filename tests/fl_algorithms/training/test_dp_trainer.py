@@ -35,7 +35,7 @@ def _dp_trainers(ledger, n_clients=3, n=64):
 
 def test_dp_fedavg_epsilon_grows_with_rounds_and_matches_the_ledger():
     ledger = Ledger(LedgerConfig(delta=1e-5))
-    cfg = RunConfig(rounds=3, secure=SecureAggregationConfig(protocol="secagg+", clip=4.0, max_weight=100, max_clients=8))
+    cfg = RunConfig(rounds=3, secure=SecureAggregationConfig(protocol="secagg+", clip=4.0, max_weight=100, max_clients=8, min_release_group=2))
     runner = SimulationRunner(algorithm=FedAvg(), trainers=_dp_trainers(ledger), config=cfg)
     history = runner.run(progress=False)
     for c in (1, 2, 3):
@@ -47,7 +47,7 @@ def test_dp_fedavg_epsilon_grows_with_rounds_and_matches_the_ledger():
 
 def test_dp_with_fedprox_is_refused_clearly():
     ledger = Ledger(LedgerConfig(delta=1e-5))
-    cfg = RunConfig(rounds=1, secure=SecureAggregationConfig(protocol="plain", clip=4.0, max_weight=100, max_clients=8))
+    cfg = RunConfig(rounds=1, secure=SecureAggregationConfig(protocol="plain", clip=4.0, max_weight=100, max_clients=8, min_release_group=2))
     runner = SimulationRunner(algorithm=FedProx(mu=0.1), trainers=_dp_trainers(ledger, 2), config=cfg)
     with pytest.raises(NotImplementedError, match="proximal"):
         runner.run(progress=False)

@@ -24,13 +24,13 @@ Client side (a process, or a thread with a shared context):
 from transport.client import (ClientConfig, ClientSession, ClientSummary, ProtocolMismatchError, RegistrationError,
                               run_client)
 from transport.framing import FrameLimits, decode, encode
-from transport.server import CollectResult, RoundReport, ServerConfig, ServerDriver
+from transport.server import CollectResult, QueueLimits, RoundReport, ServerConfig, ServerDriver
 from transport.session import reply_to
 from transport.simulation import InprocFederation
 from transport.sockets import CurveClientKeys, CurveServerKeys, SocketOptions, curve_keypair
 
 __all__ = [
     "ClientConfig", "ClientSession", "ClientSummary", "CollectResult", "CurveClientKeys", "CurveServerKeys",
-    "FrameLimits", "InprocFederation", "ProtocolMismatchError", "RegistrationError", "RoundReport", "ServerConfig", "ServerDriver",
+    "FrameLimits", "InprocFederation", "ProtocolMismatchError", "QueueLimits", "RegistrationError", "RoundReport", "ServerConfig", "ServerDriver",
     "SocketOptions", "curve_keypair", "decode", "encode", "reply_to", "run_client",
 ]

@@ -19,8 +19,12 @@ Payload frames, in field order, one per non-int field:
 
 `decode` checks every count against the frame sizes and the configured limits before it
 allocates anything, and raises `ProtocolError` -- never another exception -- on anything
-malformed, truncated, oversized or from another wire version. Decoded arrays are read-only,
-zero-copy views of the received frames (kept alive by the array). Sent arrays are not copied
+malformed, truncated, oversized or from another wire version. What a decoded message costs in
+memory, per wire byte: arrays nothing (views), bytes 1, tuples at most about 8 (Python ints),
+maps at most about 13 (a dict entry, an int and a bytes object per item; tiny items are the worst
+case), plus some 100 KiB; a receiver bounds its memory by bounding a message's size before
+calling `decode` (tests/transport/test_framing.py measures these factors). Decoded arrays are
+read-only, zero-copy views of the received frames (kept alive by the array). Sent arrays are not copied
 either: the sender must not modify an array it has sent while receivers may still hold it
 (over inproc:// the receivers' arrays are views of the very same memory).
 """
@@ -59,8 +63,10 @@ _I64_MIN, _I64_MAX = -(2**63), 2**63 - 1
 class FrameLimits:
     """Upper bounds a receiver enforces before looking inside a message."""
 
-    max_message_bytes: int = 1 << 30
-    """Total bytes over all frames (also the per-frame socket limit, ZMQ_MAXMSGSIZE)."""
+    max_message_bytes: int = 64 << 20
+    """Total bytes over all frames (also the per-frame socket limit, ZMQ_MAXMSGSIZE). 64 MiB by
+    default (16M uint32 or float32 values); a deployment sending bigger models or vectors raises it
+    explicitly on the side that receives them (`ClientConfig.limits`, `ServerConfig.limits`)."""
     max_frames: int = 64
     max_header_bytes: int = 16 << 10
 
@@ -264,15 +270,23 @@ def _decode_value(name: str, tag: int, code: int, count: int, view: memoryview) 
 def _decode_map(name: str, count: int, view: memoryview) -> dict[int, bytes]:
     if count * 12 > view.nbytes:
         raise ProtocolError(f"map field '{name}' declares {count} items, frame is too short")
-    keys = np.frombuffer(view, dtype="<i8", count=count).tolist()
-    lengths = np.frombuffer(view, dtype="<u4", count=count, offset=8 * count).astype(np.int64)
-    if int(lengths.sum()) != view.nbytes - 12 * count:
+    keys = np.frombuffer(view, dtype="<i8", count=count)
+    ends = np.cumsum(np.frombuffer(view, dtype="<u4", count=count, offset=8 * count), dtype=np.int64)
+    ends += 12 * count
+    if (int(ends[-1]) if count else 0) != view.nbytes:
         raise ProtocolError(f"map field '{name}' value lengths do not match its frame size")
-    if len(set(keys)) != count:
+    out: dict[int, bytes] = {}
+    start = 12 * count
+    for lo in range(0, count, _MAP_CHUNK):  # chunks: no full-size Python lists besides the result
+        for k, end in zip(keys[lo : lo + _MAP_CHUNK].tolist(), ends[lo : lo + _MAP_CHUNK].tolist()):
+            out[k] = view[start:end].tobytes()
+            start = end
+    if len(out) != count:
         raise ProtocolError(f"map field '{name}' repeats a key")
-    ends = (12 * count + np.cumsum(lengths)).tolist()
-    starts = [12 * count, *ends[:-1]]
-    return {k: view[s:e].tobytes() for k, s, e in zip(keys, starts, ends)}
+    return out
+
+
+_MAP_CHUNK = 4096
 
 
 def _ascii(head: memoryview, pos: int, n: int, what: str) -> str:

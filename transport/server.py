@@ -10,24 +10,34 @@ Lifecycle (see `ServerDriver`):
         replies = driver.collect("ack", round_id=2, timeout=5)
         driver.shutdown()                                       # tells clients to exit
 
-Every received message is checked before protocol code sees it: it must decode (size limits,
-wire version, dtypes), come from a registered routing identity whose client id equals its
+Every received message is checked before protocol code sees it. Before it is decoded, its
+frame count and bytes must fit its sender's limit: a handshake-sized `hello` for a connection that
+has not registered (anything else from it is dropped undecoded), the running round's largest
+legitimate reply (`max_reply_bytes`) or `collect`'s `max_bytes` for one that has. Then it must
+decode (wire version, dtypes), come from a registered routing identity whose client id equals its
 `sender`, and be addressed to the server; the protocol (or `collect`) then checks kind, stage,
 round, schema and duplicates. Anything failing is logged, counted in the report and dropped;
 it never stops the driver. A client that stays silent until the stage deadline, or whose TCP
 connection closes, is counted as dropped for that stage by the protocol's `advance`.
+
+Bytes that libzmq buffers before the driver reads them are bounded per connection by a watchdog
+thread (tcp:// on Linux), since no socket option bounds them; see `ServerConfig` for the bound.
 """
 from __future__ import annotations
 
 import logging
+import os
+import socket
+import struct
+import threading
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
 import zmq
 
-from secagg.messages import SERVER, Message, ProtocolError, Schema, Value
+from secagg.messages import MAX_CLIENT_ID, SERVER, Message, ProtocolError, Schema, Value
 from secagg.protocols.base import RoundResult, ServerProtocol
 from transport import session
 from transport.framing import (DEFAULT_LIMITS, WIRE_VERSION, FrameLimits, decode, encode,
@@ -37,20 +47,100 @@ from transport.sockets import (CurveServerKeys, SocketOptions, apply_options, is
 
 log = logging.getLogger(__name__)
 
+LARGEST_HELLO = wire_size(encode(session.hello(MAX_CLIENT_ID, wire_version=255,
+                                               session="x" * session.MAX_SESSION_BYTES)))
+"""Wire bytes of the largest valid hello (270)."""
+
+
+@dataclass(frozen=True)
+class QueueLimits:
+    """Bytes a tcp:// connection may have delivered that the driver has not read yet.
+
+    libzmq reads a connection into memory until a multipart message is complete, however many
+    frames it has: ZMQ_MAXMSGSIZE caps each frame and RCVHWM counts complete messages, so no socket
+    option bounds these bytes (one 2,000-frame message of 1 MiB frames costs 2 GB). A watchdog
+    thread compares the kernel's count of bytes received on each connection (TCP_INFO) with what
+    the driver has read from it and shuts down a connection over its budget; libzmq then drops
+    it, frees its partial message, and the driver sees a disconnect (reject reason 'overflow').
+    """
+
+    pending_bytes: int = 16 << 10
+    """Budget of a connection that has not registered: its ZMTP/CURVE handshake and hellos."""
+    slack_bytes: int = 64 << 10
+    """Budget of a registered connection that owes no reply; each owed one (up to two) adds a
+    maximum-size reply (see ServerConfig)."""
+    max_pending: int = 256
+    """Unregistered connections kept at once; beyond it the oldest are cut."""
+    total_bytes: int | None = None
+    """If set, connections are also cut, largest first, while all of them together hold more."""
+    interval: float = 0.005
+    """How often the watchdog reads the process's resident memory; every connection is checked
+    when it has grown by RSS_STEP since the last check, and at least every SWEEP_EVERY seconds."""
+    enabled: bool = True
+
+    def __post_init__(self) -> None:
+        if self.pending_bytes < 4 * LARGEST_HELLO or self.slack_bytes < 0 or self.max_pending < 1:
+            raise ValueError("queue limits must leave room for a handshake and a few hellos")
+        if self.total_bytes is not None and self.total_bytes < self.pending_bytes:
+            raise ValueError("total_bytes must be at least pending_bytes")
+        if not 0 < self.interval <= 1:
+            raise ValueError("interval must be in (0, 1] seconds")
+
 
 @dataclass(frozen=True)
 class ServerConfig:
+    """How much a server accepts, and from whom.
+
+    Memory bound. Let L be the reply limit of the running call (`run_round`: the protocol's
+    `max_reply_bytes()`, else 16 * length + 1 MiB; `collect`: `max_bytes`, else
+    `collect_max_bytes`), L' that of the call before, C = collect_max_bytes, P =
+    queues.pending_bytes, S = queues.slack_bytes, k a connection's unanswered requests (messages
+    from `run_round`, `send` or `broadcast` minus its messages other than hellos), R the number of
+    registered connections. Bytes received on tcp:// and not yet read by the driver (libzmq's
+    queues and partial messages, and the kernel's receive buffer) stay below
+
+        per unregistered connection   P                        (at most queues.max_pending of them)
+        per registered connection     S + min(k, 2) * max(L, L', C)  <=  Q = S + 2 * max(L, L', C)
+        in total                      queues.max_pending * P + R * Q   (or queues.total_bytes if set)
+
+    except for what arrives between two watchdog checks: a check runs within queues.interval of
+    the process growing by RSS_STEP (4 MiB), so the excess is about RSS_STEP plus the peers' total
+    bandwidth times queues.interval (more while the watchdog thread is short of CPU; measured: tens
+    of MiB over loopback, tests/transport/test_resources.py), and 128 bytes per second per
+    connection credited for ZMTP heartbeats the driver never reads. Each queued wire byte costs
+    about 1 byte of memory in frames of a few hundred bytes or more and at most 32 in empty ones
+    (libzmq's 64-byte message struct), plus a few tens of KiB of buffers per connection. The driver
+    reads one message at a time and keeps its frames only while they fit (`max_hello_bytes` and 4
+    frames unregistered, L and limits.max_frames registered), so decoding adds at most about
+    13 * L (see `transport.framing`). Outgoing, each peer holds at most sockets.sndhwm messages.
+    ipc:// and inproc:// peers are local (file permissions, same process) and have no watchdog:
+    there, queued bytes are bounded only per frame.
+    """
+
     limits: FrameLimits = DEFAULT_LIMITS
-    sockets: SocketOptions = SocketOptions(linger_ms=2000)
+    """Outer caps on any message. libzmq cuts a connection that sends a frame over
+    limits.max_message_bytes (ZMQ_MAXMSGSIZE) before buffering it; every per-call limit must fit
+    under it (raise it for rounds or collections with bigger replies)."""
+    sockets: SocketOptions = SocketOptions(sndhwm=64, rcvhwm=16, linger_ms=2000)
     allowed_clients: frozenset[int] | None = None
     """If set, only these client ids may register."""
     max_clients: int = 100_000
     session: str = ""
     """What this server runs (protocol and round parameters), e.g. 'secagg+ length=1000'. A client
     whose hello expects another session is refused with a reason naming both ('': accept any)."""
+    max_hello_bytes: int = 512
+    """Largest message read from a connection that has not registered (a hello is at most
+    LARGEST_HELLO bytes); bigger ones are dropped without being decoded."""
+    collect_max_bytes: int = 16 << 20
+    """Largest reply `collect` accepts unless told otherwise (`max_bytes=`)."""
+    queues: QueueLimits = QueueLimits()
 
     def __post_init__(self) -> None:
         session.session_bytes(self.session)  # fits a hello, or ValueError now rather than per client
+        if not LARGEST_HELLO <= self.max_hello_bytes <= self.limits.max_message_bytes:
+            raise ValueError(f"max_hello_bytes must be in [{LARGEST_HELLO}, limits.max_message_bytes]")
+        if self.collect_max_bytes < 1:
+            raise ValueError("collect_max_bytes must be positive")
 
 
 @dataclass(frozen=True)
@@ -90,6 +180,8 @@ class _Peer:
     identity: bytes
     client_id: int
     fd: int
+    ino: int | None = None
+    """Inode of its TCP socket, as the queue guard tracks it (None without a guard)."""
     connected: bool = True
 
 
@@ -112,14 +204,27 @@ class ServerDriver:
         self._curve = curve
         self._auth = start_authenticator(self._ctx, curve) if curve is not None else None
         sock = self._ctx.socket(zmq.ROUTER)
+        self._monitor = None
+        self._guard: _QueueGuard | None = None
         try:
             # Sends to unknown or vanished peers fail loudly instead of being silently dropped.
             sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
             apply_options(sock, config.sockets, max_message_bytes=config.limits.max_message_bytes)
             if curve is not None:
                 make_curve_server(sock, curve)
+            if not is_inproc(endpoint):
+                self._monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
             sock.bind(endpoint)
+            self.endpoint: str = sock.getsockopt(zmq.LAST_ENDPOINT).decode()
+            """The bound endpoint, with the actual port when bound to `*`."""
+            if self.endpoint.startswith("tcp://") and config.queues.enabled:
+                port = int(self.endpoint.rsplit(":", 1)[1])
+                self._guard = _QueueGuard.start(port=port, limits=config.queues,
+                                                collect_limit=self._collect_limit(None))
         except BaseException:
+            if self._monitor is not None:
+                sock.disable_monitor()
+                self._monitor.close(linger=0)
             sock.close(linger=0)
             if self._auth is not None:
                 self._auth.stop()
@@ -127,9 +232,10 @@ class ServerDriver:
                 self._ctx.term()
             raise
         self._sock = sock
-        self.endpoint: str = sock.getsockopt(zmq.LAST_ENDPOINT).decode()
-        """The bound endpoint, with the actual port when bound to `*`."""
-        self._monitor = None if is_inproc(endpoint) else sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        self._frame_overhead = _CURVE_FRAME_OVERHEAD if curve is not None else _FRAME_OVERHEAD
+        self._hello_limits = FrameLimits(max_message_bytes=config.max_hello_bytes, max_frames=4,
+                                         max_header_bytes=config.max_hello_bytes)
+        self._reply_limits = replace(config.limits, max_message_bytes=self._collect_limit(None))
         self._poller = zmq.Poller()
         self._poller.register(sock, zmq.POLLIN)
         if self._monitor is not None:
@@ -172,8 +278,9 @@ class ServerDriver:
         """
         if protocol.round_id <= self._last_round:
             raise ValueError(f"round id {protocol.round_id} is not above the last one ({self._last_round})")
+        limit = self._round_limit(protocol)
         self._last_round = protocol.round_id
-        self._begin()
+        self._begin(limit)
         stage_seconds: Counter[str] = Counter()
         server_seconds: Counter[str] = Counter()
         received: Counter[int] = Counter()
@@ -219,7 +326,7 @@ class ServerDriver:
     def send(self, msg: Message) -> int | None:
         """Send one message to client `msg.receiver`; wire bytes, or None if it is unreachable."""
         self._check_app_kind(msg.kind)
-        return self._send_to(msg.receiver, encode(msg))
+        return self._send_to(msg.receiver, encode(msg), expects_reply=True)
 
     def broadcast(self, kind: str, fields: Mapping[str, Value], *, round_id: int,
                   to: Iterable[int] | None = None) -> dict[int, int]:
@@ -233,19 +340,21 @@ class ServerDriver:
         payload = encode_payload(template)
         sent: dict[int, int] = {}
         for cid in sorted(self._by_id if to is None else set(to)):
-            n = self._send_to(cid, [encode_header(replace(template, receiver=cid)), *payload])
+            frames = [encode_header(replace(template, receiver=cid)), *payload]
+            n = self._send_to(cid, frames, expects_reply=True)
             if n is not None:
                 sent[cid] = n
         return sent
 
     def collect(self, kind: str, *, round_id: int, timeout: float, expect: Iterable[int] | None = None,
-                schema: Schema | None = None) -> CollectResult:
+                schema: Schema | None = None, max_bytes: int | None = None) -> CollectResult:
         """Receive one `kind` message for `round_id` from each expected client (default: all registered).
 
-        Stops when all have answered or at the timeout. Messages of another kind or round,
-        duplicates, and (if given) messages failing `schema` are dropped.
+        Stops when all have answered or at the timeout. Messages over `max_bytes` (default
+        `ServerConfig.collect_max_bytes`) are dropped undecoded; messages of another kind or
+        round, duplicates, and (if given) messages failing `schema` are dropped.
         """
-        self._begin()
+        self._begin(self._collect_limit(max_bytes))
         expected = frozenset(self._by_id if expect is None else expect)
         replies: dict[int, Message] = {}
         received: Counter[int] = Counter()
@@ -286,6 +395,8 @@ class ServerDriver:
         if self._closed:
             return
         self._closed = True
+        if self._guard is not None:
+            self._guard.stop()
         if self._monitor is not None:
             self._sock.disable_monitor()
             self._monitor.close(linger=0)
@@ -302,11 +413,34 @@ class ServerDriver:
         self.shutdown()
 
     # ---- internals ---------------------------------------------------------------------------
-    def _begin(self) -> None:
-        """Start of a round or collection: forget closed connections, reset per-call counters."""
+    def _begin(self, reply_limit: int) -> None:
+        """Start of a round or collection: forget closed connections, reset per-call counters, set
+        the largest message a registered client may send during the call."""
         self._drain_monitor()
         self._peers = {ident: p for ident, p in self._peers.items() if p.connected}
         self._rejected = Counter()
+        self._reply_limits = replace(self.config.limits, max_message_bytes=reply_limit)
+        if self._guard is not None:
+            self._guard.set_reply_limit(reply_limit)
+
+    def _round_limit(self, protocol: ServerProtocol) -> int:
+        """Largest reply of this round: the protocol's own bound, else a generous one from its length."""
+        bound = getattr(protocol, "max_reply_bytes", None)
+        limit = int(bound()) if callable(bound) else 16 * int(protocol.length) + (1 << 20)
+        return self._checked_limit(limit, f"round {protocol.round_id} ({protocol.name}) replies")
+
+    def _collect_limit(self, max_bytes: int | None) -> int:
+        if max_bytes is None:  # the default never exceeds the outer cap
+            return min(self.config.collect_max_bytes, self.config.limits.max_message_bytes)
+        return self._checked_limit(max_bytes, "collect max_bytes")
+
+    def _checked_limit(self, limit: int, what: str) -> int:
+        if limit < 1:
+            raise ValueError(f"{what}: a limit of {limit} bytes")
+        if limit > self.config.limits.max_message_bytes:
+            raise ValueError(f"{what} may need {limit} bytes, over ServerConfig.limits.max_message_bytes "
+                             f"({self.config.limits.max_message_bytes}): raise it")
+        return limit
 
     def _lost(self, ids: Iterable[int]) -> frozenset[int]:
         """Those of `ids` we cannot hear from any more (never registered or disconnected)."""
@@ -315,17 +449,19 @@ class ServerDriver:
     def _send_requests(self, requests: Mapping[int, Message], sent: Counter[int]) -> frozenset[int]:
         unreachable = set()
         for cid, req in requests.items():
-            n = self._send_to(cid, encode(req))
+            n = self._send_to(cid, encode(req), expects_reply=True)
             if n is None:
                 unreachable.add(cid)
             else:
                 sent[cid] += n
         return frozenset(unreachable)
 
-    def _send_to(self, cid: int, frames: list) -> int | None:
+    def _send_to(self, cid: int, frames: list, *, expects_reply: bool = False) -> int | None:
         peer = self._by_id.get(cid)
         if peer is None:
             return None
+        if expects_reply and self._guard is not None:  # before sending: the answer may come at once
+            self._guard.sent(peer.ino)
         try:
             self._sock.send_multipart([peer.identity, *frames], flags=zmq.NOBLOCK, copy=False)
         except zmq.Again:
@@ -357,22 +493,51 @@ class ServerDriver:
             if deadline is not None and time.monotonic() >= deadline:
                 return
             try:
-                frames = self._sock.recv_multipart(zmq.NOBLOCK, copy=False)
+                identity = self._sock.recv(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 return
-            self._dispatch(frames, handle)
+            self._dispatch(identity, handle)
 
-    def _dispatch(self, frames: list[zmq.Frame], handle: Handle) -> None:
-        identity = frames[0].bytes
-        body = frames[1:]
+    def _dispatch(self, identity_frame: zmq.Frame, handle: Handle) -> None:
+        """Read the rest of one message, keeping its frames only while they fit its sender's limit,
+        then check and decode it."""
+        identity = identity_frame.bytes
         peer = self._peers.get(identity)
         who = peer.client_id if peer is not None else None
+        limits = self._hello_limits if peer is None else self._reply_limits
+        body: list[zmq.Frame] = []
+        first: zmq.Frame | None = None
+        size = count = 0
+        more = identity_frame.more
+        while more:  # all parts of a message are there once its first one is (atomic delivery)
+            frame = self._sock.recv(copy=False)
+            more = frame.more
+            size += len(frame)
+            count += 1
+            if first is None:
+                first = frame
+            if count <= limits.max_frames and size <= limits.max_message_bytes:
+                body.append(frame)
+            elif body:
+                body = []  # over the limit: release what was kept; the rest is read and dropped
+        if first is None:
+            return self._reject("malformed", who, "a message without frames")
+        if self._guard is not None:
+            ino = peer.ino if peer is not None else self._guard.track(_source_fd(first))
+            self._guard.consumed(ino, size + count * self._frame_overhead)
+        if count > limits.max_frames or size > limits.max_message_bytes:
+            self._answered(peer)
+            reason = "unregistered" if peer is None else "oversized"
+            return self._reject(reason, who, f"{size} bytes in {count} frames, over the limit of "
+                                f"{limits.max_message_bytes} bytes in {limits.max_frames} frames")
         try:
-            msg = decode(body, limits=self.config.limits)
+            msg = decode(body, limits=limits)
         except ProtocolError as exc:
+            self._answered(peer)
             return self._reject("malformed", who, exc)
         if msg.kind == session.HELLO:
-            return self._register(identity, msg, body[0])
+            return self._register(identity, msg, first)
+        self._answered(peer)
         if peer is None:
             return self._reject("unregistered", None, f"'{msg.kind}' from an unknown connection")
         if msg.sender != peer.client_id:
@@ -382,6 +547,11 @@ class ServerDriver:
         if msg.kind in session.SESSION_KINDS:
             return self._reject("unexpected_kind", who, msg.kind)
         handle(peer.client_id, msg, wire_size(body))
+
+    def _answered(self, peer: _Peer | None) -> None:
+        """A registered peer's message other than a hello: one fewer reply it may still owe."""
+        if self._guard is not None and peer is not None:
+            self._guard.answered(peer.ino)
 
     def _register(self, identity: bytes, msg: Message, first_frame: zmq.Frame) -> None:
         try:
@@ -406,6 +576,9 @@ class ServerDriver:
         if identity not in self._peers:
             peer = _Peer(identity=identity, client_id=cid, fd=_source_fd(first_frame))
             self._peers[identity] = self._by_id[cid] = peer
+            if self._guard is not None:
+                peer.ino = self._guard.track(peer.fd)
+                self._guard.registered(peer.ino)
             log.info("client %d registered", cid)
         self._send_to(cid, encode(session.to_client(session.WELCOME, cid)))
 
@@ -431,6 +604,10 @@ class ServerDriver:
         return ""
 
     def _drain_monitor(self) -> None:
+        if self._guard is not None:
+            for ino, why in self._guard.take_cuts():
+                cid = next((p.client_id for p in self._by_id.values() if p.ino == ino), None)
+                self._reject("overflow", cid, why)
         if self._monitor is None:
             return
         while True:
@@ -479,3 +656,263 @@ def _user_id(frame: zmq.Frame) -> str | None:
         return frame.get("User-Id")
     except zmq.ZMQError:
         return None
+
+
+# ---- the queue watchdog (tcp://, Linux) ----------------------------------------------------------
+
+_FRAME_OVERHEAD = 16
+"""Wire bytes credited per received frame beyond its payload: a ZMTP frame header is 2 or 9 bytes."""
+_CURVE_FRAME_OVERHEAD = 48
+"""The same under CURVE: header, MESSAGE command name, nonce, MAC and flags (42 bytes)."""
+_HEARTBEAT_ALLOWANCE = 128
+"""Bytes per second credited to each connection for ZMTP commands (heartbeats) the driver never
+reads; a peer can grow its queue by at most this rate without being cut."""
+RSS_STEP = 4 << 20
+SWEEP_EVERY = 0.5
+_TCP_INFO_BYTES_RECEIVED = 128
+"""Offset of tcpi_bytes_received (u64) in Linux's struct tcp_info (Linux >= 4.1)."""
+
+
+@dataclass
+class _Conn:
+    fd: int
+    ino: int
+    since: float
+    checked: float
+    registered: bool = False
+    credited: int = 0
+    """Wire bytes the driver has read from this connection (estimated from its messages)."""
+    owed: int = 0
+    """Messages sent to it that it has not answered yet: the replies it may have in flight."""
+    unread: int = 0
+    cut: bool = False
+
+
+class _QueueGuard:
+    """Watchdog thread that cuts tcp:// connections holding more unread bytes than their budget.
+
+    It finds the ROUTER's connections among the process's file descriptors (TCP sockets whose
+    local port is the bound one), keyed by socket inode so that a reused descriptor number is never
+    mistaken for the connection it replaced. The driver reports the bytes it reads from each
+    (`consumed`); the kernel reports the bytes received (TCP_INFO); the difference is what libzmq
+    and the kernel hold. Cutting is shutdown(2) on the descriptor: libzmq's I/O thread sees the
+    end of stream, closes (and so resets) the connection, discards its partial message and reports
+    a disconnect.
+    """
+
+    def __init__(self, *, port: int, limits: QueueLimits, collect_limit: int) -> None:
+        self._port = port
+        self._limits = limits
+        self._collect_limit = collect_limit
+        self._lock = threading.Lock()
+        self._conns: dict[int, _Conn] = {}
+        self._foreign: set[int] = set()
+        """Inodes of descriptors that are not connections of the bound port."""
+        self._reply_limits: deque[int] = deque(maxlen=2)
+        """Reply limits of the running call and the one before."""
+        self._cuts: deque[tuple[int, str]] = deque()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"queue-guard-{port}", daemon=True)
+
+    @classmethod
+    def start(cls, *, port: int, limits: QueueLimits, collect_limit: int) -> _QueueGuard | None:
+        """A running guard, or None (with a warning) where /proc or TCP_INFO is unavailable."""
+        if not (os.path.isdir("/proc/self/fd") and os.path.exists("/proc/self/statm")
+                and hasattr(socket, "TCP_INFO")):
+            log.warning("no /proc or TCP_INFO here: bytes queued per connection are bounded only per frame")
+            return None
+        guard = cls(port=port, limits=limits, collect_limit=collect_limit)
+        guard._thread.start()
+        return guard
+
+    # ---- called by the driver (its thread); connections are named by socket inode -----------------
+    def track(self, fd: int) -> int | None:
+        """The inode of the connection on `fd` (tracked from now on), None if it is not one of ours."""
+        with self._lock:
+            conn = self._lookup(fd)
+            return conn.ino if conn is not None else None
+
+    def consumed(self, ino: int | None, nbytes: int) -> None:
+        with self._lock:
+            conn = self._conns.get(ino)
+            if conn is not None:
+                conn.credited += nbytes
+
+    def registered(self, ino: int | None) -> None:
+        with self._lock:
+            conn = self._conns.get(ino)
+            if conn is not None:
+                conn.registered = True
+
+    def sent(self, ino: int | None) -> None:
+        """A request or application message went to this connection: it may answer."""
+        with self._lock:
+            conn = self._conns.get(ino)
+            if conn is not None:
+                conn.owed += 1
+
+    def answered(self, ino: int | None) -> None:
+        """A message other than a hello came from this connection."""
+        with self._lock:
+            conn = self._conns.get(ino)
+            if conn is not None:
+                conn.owed = max(0, conn.owed - 1)
+
+    def set_reply_limit(self, limit: int) -> None:
+        with self._lock:
+            self._reply_limits.append(limit)
+
+    def take_cuts(self) -> list[tuple[int, str]]:
+        """(inode, why) of the connections cut since the last call."""
+        out = []
+        while self._cuts:
+            out.append(self._cuts.popleft())
+        return out
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    # ---- the thread ---------------------------------------------------------------------------------
+    def _run(self) -> None:
+        statm = os.open("/proc/self/statm", os.O_RDONLY)
+        try:
+            step = RSS_STEP // os.sysconf("SC_PAGE_SIZE")
+            low, last_sweep, cost = _pages(statm), time.monotonic(), 0.0
+            while not self._stop.is_set():
+                time.sleep(self._limits.interval)  # cheaper than Event.wait(timeout) at this rate
+                try:
+                    pages = _pages(statm)
+                    low = min(low, pages)  # growth counts from the lowest point: freed memory is no credit
+                    # growth: sweep now; otherwise now and then, at most 5% of the time
+                    if pages - low >= step or time.monotonic() - last_sweep >= max(SWEEP_EVERY, 20 * cost):
+                        started = time.monotonic()
+                        self.sweep()
+                        low, last_sweep, cost = _pages(statm), time.monotonic(), time.monotonic() - started
+                except Exception:  # the guard must outlive surprises; the driver goes on regardless
+                    log.exception("queue guard sweep failed")
+        finally:
+            os.close(statm)
+
+    def sweep(self) -> None:
+        """Check every connection against its budget; cut those over it."""
+        with self._lock:
+            self._discover()
+            now = time.monotonic()
+            reply = max([self._collect_limit, *self._reply_limits])
+            for ino, conn in list(self._conns.items()):
+                received = _bytes_received(conn.fd, ino)
+                if received is None:  # closed; its descriptor may already be another file
+                    del self._conns[ino]
+                    continue
+                heartbeats = int(_HEARTBEAT_ALLOWANCE * (now - conn.checked))
+                conn.credited = min(conn.credited + heartbeats, received)
+                conn.checked = now
+                conn.unread = received - conn.credited
+                budget = (self._limits.slack_bytes + min(conn.owed, 2) * reply if conn.registered
+                          else self._limits.pending_bytes)
+                if conn.unread > budget and not conn.cut:
+                    self._cut(conn, f"{conn.unread} bytes received and not read, over the budget of {budget}")
+            live = [c for c in self._conns.values() if not c.cut]
+            pending = sorted((c for c in live if not c.registered), key=lambda c: c.since)
+            for conn in pending[: max(0, len(pending) - self._limits.max_pending)]:
+                self._cut(conn, f"more than {self._limits.max_pending} unregistered connections")
+            if self._limits.total_bytes is not None:
+                total = sum(c.unread for c in live if not c.cut)
+                for conn in sorted(live, key=lambda c: -c.unread):
+                    if total <= self._limits.total_bytes or conn.unread == 0:
+                        break
+                    if not conn.cut:
+                        total -= conn.unread
+                        self._cut(conn, f"{conn.unread} bytes unread while all connections "
+                                  f"hold over {self._limits.total_bytes}")
+
+    def _cut(self, conn: _Conn, why: str) -> None:
+        conn.cut = True
+        if _inode(conn.fd) != conn.ino:
+            return
+        self._cuts.append((conn.ino, why))
+        log.warning("cutting connection (fd %d): %s", conn.fd, why)
+        _shutdown(conn.fd)
+
+    def _discover(self) -> None:
+        try:
+            names = os.listdir("/proc/self/fd")
+        except OSError:
+            return
+        if len(self._foreign) > 4 * len(names) + 1024:
+            self._foreign.clear()  # forget inodes of long-closed sockets
+        for name in names:
+            self._lookup(int(name))
+
+    def _lookup(self, fd: int) -> _Conn | None:
+        """The tracked connection on this descriptor, tracking it now if it is one of ours."""
+        ino = _inode(fd)
+        if ino is None or ino in self._foreign:
+            return None
+        conn = self._conns.get(ino)
+        if conn is None:
+            if not _accepted_on(fd, self._port):
+                self._foreign.add(ino)
+                return None
+            now = time.monotonic()
+            conn = self._conns[ino] = _Conn(fd=fd, ino=ino, since=now, checked=now)
+        return conn
+
+
+def _inode(fd: int) -> int | None:
+    """Inode of the socket open on `fd`, None if it is not a socket (or not open)."""
+    try:
+        target = os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        return None
+    if not target.startswith("socket:["):
+        return None
+    return int(target[8:-1])
+
+
+def _on_fd(fd: int, action: Callable[[socket.socket], object]) -> object:
+    """`action` on a socket object borrowing `fd` (never closing it); None on any OSError."""
+    try:
+        sock = socket.socket(fileno=fd)
+    except OSError:
+        return None
+    try:
+        return action(sock)
+    except OSError:
+        return None
+    finally:
+        sock.detach()
+
+
+def _accepted_on(fd: int, port: int) -> bool:
+    """Is `fd` a connected TCP socket whose local port is `port` (accepted by our listener)?"""
+    def check(sock: socket.socket) -> bool:
+        if sock.family not in (socket.AF_INET, socket.AF_INET6) or sock.type != socket.SOCK_STREAM:
+            return False
+        sock.getpeername()  # OSError (not connected) for the listening socket itself
+        return sock.getsockname()[1] == port
+    return bool(_on_fd(fd, check))
+
+
+def _bytes_received(fd: int, ino: int) -> int | None:
+    if _inode(fd) != ino:
+        return None
+    info = _on_fd(fd, lambda s: s.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 256))
+    if not isinstance(info, bytes) or len(info) < _TCP_INFO_BYTES_RECEIVED + 8:
+        return None
+    return struct.unpack_from("=Q", info, _TCP_INFO_BYTES_RECEIVED)[0]
+
+
+def _shutdown(fd: int) -> None:
+    """End the connection on `fd`: libzmq reads end-of-stream and closes it, and with SO_LINGER 0
+    the close resets it (no half-closed socket left waiting on the peer)."""
+    def cut(sock: socket.socket) -> None:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        sock.shutdown(socket.SHUT_RDWR)
+    _on_fd(fd, cut)
+
+
+def _pages(statm: int) -> int:
+    """Resident pages of this process, from an open /proc/self/statm."""
+    return int(os.pread(statm, 128, 0).split()[1])

@@ -15,6 +15,10 @@ class SocketOptions:
     sndhwm: int = 1000
     """Queued outgoing messages per peer before sends fail (the server never blocks on a slow peer)."""
     rcvhwm: int = 1000
+    """Queued incoming messages per peer before libzmq stops reading it. It counts complete
+    messages only, whatever their size or number of frames, and a message still arriving not at all:
+    with ZMQ_MAXMSGSIZE (per frame) it bounds no bytes. The server bounds those itself
+    (`transport.server.QueueLimits`) and lowers this to 16."""
     linger_ms: int = 1000
     """How long close() keeps trying to deliver queued messages."""
     heartbeat_ms: int = 2000
@@ -26,7 +30,8 @@ def apply_options(sock: zmq.Socket, opts: SocketOptions, *, max_message_bytes: i
     sock.setsockopt(zmq.SNDHWM, opts.sndhwm)
     sock.setsockopt(zmq.RCVHWM, opts.rcvhwm)
     sock.setsockopt(zmq.LINGER, opts.linger_ms)
-    # libzmq drops (and disconnects) a peer sending any frame above this, before buffering it.
+    # libzmq drops (and disconnects) a peer sending any frame above this, before buffering it. It
+    # caps each frame, not a message: a message of many frames is buffered whole (see rcvhwm).
     sock.setsockopt(zmq.MAXMSGSIZE, max_message_bytes)
     if opts.heartbeat_ms > 0:
         sock.setsockopt(zmq.HEARTBEAT_IVL, opts.heartbeat_ms)

@@ -1,5 +1,9 @@
-"""Wire framing: exact round trips, and ProtocolError (never anything else) on bad input."""
+"""Wire framing: exact round trips, ProtocolError (never anything else) on bad input, and what
+decoding costs in memory."""
 from __future__ import annotations
+
+import tracemalloc
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -8,7 +12,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from secagg.messages import MAX_CLIENT_ID, Message, ProtocolError
-from transport.framing import (DTYPES, FIELD, MAGIC, PREFIX, TAG_INT, WIRE_VERSION,
+from transport.framing import (DTYPES, FIELD, PREFIX, TAG_INT, WIRE_VERSION,
                                FrameLimits, decode, encode, encode_header, encode_payload, wire_size)
 
 I64 = st.integers(-(2**63), 2**63 - 1)
@@ -50,9 +54,10 @@ def assert_same(a: Message, b: Message) -> None:
 @settings(max_examples=50, deadline=None)
 @given(messages)
 def test_round_trip_through_bytes(msg: Message) -> None:
-    frames = [bytes(memoryview(f).cast("B")) for f in encode(msg)]  # what a socket would carry
+    encoded = encode(msg)
+    frames = [bytes(memoryview(f).cast("B")) for f in encoded]  # what a socket would carry
     assert_same(msg, decode(frames))
-    assert wire_size(frames) == sum(len(f) for f in frames)
+    assert wire_size(encoded) == sum(len(f) for f in frames)  # bytes, not elements, of array frames
 
 
 @settings(max_examples=30, deadline=None)
@@ -215,11 +220,85 @@ def test_limits_on_size_frames_and_header() -> None:
         decode(frames, limits=FrameLimits(max_header_bytes=PREFIX.size + 4))
 
 
-def test_declared_huge_counts_do_not_allocate() -> None:
-    frames = first_field_with(value=2**62)
-    with pytest.raises(ProtocolError, match="declares"):
-        decode(frames)
-    assert valid_frames()[0][:4] == MAGIC
+def field_with(name: str, **changes) -> list[bytes]:
+    """The valid message with the header record of field `name` rewritten (its frame unchanged)."""
+    frames = valid_frames()
+    head = bytearray(frames[0])
+    pos = PREFIX.size + len(b"masked_input")
+    while True:
+        values = list(FIELD.unpack_from(head, pos))
+        if head[pos + FIELD.size : pos + FIELD.size + values[0]] == name.encode():
+            break
+        pos += FIELD.size + values[0]
+    keys = ["name_len", "tag", "code", "value"]
+    for k, v in changes.items():
+        values[keys.index(k)] = v
+    FIELD.pack_into(head, pos, *values)
+    return [bytes(head), *frames[1:]]
+
+
+def peak_allocated(fn: Callable[[], object]) -> int:
+    """Peak bytes allocated (Python objects and numpy buffers) while `fn` runs."""
+    tracemalloc.start()
+    try:
+        tracemalloc.reset_peak()
+        base = tracemalloc.get_traced_memory()[0]
+        fn()
+        return tracemalloc.get_traced_memory()[1] - base
+    finally:
+        tracemalloc.stop()
+
+
+HUGE_COUNTS = {
+    "array of 2^62 elements": field_with("vector", value=2**62),
+    "tuple of 2^40 ints": field_with("ids", value=2**40),
+    "map of 2^40 items": field_with("shares", value=2**40),
+    "map of 2^60 items": field_with("shares", value=2**60),
+    "bytes of 2^40": field_with("key", value=2**40),
+}
+
+
+@pytest.mark.parametrize("name", sorted(HUGE_COUNTS))
+def test_declared_huge_counts_are_refused_before_allocating(name: str) -> None:
+    def refused() -> None:
+        with pytest.raises(ProtocolError, match="declares"):
+            decode(HUGE_COUNTS[name])
+    assert peak_allocated(refused) < 64 << 10
+
+
+def test_the_allocation_probe_sees_what_decode_allocates() -> None:
+    """Control for the test above: the probe measures decoding, so a small peak there means something."""
+    n = 50_000
+    frames = raw_frames(Message(kind="k", round=0, sender=1, receiver=0,
+                                fields={"t": tuple(range(2**40, 2**40 + n))}))
+    assert peak_allocated(lambda: decode(frames)) > 32 * n  # n Python ints of 32 bytes, at least
+
+
+def raw_frames(msg: Message) -> list[bytes]:
+    return [bytes(memoryview(f).cast("B")) for f in encode(msg)]
+
+
+@pytest.mark.parametrize("items", [1, 90, 1000, 2900, 45_000])
+@pytest.mark.parametrize("value", [b"", b"a", b"ab"])
+def test_decoding_a_map_costs_at_most_13_times_its_wire_size(items: int, value: bytes) -> None:
+    frames = raw_frames(Message(kind="k", round=0, sender=1, receiver=0,
+                                fields={"m": {2**40 + i: value for i in range(items)}}))
+    limits = FrameLimits(max_message_bytes=1 << 30)
+    assert peak_allocated(lambda: decode(frames, limits=limits)) <= 13 * wire_size(frames) + (128 << 10)
+
+
+@pytest.mark.parametrize("items", [1, 50, 10_000, 100_000])
+def test_decoding_a_tuple_costs_at_most_8_times_its_wire_size(items: int) -> None:
+    frames = raw_frames(Message(kind="k", round=0, sender=1, receiver=0,
+                                fields={"t": tuple(range(2**40, 2**40 + items))}))
+    limits = FrameLimits(max_message_bytes=1 << 30)
+    assert peak_allocated(lambda: decode(frames, limits=limits)) <= 8 * wire_size(frames) + (64 << 10)
+
+
+def test_decoded_arrays_and_bytes_cost_no_more_than_their_frames() -> None:
+    frames = raw_frames(Message(kind="k", round=0, sender=1, receiver=0,
+                                fields={"a": np.zeros(1 << 20, np.uint32), "b": b"x" * (1 << 20)}))
+    assert peak_allocated(lambda: decode(frames)) <= (1 << 20) + (64 << 10)  # the array is a view
 
 
 @settings(max_examples=200, deadline=None)
@@ -237,8 +316,8 @@ def test_random_corruption_yields_a_message_or_protocol_error(data) -> None:
         msg = decode(frames)
     except ProtocolError:
         return
-    assert isinstance(msg, Message)
     for v in msg.fields.values():  # anything accepted is a well-formed wire value
         assert isinstance(v, (int, bytes, tuple, dict, np.ndarray))
         if isinstance(v, np.ndarray):
             assert v.ndim == 1 and v.dtype in DTYPES.values()
+    assert_same(msg, decode(raw_frames(msg)))  # and encodes back to the same message

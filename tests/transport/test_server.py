@@ -1,20 +1,24 @@
-"""The server driver against honest clients and a raw, hostile DEALER: it never crashes and the
-round result stays exact."""
+"""The server driver against honest clients and a raw, hostile DEALER: it never crashes, the round
+result stays exact, and what a peer can make it hold is bounded."""
 from __future__ import annotations
 
 import hashlib
+import struct
 import threading
+import time
 from dataclasses import replace
 
 import numpy as np
 import pytest
 
+import transport.server as server_module
 from secagg.messages import Bytes, Message, Schema
 from secagg.protocols.plain import PlainServer
+from tests.transport.test_resources import zmtp_connect
 from transport import session
 from transport.cli import synthetic_input, synthetic_sum as plain_sum
-from transport.framing import WIRE_VERSION, FrameLimits, encode
-from transport.server import ServerConfig, ServerDriver
+from transport.framing import WIRE_VERSION, FrameLimits, encode, wire_size
+from transport.server import LARGEST_HELLO, QueueLimits, ServerConfig, ServerDriver
 from transport.session import reply_to
 
 D = 64
@@ -31,11 +35,12 @@ def test_hostile_messages_are_dropped_and_the_round_is_still_exact(plain_clients
         plain_clients(driver.endpoint, [1, 2], D)
         attacker = raw_peer(driver.endpoint, hello_as=3)
         silent = raw_peer(driver.endpoint, hello_as=4)
+        faulty = raw_peer(driver.endpoint, hello_as=5)
         stranger = raw_peer(driver.endpoint)  # never registers
         giant = raw_peer(driver.endpoint)
-        assert driver.wait_for_clients(ids=[1, 2, 3, 4], timeout=20) == {1, 2, 3, 4}
-        attacker.expect(session.WELCOME)
-        silent.expect(session.WELCOME)
+        assert driver.wait_for_clients(ids=[1, 2, 3, 4, 5], timeout=20) == {1, 2, 3, 4, 5}
+        for peer in (attacker, silent, faulty):
+            peer.expect(session.WELCOME)
 
         good = Message(kind="plain_input", round=1, sender=3, receiver=0,
                        fields={"vector": synthetic_input(3, 1, D)})
@@ -48,9 +53,9 @@ def test_hostile_messages_are_dropped_and_the_round_is_still_exact(plain_clients
             attacker.send_frames([b"garbage"])                                           # malformed
             attacker.send_frames(raw(encode(good))[:1])                                  # malformed: no payload
             attacker.send_frames(bad_version)                                            # malformed: version
-            attacker.send_frames(raw(encode(replace(good, fields={
-                "a": np.zeros(150_000, np.float32), "b": np.zeros(150_000, np.float32)}))))  # malformed: > 1 MiB
-            attacker.send(replace(good, fields={f"f{i}": b"x" for i in range(9)}))      # malformed: > 8 frames
+            attacker.send_frames(raw(encode(replace(good, fields={  # oversized: over the round's limit (but
+                "a": np.zeros(40_000, np.float32), "b": np.zeros(40_000, np.float32)}))))  # not the watchdog's)
+            attacker.send(replace(good, fields={f"f{i}": b"x" for i in range(9)}))      # oversized: > 8 frames
             attacker.send(replace(good, round=0))                                        # protocol: round
             attacker.send(replace(good, round=2))                                        # protocol: round
             attacker.send(replace(good, kind="plain_request"))                           # protocol: kind
@@ -59,24 +64,27 @@ def test_hostile_messages_are_dropped_and_the_round_is_still_exact(plain_clients
             attacker.send(session.hello(1, wire_version=WIRE_VERSION))                  # registration
             attacker.send(good)                                                          # accepted
             attacker.send(good)                                                          # protocol: replay
-            # the sender's own malformed reply: it is dropped as faulty (after its genuine one: a
-            # duplicate is refused before it is looked at, so client 3 still counts)
-            attacker.send(replace(good, fields={"vector": np.zeros(D, np.float32)}))    # protocol: duplicate
+            faulty.expect("plain_request")
+            bad = replace(good, sender=5, fields={"vector": np.zeros(D, np.float32)})
+            faulty.send(bad)                                                             # protocol: dtype -> faulty
+            faulty.send(replace(bad, fields={"vector": synthetic_input(5, 1, D)}))       # protocol: dropped already
             stranger.send(replace(good, sender=2))                                       # unregistered
+            stranger.send_frames([b"x" * 4096])  # unregistered: over the hello size, dropped undecoded
             giant.send_frames([b"x" * (2 << 20)])  # above ZMQ_MAXMSGSIZE: libzmq cuts the connection
             sent_all.set()
 
         thread = threading.Thread(target=attack)
         thread.start()
-        report = driver.run_round(PlainServer(round_id=1, clients=[1, 2, 3, 4], length=D), stage_timeout=2.0)
+        report = driver.run_round(PlainServer(round_id=1, clients=[1, 2, 3, 4, 5], length=D), stage_timeout=2.0)
         thread.join(10)
         assert sent_all.is_set()
 
         assert report.result.contributors == {1, 2, 3}
-        assert report.result.dropped == {"collect": frozenset({4})}  # silent until the deadline
+        assert report.result.dropped == {"collect": frozenset({4, 5})}  # 4 silent until the deadline
+        assert set(report.result.faulty) == {5} and "uint32" in report.result.faulty[5]
         assert np.array_equal(report.result.ring_sum, plain_sum([1, 2, 3], 1, D))
-        assert report.rejected == {"malformed": 5, "protocol": 5, "spoofed_sender": 1, "misaddressed": 1,
-                                   "registration": 1, "unregistered": 1}
+        assert report.rejected == {"malformed": 3, "oversized": 2, "protocol": 6, "spoofed_sender": 1,
+                                   "misaddressed": 1, "registration": 1, "unregistered": 2}
         assert set(report.bytes_received) == {1, 2, 3}
         assert attacker.expect(session.REJECT)["reason"].startswith(b"connection already registered")
 
@@ -92,7 +100,7 @@ def test_hostile_messages_are_dropped_and_the_round_is_still_exact(plain_clients
         thread.join(10)
         assert report.result.contributors == {1, 2, 3} and report.rejected == {"protocol": 1}
         assert np.array_equal(report.result.ring_sum, plain_sum([1, 2, 3], 2, D))
-        assert driver.clients == {1, 2, 3, 4}
+        assert driver.clients == {1, 2, 3, 4, 5}
     del silent
 
 
@@ -224,3 +232,132 @@ def test_broadcast_and_collect_reuse_the_connection(plain_clients, raw_peer) -> 
         assert np.array_equal(report.result.ring_sum, plain_sum([1, 2, 3], 4, D))
         with pytest.raises(ValueError, match="reserved"):
             driver.broadcast(session.SHUTDOWN, {}, round_id=5)
+
+
+# ---- bounded resources -------------------------------------------------------------------------
+
+@pytest.fixture
+def decode_calls(monkeypatch) -> list[int]:
+    """Wire bytes of every message the server decodes."""
+    calls: list[int] = []
+    real = server_module.decode
+
+    def counting(frames, **kw):
+        calls.append(wire_size(frames))
+        return real(frames, **kw)
+
+    monkeypatch.setattr(server_module, "decode", counting)
+    return calls
+
+
+def test_an_unregistered_connection_gets_nothing_but_a_small_hello_decoded(raw_peer, decode_calls) -> None:
+    with ServerDriver(TCP) as driver:
+        stranger = raw_peer(driver.endpoint)
+        stranger.send(Message(kind="plain_input", round=1, sender=7, receiver=0,
+                              fields={"vector": np.zeros(1000, np.uint32)}))           # 4 KB: over the hello size
+        stranger.send_frames([b"x"] * 5)                                                 # 5 frames: more than a hello
+        stranger.send(Message(kind="m", round=0, sender=7, receiver=0,
+                              fields={"m": {i: b"" for i in range(50)}}))               # 650 bytes: over it too
+        stranger.send(Message(kind="plain_input", round=1, sender=7, receiver=0, fields={"v": b"x"}))  # small
+        stranger.hello(7)
+        assert driver.wait_for_clients(count=1, timeout=10) == {7}
+        assert driver.rejected_total == {"unregistered": 4}
+        assert len(decode_calls) == 2 and max(decode_calls) <= driver.config.max_hello_bytes  # the small two
+        assert stranger.expect(session.WELCOME).receiver == 7
+
+
+class _NoBound(PlainServer):
+    max_reply_bytes = None  # a protocol without its own bound: the driver's fallback applies
+
+
+@pytest.mark.parametrize("protocol, limit", [(PlainServer, 4 * D + (64 << 10)), (_NoBound, 16 * D + (1 << 20))])
+def test_replies_over_the_rounds_limit_are_dropped_undecoded(plain_clients, raw_peer, decode_calls,
+                                                             protocol, limit) -> None:
+    with ServerDriver(TCP) as driver:
+        plain_clients(driver.endpoint, [1], D)
+        big = raw_peer(driver.endpoint, hello_as=2)
+        assert driver.wait_for_clients(count=2, timeout=20) == {1, 2}
+        big.expect(session.WELCOME)
+        over = Message(kind="plain_input", round=1, sender=2, receiver=0,
+                       fields={"vector": synthetic_input(2, 1, D), "pad": b"x" * (limit - 4 * D)})
+        assert wire_size(encode(over)) > limit
+        thread = threading.Thread(target=lambda: (big.expect("plain_request"), big.send(over)))
+        thread.start()
+        report = driver.run_round(protocol(round_id=1, clients=[1, 2], length=D), stage_timeout=2.0)
+        thread.join(10)
+        assert report.rejected == {"oversized": 1} and report.result.contributors == {1}
+        assert max(decode_calls) < limit  # the oversized reply was never decoded
+
+
+def test_collect_drops_replies_over_max_bytes_and_its_default(raw_peer) -> None:
+    config = ServerConfig(collect_max_bytes=2000)
+    with ServerDriver(TCP, config=config) as driver:
+        peers = {cid: raw_peer(driver.endpoint, hello_as=cid) for cid in (1, 2)}
+        assert driver.wait_for_clients(count=2, timeout=10) == {1, 2}
+        for size, max_bytes in ((1000, None), (3000, None), (3000, 4000), (5000, 4000)):
+            driver.broadcast("model", {"w": np.zeros(4, np.float32)}, round_id=size)
+            for cid, peer in peers.items():
+                msg = peer.expect("model")
+                peer.send(reply_to(msg, "ack", blob=b"x" * (size if cid == 1 else 10)))
+            fits = size < (max_bytes or config.collect_max_bytes)
+            got = driver.collect("ack", round_id=size, timeout=5 if fits else 1, max_bytes=max_bytes)
+            assert set(got.replies) == ({1, 2} if fits else {2}), (size, max_bytes)
+            assert got.rejected == ({} if fits else {"oversized": 1})
+
+
+def test_limits_above_the_outer_cap_are_refused_before_anything_is_sent(plain_clients) -> None:
+    config = ServerConfig(limits=FrameLimits(max_message_bytes=1 << 20), collect_max_bytes=4 << 20)
+    with ServerDriver(TCP, config=config) as driver:
+        plain_clients(driver.endpoint, [1], D)
+        driver.wait_for_clients(count=1, timeout=20)
+        with pytest.raises(ValueError, match="raise it"):
+            driver.run_round(PlainServer(round_id=1, clients=[1], length=1 << 18), stage_timeout=1)
+        with pytest.raises(ValueError, match="raise it"):
+            driver.collect("ack", round_id=1, timeout=0.1, max_bytes=2 << 20)
+        assert driver.collect("ack", round_id=1, timeout=0.1).missing == {1}  # default: capped at 1 MiB
+        report = driver.run_round(PlainServer(round_id=1, clients=[1], length=D), stage_timeout=10)
+        assert np.array_equal(report.result.ring_sum, plain_sum([1], 1, D))  # round 1 was not used up
+
+
+def test_configs_that_cannot_hold_a_hello_are_refused() -> None:
+    with pytest.raises(ValueError, match="max_hello_bytes"):
+        ServerConfig(max_hello_bytes=LARGEST_HELLO - 1)
+    with pytest.raises(ValueError, match="max_hello_bytes"):
+        ServerConfig(limits=FrameLimits(max_message_bytes=256))
+    with pytest.raises(ValueError, match="handshake"):
+        QueueLimits(pending_bytes=1000)
+    assert LARGEST_HELLO == wire_size(encode(session.hello(2**31 - 1, wire_version=255, session="x" * 192)))
+
+
+def test_a_message_that_never_ends_gets_its_connection_cut(raw_peer) -> None:
+    """libzmq would buffer it without bound (each frame is under ZMQ_MAXMSGSIZE, and an unfinished
+    message counts nothing against RCVHWM); the watchdog cuts the connection instead."""
+    with ServerDriver(TCP) as driver:
+        member = raw_peer(driver.endpoint, hello_as=1)
+        assert driver.wait_for_clients(count=1, timeout=10) == {1}
+        frame = bytes([0x03]) + struct.pack(">Q", 1 << 20) + bytes(1 << 20)  # MORE | LONG: 1 MiB, never the last
+        sent = 0
+        with zmtp_connect(driver.endpoint) as sock:
+            with pytest.raises(OSError):  # reset or broken pipe once cut
+                while sent < 1 << 30:
+                    sock.sendall(frame)
+                    sent += len(frame)
+        assert sent < 256 << 20
+        driver.wait_for_clients(count=2, timeout=1.0)  # lets the driver see the disconnect
+        assert driver.rejected_total["overflow"] >= 1 and driver.clients == {1}
+        assert member.expect(session.WELCOME).receiver == 1  # the registered client is untouched
+
+
+def test_a_registered_client_may_queue_the_replies_it_owes_but_not_more(raw_peer) -> None:
+    with ServerDriver(TCP) as driver:
+        asked, unasked = raw_peer(driver.endpoint, hello_as=1), raw_peer(driver.endpoint, hello_as=2)
+        assert driver.wait_for_clients(count=2, timeout=10) == {1, 2}
+        driver.send(Message(kind="model", round=1, sender=0, receiver=1, fields={}))
+        asked.expect("model")
+        reply = b"x" * (8 << 20)  # under collect's default limit: owed, so within its budget
+        asked.send(Message(kind="ack", round=1, sender=1, receiver=0, fields={"blob": reply}))
+        unasked.send(Message(kind="ack", round=1, sender=2, receiver=0, fields={"blob": reply}))
+        time.sleep(1.5)  # the driver is not reading: both replies wait in the queues, the watchdog sweeps
+        got = driver.collect("ack", round_id=1, timeout=5, expect=[1])
+        assert set(got.replies) == {1} and got.replies[1]["blob"] == reply
+        assert driver.clients == {1} and driver.rejected_total["overflow"] == 1  # 2 owed nothing: cut

@@ -68,7 +68,7 @@ from tqdm.auto import tqdm
 from fl_algorithms.engine.round import RoundRecord
 from fl_algorithms.engine.secure_sum import SecureAggregationConfig
 from fl_algorithms.engine.sim import RunConfig, SimulationRunner
-from fl_algorithms.experiments.cli import comma_list
+from fl_algorithms.experiments.cli import check_run_location, comma_list
 from fl_algorithms.experiments.rundir import RunDirectory
 from fl_algorithms.tasks.fedmcp import (BACKBONES, DEFAULT_METHODS, FULL_PRESET, METHODS, ClientInfo, FedMCPClients,
                                         FedMCPSettings, check_method)
@@ -221,11 +221,7 @@ def parse_settings(argv: Sequence[str] | None = None) -> tuple[argparse.Namespac
     args = parser.parse_args(argv)
     if args.threads is not None and args.threads < 1:
         parser.error("--threads must be at least 1")
-    if args.run_name is not None and (not args.run_name or Path(args.run_name).name != args.run_name
-                                      or args.run_name in (".", "..")):
-        parser.error("--run-name must be a plain directory name")
-    if args.resume and (args.out or args.run_name):
-        parser.error("--resume RUN_DIR already names the run directory; drop --out/--run-name")
+    check_run_location(parser, args)
     chosen, planned = _given_settings(args), _given_plan(args)
     try:
         resolve_device(args.device)

@@ -66,7 +66,7 @@ from tqdm import tqdm
 
 from fl_algorithms.engine.secure_sum import SecureAggregator
 from fl_algorithms.engine.sim import RoundRecord, RunConfig, SimulationRunner
-from fl_algorithms.experiments.cli import comma_list
+from fl_algorithms.experiments.cli import check_run_location, comma_list
 from fl_algorithms.experiments.results import write_results
 from fl_algorithms.experiments.rundir import RunDirectory
 from fl_algorithms.experiments.task import Task
@@ -144,11 +144,7 @@ def parse_settings(argv: Sequence[str] | None = None) -> tuple[argparse.Namespac
     args = parser.parse_args(argv)
     if args.threads < 1:
         parser.error("--threads must be at least 1")
-    if args.run_name is not None and (not args.run_name or Path(args.run_name).name != args.run_name
-                                      or args.run_name in (".", "..")):
-        parser.error("--run-name must be a plain directory name")
-    if args.resume and (args.out or args.run_name):
-        parser.error("--resume RUN_DIR already names the run directory; drop --out/--run-name")
+    check_run_location(parser, args)
     if args.data is None and (args.text_col or args.label_col):
         parser.error("--text-col and --label-col only apply with --data PATH")
     if args.data is not None:

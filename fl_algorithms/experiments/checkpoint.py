@@ -258,7 +258,8 @@ def _decode(node: Any, tensors: dict[str, torch.Tensor], where: str) -> Any:
 
 
 # ---- files -------------------------------------------------------------------------------------
-def _fsync_dir(path: Path) -> None:
+def fsync_dir(path: Path) -> None:
+    """Make a rename or a new file in `path` durable (the run directory uses it too)."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -320,16 +321,16 @@ def save_state(path: str | Path, state: Any) -> Path:
             fh.write(text)
             fh.flush()
             os.fsync(fh.fileno())
-        _fsync_dir(tmp)
+        fsync_dir(tmp)
         if _ours(path):
             # `path` is intact, so any `.old` is stale; keep `path` as `.old` until the new one is in.
             if old.exists():
                 shutil.rmtree(old)
             os.replace(path, old)
-            _fsync_dir(parent)
+            fsync_dir(parent)
         # else: `path` is absent or an empty folder and `.old` (if any) is the only intact copy: keep it.
         os.replace(tmp, path)
-        _fsync_dir(parent)
+        fsync_dir(parent)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 
@@ -24,4 +25,14 @@ def comma_list(kind: type, *, what: str, choices: Sequence[Any] | None = None) -
     return parse
 
 
-__all__ = ["comma_list"]
+def check_run_location(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """The run-directory options every example takes: `--run-name` is a plain directory name, and
+    `--resume RUN_DIR` (which names the directory itself) excludes `--out` and `--run-name`."""
+    if args.run_name is not None and (not args.run_name or Path(args.run_name).name != args.run_name
+                                      or args.run_name in (".", "..")):
+        parser.error("--run-name must be a plain directory name")
+    if args.resume and (args.out or args.run_name):
+        parser.error("--resume RUN_DIR already names the run directory; drop --out/--run-name")
+
+
+__all__ = ["check_run_location", "comma_list"]

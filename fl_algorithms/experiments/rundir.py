@@ -30,6 +30,8 @@ from typing import Any
 
 import tomli_w
 
+from fl_algorithms.experiments.checkpoint import fsync_dir
+
 CONFIG, JSONL, CSV, RESULTS, LEDGER = "config.toml", "metrics.jsonl", "metrics.csv", "results.json", "ledger.json"
 NONE_KEY = "_none"  # config.toml: where the keys of dropped None values are listed
 
@@ -51,14 +53,6 @@ def _plain(obj: Any) -> Any:
     return obj
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _write_atomically(path: Path, text: str) -> None:
     """Temp file, fsync, rename: readers see the old file or the new one, never half of one."""
     tmp = path.with_name(f".{path.name}.tmp")
@@ -67,7 +61,7 @@ def _write_atomically(path: Path, text: str) -> None:
         fh.flush()
         os.fsync(fh.fileno())
     os.replace(tmp, path)
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
 
 
 # ---- config.toml -------------------------------------------------------------------------------
@@ -234,7 +228,7 @@ class RunDirectory:
             fh.flush()
             os.fsync(fh.fileno())
         if created:
-            _fsync_dir(self.path)
+            fsync_dir(self.path)
         row = _flatten(record)
         assert self._csv_header is not None
         if set(row) - set(self._csv_header):  # new columns: rewrite with the union header

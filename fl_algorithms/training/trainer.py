@@ -25,23 +25,9 @@ class LocalTrainer(Protocol):
     def set_shared(self, params: Mapping[str, np.ndarray]) -> None: ...
     def train(self, *, epochs: int, proximal: Mapping[str, np.ndarray] | None = None, mu: float = 0.0,
               round: int | None = None) -> dict[str, float]:
-        """Local epochs; `round` is the global FL round (for accounting), unused here."""
-        self.model.train()
-        opt = self.optimizer()
-        anchors = {}
-        if proximal is not None and mu > 0:
-            for part, vec in proximal.items():
-                t = torch.from_numpy(np.ascontiguousarray(vec, dtype=np.float32))
-                off = 0
-                for p in self._shared[part]:
-                    anchors[p] = t[off : off + p.numel()].view_as(p).to(p.device)
-                    off += p.numel()
-
-        def proximal_term() -> torch.Tensor:  # FedProx: + mu/2 ||w - w_global||^2 on the shared parameters
-            return 0.5 * mu * sum(((p - a) ** 2).sum() for p, a in anchors.items())
-
-        return run_epochs(batches=self.train_batches, loss=lambda batch: self.loss_fn(self.model, batch),
-                          optimizer=opt, epochs=epochs, penalty=proximal_term if anchors else None)
+        """Local epochs (FedProx: + mu/2 ||w - proximal||^2 on the shared parameters); `round` is the
+        global FL round, for trainers that account per round."""
+        ...
 
     def evaluate(self, *, split: str = "test") -> dict[str, float]: ...
     def state_dict(self) -> dict[str, Any]: ...
@@ -142,18 +128,12 @@ class TorchTrainer:
                 for p in self._shared[part]:
                     anchors[p] = t[off : off + p.numel()].view_as(p).to(p.device)
                     off += p.numel()
-        total, steps = 0.0, 0
-        for _ in range(epochs):
-            for batch in self.train_batches():
-                opt.zero_grad(set_to_none=True)
-                loss = self.loss_fn(self.model, batch)
-                if anchors:  # FedProx: + mu/2 ||w - w_global||^2 on the shared parameters
-                    loss = loss + 0.5 * mu * sum(((p - a) ** 2).sum() for p, a in anchors.items())
-                loss.backward()
-                opt.step()
-                total += float(loss.detach())
-                steps += 1
-        return {"train_loss": total / max(steps, 1), "steps": float(steps)}
+
+        def proximal_term() -> torch.Tensor:  # FedProx: + mu/2 ||w - w_global||^2 on the shared parameters
+            return 0.5 * mu * sum(((p - a) ** 2).sum() for p, a in anchors.items())
+
+        return run_epochs(batches=self.train_batches, loss=lambda batch: self.loss_fn(self.model, batch),
+                          optimizer=opt, epochs=epochs, penalty=proximal_term if anchors else None)
 
     def evaluate(self, *, split: str = "test") -> dict[str, float]:
         self.model.eval()

@@ -205,6 +205,8 @@ def serve(args: argparse.Namespace) -> int:
             return 2
         failures = 0
         for round_id in range(1, args.rounds + 1):
+            if round_id > 1 and args.rejoin_timeout and len(driver.clients) < args.clients:
+                driver.wait_for_clients(count=args.clients, timeout=args.rejoin_timeout)
             if len(driver.clients) < 2:
                 error = f"only {len(driver.clients)} clients still connected; stopping"
                 print(json.dumps({"event": "error", "round": round_id, "error": error}), flush=True)
@@ -404,6 +406,9 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--rounds", type=_at_least(int, 1), default=1)
     s.add_argument("--stage-timeout", type=_positive_float, default=60.0, help="seconds per stage")
     s.add_argument("--register-timeout", type=_positive_float, default=60.0, help="seconds to wait for --clients")
+    s.add_argument("--rejoin-timeout", type=_at_least(float, 0.0), default=0.0,
+                   help="before each later round, wait up to this many seconds for dropped clients to "
+                        "reconnect (default 0: run with whoever is connected)")
     s.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
                    help="server protocol argument, e.g. degree=10 or threshold_fraction=0.6 (checked)")
     s.add_argument("--keys", "--curve-dir", dest="keys",

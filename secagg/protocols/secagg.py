@@ -2,35 +2,38 @@
 
 Each client u masks its ring vector x_u as
 
-    y_u = x_u + PRG(b_u) + sum_{v in N(u), v alive at 'share'} sign(u, v) * PRG(s_uv)   (mod 2^32)
+    y_u = x_u + PRG(b_u) + sum_{v in M(u)} sign(u, v) * PRG(s_uv)   (mod 2^32)
 
-with sign(u, v) = +1 if u < v else -1, s_uv = HKDF(X25519(s_sk_u, s_pk_v)) and b_u a fresh self-mask
+with M(u) the neighbours N(u) that shared and passed the check stage (below), sign(u, v) = +1 if
+u < v else -1, s_uv = HKDF(X25519(s_sk_u, s_pk_v)) and b_u a fresh self-mask
 seed. b_u and s_sk_u are Shamir-shared (threshold t) among N(u) + {u}, sealed with AES-GCM under
 keys from a second X25519 pair. After the masked inputs arrive the server asks each survivor's
-neighbours for shares of b_u (survivors) or s_sk_u (clients that dropped after sharing), never both
+neighbours for shares of b_u (survivors) or s_sk_u (clients that dropped after the check), never both
 for one client, and removes the masks:
 
-    sum_{u in U3} x_u = sum y_u - sum PRG(b_u) - sum_{v dropped} sum_{u in N(v) & U3} sign(u, v) PRG(s_uv).
+    sum_{u in U3} x_u = sum y_u - sum PRG(b_u) - sum_{v dropped} sum_{u in M(v) & U3} sign(u, v) PRG(s_uv).
 
 SecAgg uses the complete graph; SecAgg+ a random Harary graph of degree ~2 log2 N.
 
 Threat model: honest-but-curious server (it may also drop or delay messages); any party may
-send malformed bytes. Stages: advertise -> share -> masked -> unmask.
+send malformed bytes. Stages: advertise -> share -> check -> masked -> unmask.
 
 Faulty clients are isolated, not fatal: a reply that fails validation (e.g. a low-order public key)
 drops its sender at that stage (`ServerProtocol.accept`). A share ciphertext that fails
-authentication at its receiver c cannot be judged by the server (it cannot open it), so c names the
-sender in its masked input (`bad_shares`) and goes on: c still masks with that sender (pairwise
-masks come from the advertised keys, not from the shares) but holds no share of its secrets. The
-server cannot tell which end of an accusation lies, but one of them misbehaved, so it drops a
-small set of clients covering every accusation (greedy vertex cover: the client in most
-accusations first, the accused on a tie): one client sending bad shares to many is dropped alone,
-and so is one accusing many. A dropped client is treated as dropped after sharing: its masked
-input is left out and its masking key is rebuilt from its neighbours' shares, exactly as for a
-client that went silent; its self-mask seed is never requested. A lying client excludes one
-honest neighbour per round at most by accusing it alone (accusing two drops the accuser instead);
-colluders can pile accusations on one victim. That is denial of service, reported in
-`RoundResult.faulty`; nothing is learned from it.
+authentication at its receiver c cannot be judged by the server (it cannot open it), so the
+shares are checked before anyone masks: in the check stage each client opens the shares relayed
+to it and names the senders whose shares failed (`bad_shares`). The server cannot tell which end
+of an accusation lies, but one of them misbehaved, so it drops a small set of clients covering
+every accusation (greedy vertex cover: the client in most accusations first, the accused on a
+tie): one client sending bad shares to many is dropped alone, and so is one accusing many. Only
+then does it tell each client which neighbours to mask with (`mask_with`: its kept neighbours,
+whose shares it holds), so no survivor ever masks with a client whose masking key it cannot help
+rebuild, however many of its shares were spoiled. A dropped client's self-mask seed is never
+requested. A lying client excludes one honest neighbour per round at most by accusing it alone
+(accusing two drops the accuser instead); colluders can pile accusations on one victim. That is
+denial of service, reported in `RoundResult.faulty`; nothing is learned from it. The check stage
+is one round trip of a few bytes per neighbour (Bonawitz et al. instead abort the whole round when
+a share fails to decrypt).
 
 The consistency-check round of the malicious-server variant (signatures over the survivor set)
 is not implemented.
@@ -72,9 +75,10 @@ SHARE_REQUEST = Schema("share_request", {"keys": BytesMap(MAX_PEERS, KEYS_BYTES,
 SIGNED_AS = "secagg"
 """Protocol family in signed advertisements (SecAgg and SecAgg+ are one state machine)."""
 SHARES = Schema("shares", {"ciphertexts": BytesMap(MAX_PEERS, SHARE_CIPHERTEXT, exact=True)})
-MASKED_REQUEST = Schema("masked_request", {"ciphertexts": BytesMap(MAX_PEERS, SHARE_CIPHERTEXT, exact=True)})
-MASKED_INPUT = Schema("masked_input", {"vector": Array("uint32", MAX_LEN),
-                                       "bad_shares": IntList(MAX_PEERS, 1, MAX_CLIENT_ID)})
+CHECK_REQUEST = Schema("check_request", {"ciphertexts": BytesMap(MAX_PEERS, SHARE_CIPHERTEXT, exact=True)})
+SHARE_CHECK = Schema("share_check", {"bad_shares": IntList(MAX_PEERS, 1, MAX_CLIENT_ID)})
+MASKED_REQUEST = Schema("masked_request", {"mask_with": IntList(MAX_PEERS, 1, MAX_CLIENT_ID)})
+MASKED_INPUT = Schema("masked_input", {"vector": Array("uint32", MAX_LEN)})
 UNMASK_REQUEST = Schema("unmask_request", {"alive": IntList(MAX_PEERS, 1, MAX_CLIENT_ID)})
 UNMASK_SHARES = Schema("unmask_shares", {
     "seed_shares": BytesMap(MAX_PEERS, shamir.SECRET_BYTES, exact=True),
@@ -112,7 +116,8 @@ class SecAggPlusServer(ServerProtocol):
     """Server of SecAgg+ (random sparse graph); `SecAggServer` fixes the complete graph."""
 
     name = "secagg+"
-    schemas = {"advertise": ADVERTISE_KEYS, "share": SHARES, "masked": MASKED_INPUT, "unmask": UNMASK_SHARES}
+    schemas = {"advertise": ADVERTISE_KEYS, "share": SHARES, "check": SHARE_CHECK, "masked": MASKED_INPUT,
+               "unmask": UNMASK_SHARES}
 
     def __init__(
         self, *, round_id: int, clients: Sequence[int], length: int, ring: Ring = RING_2_32,
@@ -134,10 +139,9 @@ class SecAggPlusServer(ServerProtocol):
         self.min_clients = max(min_clients, self.threshold)
         self._keys: dict[int, bytes] = {}
         self._signatures: dict[int, bytes] = {}
-        self._ciphertexts: dict[int, dict[int, bytes]] = {}   # receiver -> sender -> ct
         self._u2: frozenset[int] = frozenset()
+        self._mask_with: dict[int, frozenset[int]] = {}   # client -> neighbours it was told to mask with
         self._u3: frozenset[int] = frozenset()
-        self._accused_by: dict[int, frozenset[int]] = {}   # accuser -> senders of its bad shares
         self._sum: np.ndarray | None = None
         self._result: RoundResult | None = None
 
@@ -167,14 +171,14 @@ class SecAggPlusServer(ServerProtocol):
             expected = self.graph[msg.sender] & self._keys.keys()
             if set(msg["ciphertexts"]) != expected:
                 raise ProtocolError(f"client {msg.sender} sent shares for the wrong set of neighbours")
+        elif self.stage == "check":
+            if not set(msg["bad_shares"]) <= self.graph[msg.sender] & self._u2:
+                raise ProtocolError(f"client {msg.sender} reports bad shares from clients that sent it none")
         elif self.stage == "masked":
             if msg["vector"].shape[0] != self.length:
                 raise ProtocolError(f"masked input of length {msg['vector'].shape[0]}, expected {self.length}")
-            if not set(msg["bad_shares"]) <= self.graph[msg.sender] & self._u2:
-                raise ProtocolError(f"client {msg.sender} reports bad shares from clients that sent it none")
         elif self.stage == "unmask":
             alive, dropped = self._unmask_sets(msg.sender)
-            dropped -= self._accused_by.get(msg.sender, frozenset())  # it holds no share of those
             if set(msg["seed_shares"]) != alive | {msg.sender} or set(msg["key_shares"]) != dropped:
                 raise ProtocolError(f"client {msg.sender} returned shares for the wrong clients")
             try:
@@ -221,16 +225,22 @@ class SecAggPlusServer(ServerProtocol):
             for receiver, ct in replies[sender]["ciphertexts"].items():
                 if receiver in u2:
                     inbox[receiver][sender] = ct
-        self._ciphertexts = inbox
+        return self._enter("check", {
+            c: self._request("check_request", c, ciphertexts=inbox[c]) for c in u2
+        })
+
+    def _after_check(self, replies: dict[int, Message]) -> dict[int, Message]:
+        accused_by = {c: frozenset(m["bad_shares"]) for c, m in replies.items() if m["bad_shares"]}
+        for c, reason in accusation_cover(accused_by).items():
+            self.mark_faulty(c, reason)
+        kept = self._viable(set(replies) - self._faulty.keys(), "check")
+        self._mask_with = {c: self.graph[c] & kept for c in kept}
         return self._enter("masked", {
-            c: self._request("masked_request", c, ciphertexts=inbox[c]) for c in u2
+            c: self._request("masked_request", c, mask_with=tuple(sorted(self._mask_with[c]))) for c in kept
         })
 
     def _after_masked(self, replies: dict[int, Message]) -> dict[int, Message]:
-        self._accused_by = {c: frozenset(m["bad_shares"]) for c, m in replies.items() if m["bad_shares"]}
-        for c, reason in accusation_cover(self._accused_by).items():
-            self.mark_faulty(c, reason)
-        u3 = frozenset(replies) - self._faulty.keys()
+        u3 = frozenset(replies)
         for c in u3:  # a survivor whose live neighbourhood is too small cannot be unmasked safely
             if len(self.graph[c] & u3) + 1 < self.threshold:
                 raise AbortError(stage="masked", survivors=len(u3), required=self.min_clients,
@@ -245,29 +255,30 @@ class SecAggPlusServer(ServerProtocol):
         for c in u3:
             np.add(acc, replies[c]["vector"], out=acc)
         self._sum = acc
-        self._ciphertexts = {}
         return self._enter("unmask", {
             c: self._request("unmask_request", c, alive=tuple(sorted(self._unmask_sets(c)[0])))
             for c in u3
         })
 
     def _unmask_sets(self, c: int) -> tuple[frozenset[int], frozenset[int]]:
-        """(neighbours of c that survived, neighbours of c that shared but dropped before masking)."""
-        masked_with = self.graph[c] & self._u2
+        """(neighbours c masked with that survived, neighbours c masked with that dropped before masking)."""
+        masked_with = self._mask_with.get(c, frozenset())
         return masked_with & self._u3, masked_with - self._u3
 
     def _after_unmask(self, replies: dict[int, Message]) -> dict[int, Message]:
         responders = set(replies)
         acc = self._sum
         assert acc is not None
-        dropped = self._u2 - self._u3
+        # A client dropped after the check: its masking key is rebuilt for the survivors that masked with it.
+        masked_with_dropped = {v: self._mask_with[v] & self._u3 for v in self._mask_with.keys() - self._u3}
+        dropped = frozenset(v for v, us in masked_with_dropped.items() if us)
         seeds = self._reconstruct(replies, responders, self._u3, "seed_shares")
         sks = self._reconstruct(replies, responders, dropped, "key_shares")
         for u, seed in seeds.items():
             apply_mask_(acc, _self_mask_key(self.round_id, u, seed), self.ring, sign=-1)
         for v, sk in sks.items():
             pair = KeyPair.from_private_bytes(shamir.to_bytes(sk))
-            for u in self.graph[v] & self._u3:
+            for u in masked_with_dropped[v]:
                 key = crypto.agree(pair, self._keys[u][crypto.PUBLIC_KEY_BYTES:], _mask_info(self.round_id, u, v))
                 # u added sign(u, v) * PRG(s_uv); take it back out.
                 apply_mask_(acc, key, self.ring, sign=-_sign(u, v))
@@ -333,7 +344,7 @@ class ClientPolicy:
 
 class SecAggPlusClient(ClientProtocol):
     name = "secagg+"
-    schemas = {s.kind: s for s in (ADVERTISE_REQUEST, SHARE_REQUEST, MASKED_REQUEST, UNMASK_REQUEST)}
+    schemas = {s.kind: s for s in (ADVERTISE_REQUEST, SHARE_REQUEST, CHECK_REQUEST, MASKED_REQUEST, UNMASK_REQUEST)}
 
     def __init__(self, *, client_id: int, round_id: int, input_fn: InputFn, max_length: int = MAX_LEN,
                  policy: ClientPolicy = ClientPolicy(), identity: Identity | None = None) -> None:
@@ -400,9 +411,9 @@ class SecAggPlusClient(ClientProtocol):
         }
         self.seed, self.own_shares = seed, (seed_sh[-1], sk_sh[-1])
         self.peer_keys = keys
-        return self._reply("shares", ciphertexts=cts), ("masked_request",)
+        return self._reply("shares", ciphertexts=cts), ("check_request",)
 
-    def _on_masked_request(self, msg: Message):
+    def _on_check_request(self, msg: Message):
         cts: dict[int, bytes] = dict(msg["ciphertexts"])
         if not set(cts) <= set(self.peer_keys):
             raise ProtocolError("ciphertexts from clients whose keys were not announced")
@@ -410,8 +421,6 @@ class SecAggPlusClient(ClientProtocol):
             raise ProtocolError(f"only {len(cts)} neighbours shared, threshold {self.threshold}")
         held: dict[int, tuple[bytes, bytes]] = {}
         bad: list[int] = []
-        mask_keys = {v: self._agree(self.s_pair, self.peer_keys[v][crypto.PUBLIC_KEY_BYTES:], _mask_info(self.round_id, self.client_id, v))
-                     for v in cts}
         for u, ct in cts.items():
             key = self._agree(self.c_pair, self.peer_keys[u][: crypto.PUBLIC_KEY_BYTES],
                               _share_key_info(self.round_id, self.client_id, u))
@@ -422,12 +431,23 @@ class SecAggPlusClient(ClientProtocol):
                 bad.append(u)  # reported, not fatal: the server drops u as if it went silent
                 continue
             held[u] = (plain[: shamir.SECRET_BYTES], plain[shamir.SECRET_BYTES:])
+        self.held = held
+        return self._reply("share_check", bad_shares=tuple(sorted(bad))), ("masked_request",)
+
+    def _on_masked_request(self, msg: Message):
+        mask_with = frozenset(msg["mask_with"])
+        if not mask_with <= self.held.keys():
+            raise ProtocolError("masked request names clients whose shares this client does not hold")
+        if len(mask_with) + 1 < self.threshold:
+            raise ProtocolError(f"only {len(mask_with)} neighbours to mask with, threshold {self.threshold}")
+        mask_keys = {v: self._agree(self.s_pair, self.peer_keys[v][crypto.PUBLIC_KEY_BYTES:],
+                                    _mask_info(self.round_id, self.client_id, v)) for v in mask_with}
         y = self._input(self.length, self.ring).copy()
         apply_mask_(y, _self_mask_key(self.round_id, self.client_id, self.seed), self.ring)
         for v, key in mask_keys.items():
             apply_mask_(y, key, self.ring, sign=_sign(self.client_id, v))
-        self.held, self.masked_with, self.bad = held, frozenset(cts), frozenset(bad)
-        return self._reply("masked_input", vector=y, bad_shares=tuple(sorted(bad))), ("unmask_request",)
+        self.masked_with = mask_with
+        return self._reply("masked_input", vector=y), ("unmask_request",)
 
     @staticmethod
     def _agree(own: KeyPair, peer_public: bytes, info: bytes) -> bytes:
@@ -440,14 +460,12 @@ class SecAggPlusClient(ClientProtocol):
         alive = frozenset(msg["alive"])
         if not alive <= self.masked_with:
             raise ProtocolError("unmask request names clients this client did not mask with")
-        if alive & self.bad:
-            raise ProtocolError("unmask request names as alive a client whose share failed authentication")
         if len(alive) + 1 < self.threshold:
             raise ProtocolError(f"only {len(alive)} neighbours alive, threshold {self.threshold}")
         dropped = self.masked_with - alive
         seed_shares = {u: self.held[u][0] for u in alive}
         seed_shares[self.client_id] = shamir.to_bytes(self.own_shares[0])
-        key_shares = {v: self.held[v][1] for v in dropped - self.bad}
+        key_shares = {v: self.held[v][1] for v in dropped}
         self.held = {}
         return self._reply("unmask_shares", seed_shares=seed_shares, key_shares=key_shares), ()
 

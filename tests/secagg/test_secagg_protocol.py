@@ -37,7 +37,7 @@ from secagg.ring import FIELD_P31, RING_2_32
 from secagg.simulate import run_round
 
 PROTOCOLS = {"secagg": (SecAggServer, SecAggClient), "secagg+": (SecAggPlusServer, SecAggPlusClient)}
-STAGES = ("advertise", "share", "masked", "unmask")
+STAGES = ("advertise", "share", "check", "masked", "unmask")
 PROPS = settings(max_examples=25, deadline=None)
 
 
@@ -208,7 +208,7 @@ def dropout_scenario(draw, *, within_budget: bool):
 def test_secure_sum_equals_plain_sum_for_any_dropouts_within_budget(scenario):
     s, drop_at = scenario
     res = run_round(s.server, s.clients, drop_at=drop_at)
-    gone_before_unmask = set().union(*(drop_at.get(x, set()) for x in ("advertise", "share", "masked")))
+    gone_before_unmask = set().union(*(drop_at.get(x, set()) for x in ("advertise", "share", "check", "masked")))
     check_result(s, res, contributors=set(s.clients) - gone_before_unmask)
     for stage, ids in drop_at.items():
         assert res.dropped[stage] == frozenset(ids)
@@ -430,7 +430,8 @@ def test_rounds_are_independent():
 
 # ---- hostile replies to the server ----------------------------------------------------------------
 def _bad_replies_for(s: Setup):
-    other_stage_kind = {"advertise": "shares", "share": "masked_input", "masked": "unmask_shares", "unmask": "advertise_keys"}
+    other_stage_kind = {"advertise": "shares", "share": "share_check", "check": "masked_input",
+                        "masked": "unmask_shares", "unmask": "advertise_keys"}
 
     def bad(stage, cid, reply):
         """(variant, whether it drops its sender): envelope errors (late, replayed, misaddressed or
@@ -460,6 +461,13 @@ def _bad_replies_for(s: Setup):
                 with_field(reply, "ciphertexts", {**cts, cid: cts[some]}),
                 with_field(reply, "ciphertexts", {**cts, some: cts[some][:-1]}),
                 with_field(reply, "ciphertexts", {**cts, some: cts[some] + b"\0"}),
+            ]
+        elif stage == "check":
+            bad_ = reply["bad_shares"]
+            out += [
+                with_field(reply, "bad_shares", bad_ + (10_000,)),   # a client that sent it nothing
+                with_field(reply, "bad_shares", bad_ + (cid,)),      # itself
+                with_field(reply, "bad_shares", list(bad_)),
             ]
         elif stage == "masked":
             v = reply["vector"]
@@ -555,8 +563,8 @@ def test_server_refuses_low_order_advertised_keys():
 def _bad_requests_for(s: Setup, foreign: dict, exercised: set):
     """Variants of every request; `foreign` holds ciphertexts of the same clients from another round.
     The names of the ciphertext attacks actually mounted are added to `exercised`."""
-    other_kind = {"advertise": "share_request", "share": "masked_request", "masked": "unmask_request",
-                  "unmask": "advertise_request"}
+    other_kind = {"advertise": "share_request", "share": "check_request", "check": "masked_request",
+                  "masked": "unmask_request", "unmask": "advertise_request"}
     sent: dict[tuple[int, int], bytes] = {}  # (sender, receiver) -> ciphertext, learned at 'share'
 
     def bad(stage, cid, req):
@@ -594,7 +602,7 @@ def _bad_requests_for(s: Setup, foreign: dict, exercised: set):
                 with_field(req, "keys", dict(list(keys.items())[: s.t - 2])),                        # below t
                 with_field(req, "keys", {**keys, v0: keys[v0][:-1]}),
             ]
-        elif stage == "masked":
+        elif stage == "check":
             # (ciphertexts that fail authentication are not refused but reported: see
             # test_a_share_that_fails_authentication_drops_its_sender_not_the_round)
             cts = dict(req["ciphertexts"])
@@ -603,6 +611,15 @@ def _bad_requests_for(s: Setup, foreign: dict, exercised: set):
                 with_field(req, "ciphertexts", {**cts, 10_000: cts[u0]}),               # unannounced sender
                 with_field(req, "ciphertexts", dict(list(cts.items())[: s.t - 2])),     # below t
                 with_field(req, "ciphertexts", {**cts, u0: cts[u0][:-1]}),              # wrong size
+            ]
+            exercised.add("check")
+        elif stage == "masked":
+            mask_with = req["mask_with"]
+            out += [
+                with_field(req, "mask_with", tuple(sorted(mask_with + (10_000,)))),  # holds no share of it
+                with_field(req, "mask_with", tuple(sorted(mask_with + (cid,)))),     # itself
+                with_field(req, "mask_with", mask_with[: s.t - 2]),                  # below t
+                with_field(req, "mask_with", list(mask_with)),
             ]
             exercised.add("masked")
         elif stage == "unmask":
@@ -641,7 +658,7 @@ def test_client_refuses_hostile_requests_and_the_round_still_finishes(protocol):
     res = drive(s, drop_at={"masked": {7}},
                 bad_requests=_bad_requests_for(s, _foreign_ciphertexts(protocol, ids), exercised))
     check_result(s, res, contributors=range(1, 7))
-    assert exercised == {"masked"}
+    assert exercised == {"check", "masked"}
 
 
 def _tampered(variant: str, *, cts: dict, cid: int, u0: int, sent: dict, foreign: dict) -> bytes:
@@ -666,7 +683,7 @@ def test_a_share_that_fails_authentication_drops_its_sender_not_the_round(protoc
     victim, u0 = 1, None
     requests = s.server.start()
     while requests:
-        if s.server.stage == "masked":
+        if s.server.stage == "check":
             sent = {(snd, rcv): ct for rcv, r in requests.items() for snd, ct in r["ciphertexts"].items()}
             cts = dict(requests[victim]["ciphertexts"])
             u0 = max(cts)
@@ -676,11 +693,38 @@ def test_a_share_that_fails_authentication_drops_its_sender_not_the_round(protoc
             s.server.accept(s.clients[cid].handle(req))
         requests = s.server.advance()
     res = s.server.result()
-    assert s.accepted["masked"][victim]["bad_shares"] == (u0,)
-    assert res.faulty == {u0: f"masked: its sealed shares for clients [{victim}] failed authentication there"}
-    assert res.dropped == {"masked": frozenset({u0})}
+    assert s.accepted["check"][victim]["bad_shares"] == (u0,)
+    assert res.faulty == {u0: f"check: its sealed shares for clients [{victim}] failed authentication there"}
+    assert res.dropped == {"check": frozenset({u0})}
     check_result(s, res, contributors=set(ids) - {u0})
     assert_never_both(s)  # u0's masking key was rebuilt, its self-mask seed never asked for
+
+
+@pytest.mark.parametrize("spoiled", ["all", "all_but_one", "half"])
+@pytest.mark.parametrize("protocol", sorted(PROTOCOLS))
+def test_a_client_whose_shares_fail_for_many_neighbours_drops_alone(protocol, spoiled):
+    """The attack campaign's case: u0 corrupts its sealed shares for every neighbour (then nobody
+    holds a share of its masking key, so nobody may have masked with it), all but one, or half."""
+    s = make(protocol, 9, 16)
+    u0 = 4
+    requests = s.server.start()
+    victims: set[int] = set()
+    while requests:
+        if s.server.stage == "check":
+            senders_to = {rcv for rcv, r in requests.items() if u0 in r["ciphertexts"]}
+            victims = set(sorted(senders_to)[: {"all": len(senders_to), "all_but_one": len(senders_to) - 1,
+                                                "half": len(senders_to) // 2}[spoiled]])
+            for rcv in victims:
+                cts = dict(requests[rcv]["ciphertexts"])
+                cts[u0] = _tampered("flipped", cts=cts, cid=rcv, u0=u0, sent={}, foreign={})
+                requests[rcv] = with_field(requests[rcv], "ciphertexts", cts)
+        for cid, req in requests.items():
+            s.server.accept(s.clients[cid].handle(req))
+        requests = s.server.advance()
+    res = s.server.result()
+    assert victims and res.faulty.keys() == {u0}
+    check_result(s, res, contributors=set(s.clients) - {u0})
+    assert_never_both(s)
 
 
 @pytest.mark.parametrize("protocol", sorted(PROTOCOLS))
@@ -692,7 +736,7 @@ def test_one_client_accusing_many_drops_itself_and_the_accused_stay(protocol):
     while requests:
         for cid, req in requests.items():
             reply = s.clients[cid].handle(req)
-            if s.server.stage == "masked" and cid == liar:
+            if s.server.stage == "check" and cid == liar:
                 reply = with_field(reply, "bad_shares", tuple(sorted(req["ciphertexts"])))
             s.server.accept(reply)
         requests = s.server.advance()

@@ -7,47 +7,10 @@ from collections.abc import Callable, Iterable, Mapping
 import pytest
 import zmq
 
-from secagg.messages import Message
 from secagg.protocols.plain import PlainClient
-from transport import session
 from transport.cli import synthetic_input
 from transport.client import ClientConfig, ClientSummary, run_client
-from transport.framing import WIRE_VERSION, decode, encode
-
-
-class RawPeer:
-    """A bare DEALER socket speaking the wire format by hand, to play a misbehaving client."""
-
-    def __init__(self, endpoint: str, context: zmq.Context) -> None:
-        self.sock = context.socket(zmq.DEALER)
-        self.sock.setsockopt(zmq.LINGER, 0)
-        self.sock.connect(endpoint)
-
-    def hello(self, client_id: int) -> None:
-        self.send(session.hello(client_id, wire_version=WIRE_VERSION))
-
-    def send(self, msg: Message) -> None:
-        self.send_frames(encode(msg))
-
-    def send_frames(self, frames: list) -> None:
-        self.sock.send_multipart(frames, copy=False)
-
-    def recv(self, timeout: float) -> Message | None:
-        if not self.sock.poll(int(timeout * 1000)):
-            return None
-        return decode(self.sock.recv_multipart(copy=False))
-
-    def expect(self, kind: str, timeout: float = 10.0) -> Message:
-        """Next message of `kind` (others are skipped); fails the test after the timeout."""
-        for _ in range(100):
-            msg = self.recv(timeout)
-            assert msg is not None, f"no '{kind}' within {timeout}s"
-            if msg.kind == kind:
-                return msg
-        raise AssertionError(f"no '{kind}' among 100 messages")
-
-    def close(self) -> None:
-        self.sock.close(linger=0)
+from transport.adversary import RawPeer
 
 
 @pytest.fixture

@@ -5,19 +5,16 @@ honest rounds stay exact."""
 from __future__ import annotations
 
 import json
-import socket
-import struct
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
-import zmq
 
 from transport import session
+from transport.adversary import flood, stream_unfinished_message
 from transport.cli import synthetic_sum
 from transport.framing import DEFAULT_LIMITS, encode
 
@@ -58,48 +55,6 @@ with ServerDriver("tcp://127.0.0.1:*") as driver:
 def vm_hwm(pid: int) -> int:
     with open(f"/proc/{pid}/status") as f:
         return int(next(line for line in f if line.startswith("VmHWM:")).split()[1]) * 1024
-
-
-def zmtp_connect(endpoint: str) -> socket.socket:
-    """A plain TCP socket past the ZMTP 3.0 NULL handshake as a DEALER: frames can then be written raw."""
-    host, port = endpoint.removeprefix("tcp://").rsplit(":", 1)
-    sock = socket.create_connection((host, int(port)), timeout=5)
-    sock.sendall(b"\xff" + bytes(8) + b"\x7f\x03\x00" + b"NULL".ljust(20, b"\x00") + bytes(32))
-    got = b""
-    while len(got) < 64:
-        chunk = sock.recv(64 - len(got))
-        if not chunk:
-            raise ConnectionError("no ZMTP greeting")
-        got += chunk
-    ready = b"\x05READY\x0bSocket-Type" + struct.pack(">I", 6) + b"DEALER"
-    sock.sendall(bytes([0x04, len(ready)]) + ready)
-    return sock
-
-
-def stream_unfinished_message(endpoint: str, *, total: int, stop: threading.Event, sent: list[int]) -> None:
-    """Send `total` bytes as 1 MiB frames of one multipart message that never ends; libzmq keeps
-    such a message until it ends, so no RCVHWM or ZMQ_MAXMSGSIZE bounds it. sent[0]: bytes sent."""
-    frame = bytes([0x03]) + struct.pack(">Q", 1 << 20) + bytes(1 << 20)  # MORE | LONG
-    while sent[0] < total and not stop.is_set():
-        try:
-            with zmtp_connect(endpoint) as sock:
-                while sent[0] < total and not stop.is_set():
-                    sock.sendall(frame)
-                    sent[0] += len(frame)
-        except OSError:  # cut by the server: come back on a new connection
-            time.sleep(0.05)
-
-
-def flood(sock: zmq.Socket, messages: list[list], stop: threading.Event) -> None:
-    """Queue `messages` (zero-copy: shared buffers) as fast as the socket takes them. The socket is
-    this thread's from now on."""
-    for frames in messages:
-        while not stop.is_set():
-            try:
-                sock.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
-                break
-            except zmq.Again:
-                time.sleep(0.01)
 
 
 @pytest.mark.slow

@@ -14,7 +14,7 @@ import pytest
 import transport.server as server_module
 from secagg.messages import Bytes, Message, Schema
 from secagg.protocols.plain import PlainServer
-from tests.transport.test_resources import zmtp_connect
+from transport.adversary import zmtp_connect
 from transport import session
 from transport.cli import synthetic_input, synthetic_sum as plain_sum
 from transport.framing import WIRE_VERSION, FrameLimits, encode, wire_size

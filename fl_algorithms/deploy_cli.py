@@ -2,13 +2,19 @@
 
     python -m fl_algorithms.deploy_cli server --keys keys --task fl_algorithms.tasks.toy:build --clients 3 \\
         --bind tcp://127.0.0.1:5555 [--config run.toml] [--rounds N] [--protocol secagg+] \\
-        [--checkpoint-dir DIR] [--resume]
+        [--checkpoint-dir DIR] [--resume] [--max-message-mib 64] [--max-frames 64]
     python -m fl_algorithms.deploy_cli client --keys keys --task fl_algorithms.tasks.toy:build --id 1 \\
-        --connect tcp://127.0.0.1:5555 [--config run.toml] [--protocol secagg+] [--checkpoint-dir DIR]
+        --connect tcp://127.0.0.1:5555 [--config run.toml] [--protocol secagg+] [--checkpoint-dir DIR] \\
+        [--max-message-mib 64] [--max-frames 64]
 
-Both sides need `--keys DIR`, an enrolment from `python -m transport.cli enrol` (CurveZMQ with a
-client allowlist and a pinned server key; round keys signed by each client's enrolled key), or
-`--insecure` for development on a trusted machine, which says so loudly.
+Both sides need `--keys DIR`: a folder with the roster and that party's own secrets, from
+`python -m transport.cli enrol-client` / `init-server` / `roster` (or the trusted dealer `enrol`):
+CurveZMQ with a client allowlist and a pinned server key; round keys signed by each client's
+enrolled key. `--insecure` is for development on a trusted machine, and says so loudly.
+
+`--max-message-mib` / `--max-frames` set the largest message a side reads (default 64 MiB in 64
+frames): a client receives the model (one frame per part), the server the secure sums' replies
+(about 4 bytes per model value), so raise them for bigger models.
 
 The server prints one JSON line per round as the round completes, then a final evaluation line.
 Server and clients must agree on the configuration (protocol, encoding, DP): a client that differs
@@ -29,6 +35,7 @@ from fl_algorithms.engine.sim import RunConfig
 from fl_algorithms.experiments.config import load_toml
 from fl_algorithms.experiments.task import load_task
 from secagg.protocols import registry
+from transport.cli import add_limit_options, frame_limits
 
 
 def _options(pairs: list[str], parser: argparse.ArgumentParser) -> dict[str, str]:
@@ -76,11 +83,13 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--resume", action="store_true", help="server: continue from --checkpoint-dir")
     ap.add_argument("--run-dir", help="server: a run directory (config.toml, metrics.jsonl/csv per round as it "
                                       "completes, results.json, ledger.json); also the checkpoint dir if none given")
-    ap.add_argument("--keys", help="enrolment folder from `python -m transport.cli enrol`")
+    ap.add_argument("--keys", help="enrolment folder: roster.json and this party's secrets "
+                                   "(`python -m transport.cli enrol-client`, `init-server`, `roster`)")
     ap.add_argument("--insecure", action="store_true", help="no authentication or encryption: development only")
     ap.add_argument("--register-timeout", type=_positive(float), default=120.0)
     ap.add_argument("--broadcast-timeout", type=_positive(float), default=600.0)
     ap.add_argument("--stage-timeout", type=_positive(float), default=60.0)
+    add_limit_options(ap)
     return ap
 
 
@@ -126,15 +135,16 @@ def main(argv: list[str] | None = None) -> int:
     except (ImportError, AttributeError, ValueError) as exc:
         ap.error(f"--task {args.task}: {exc}")
     deployment = DeploymentConfig(broadcast_timeout=args.broadcast_timeout, stage_timeout=args.stage_timeout)
+    limits = frame_limits(args)
     if args.role == "server":
-        from transport.server import ServerDriver
+        from transport.server import ServerConfig, ServerDriver
 
         ledger = None
         if config.secure.distributed_dp is not None:
             from dp.ledger import Ledger
 
             ledger = Ledger()
-        with ServerDriver(args.bind, curve=curve) as driver:
+        with ServerDriver(args.bind, curve=curve, config=ServerConfig(limits=limits)) as driver:
             got = driver.wait_for_clients(count=args.clients, timeout=args.register_timeout)
             if len(got) < args.clients:
                 print(f"error: only {len(got)} of {args.clients} clients registered", file=sys.stderr)
@@ -167,13 +177,13 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(summary), flush=True)
             driver.shutdown()
         return 0
-    from transport.client import ProtocolMismatchError, RegistrationError, run_client
+    from transport.client import ClientConfig, ProtocolMismatchError, RegistrationError, run_client
 
     client = DeployedClient(client_id=args.id, task=task, config=config, checkpoint_dir=args.checkpoint_dir,
                             deployment=deployment, identity=identity)
     try:
         summary = run_client(endpoint=args.connect, client_id=args.id, factory=client.protocol_for,
-                             handlers=client.handlers(), curve=curve)
+                             handlers=client.handlers(), curve=curve, config=ClientConfig(limits=limits))
     except (ProtocolMismatchError, RegistrationError) as exc:
         print(f"error: client {args.id}: {exc}", file=sys.stderr)
         return 2

@@ -2,7 +2,17 @@
 
     python -m transport.cli server --keys keys --protocol secagg+ --clients 50 --dim 1000000 --port 5555 --check
     python -m transport.cli client --keys keys --id 7 --connect tcp://127.0.0.1:5555 --protocol secagg+ --dim 1000000
-    python -m transport.cli enrol --dir keys --clients 50       # then --keys keys on both sides
+
+Enrolment (`transport.enrolment`), without a trusted dealer: every party makes its own keys and
+only public entries travel; then each passes `--keys` its own folder with the roster copied in:
+
+    python -m transport.cli enrol-client --dir keys --id 7      # on each client's machine
+    python -m transport.cli init-server --dir keys              # on the server's machine
+    python -m transport.cli roster --dir roster --server server.public.json --entry client-*.public.json
+
+`enrol --dir keys --clients 50` (alias `keygen`) is the trusted dealer: one machine makes every
+party's secrets in one folder (quick for tests and single-operator setups; that machine must not be
+the server, and each client's secrets must reach it privately).
 
 Clients sum a deterministic synthetic vector (`synthetic_input`), so the server can check the
 exact ring sum over the round's contributors (`--check`); this makes the CLI a smoke test and a
@@ -11,10 +21,15 @@ benchmark harness for the transport and the protocols. Protocols are chosen by r
 `--param name=value` passes extra constructor arguments (e.g. `--param degree=10`), checked against
 the protocol's real keyword arguments. The server prints one JSON line per round.
 
-Deployment is authenticated by default: both sides need `--keys DIR` from `enrol`
-(`transport.enrolment`: CurveZMQ with a client allowlist and a pinned server key, client ids bound
-to keys at the handshake, round keys signed with each client's enrolled key). `--insecure` runs
-without any of it, for development on a trusted machine only, and says so loudly.
+Deployment is authenticated by default: both sides need `--keys DIR`, a folder with the roster and
+that party's own secrets (CurveZMQ with a client allowlist and a pinned server key, client ids
+bound to keys at the handshake, round keys signed with each client's enrolled key). `--insecure`
+runs without any of it, for development on a trusted machine only, and says so loudly.
+
+`--max-message-mib` and `--max-frames` (server and client) set the largest message a side reads
+(`transport.framing.FrameLimits`; default 64 MiB in 64 frames): raise them on the side that
+receives bigger vectors or models. The server refuses, before any socket opens, a --dim whose
+protocol replies would not fit.
 
 Every argument is checked before any socket opens: a bad value is an argparse error (exit code 2)
 naming the option. Both sides announce their session (protocol and vector length) at registration:
@@ -45,11 +60,24 @@ from secagg.protocols.base import MAX_VECTOR_LENGTH, ClientProtocol
 from secagg.ring import RING_2_32, Ring
 
 from transport.client import ClientConfig, ProtocolMismatchError, RegistrationError, run_client
+from transport.enrolment import (ROSTER, EnrolmentError, assemble_roster, check_entries, client_public_name,
+                                 enrol, enrol_client, init_server, load_client, load_server, read_client_entry,
+                                 read_server_entry, roster_fingerprint)
+from transport.framing import DEFAULT_LIMITS, FrameLimits
 from transport.server import RoundReport, ServerConfig, ServerDriver
-from transport.enrolment import EnrolmentError, enrol, load_client, load_server
 
 MAX_CLIENTS = ServerConfig().max_clients
 """Most clients one server registers (the driver's own limit)."""
+MIB = 1 << 20
+MAX_MESSAGE_MIB = 4096
+"""Upper bound of --max-message-mib (4 GiB): four times the largest vector a protocol accepts
+(MAX_VECTOR_LENGTH = 2^28 values of 4 bytes, 1 GiB), room for the largest round's replies or a
+float32 model of 2^30 values. A server may hold about twice its limit per connection
+(`ServerConfig`), so a limit above what the run needs only buys memory exposure."""
+MIN_FRAMES, MAX_FRAMES = 8, 256
+"""Bounds of --max-frames: the protocols' and the FL engine's own messages have up to 6 frames
+(header and payload fields), and the framing encodes at most 255 fields, so no message has more
+than 256 frames."""
 
 
 def synthetic_input(client_id: int, round_id: int, length: int) -> np.ndarray:
@@ -128,10 +156,11 @@ def _param_value(raw: str) -> object:
 
 
 def check_server_params(protocol: str, pairs: list[str], *, clients: int, length: int,
-                        option: str = "--param") -> dict[str, object]:
+                        option: str = "--param", max_message_bytes: int | None = None) -> dict[str, object]:
     """Parsed `--param` pairs for `protocol`'s server, after building (and starting) one trial round
     with `clients` clients and vectors of `length`: ValueError, naming the option, if the names are
-    not the server's keywords, a value is refused, or the protocol needs more clients."""
+    not the server's keywords, a value is refused, or the protocol needs more clients; with
+    `max_message_bytes`, also if the round's largest reply would not fit (naming --max-message-mib)."""
     server_cls = registry.server_class(protocol)
     params = parse_params(pairs, allowed=param_names(server_cls), protocol=protocol, option=option)
     with_params = f" with {option} {' '.join(pairs)}" if pairs else ""
@@ -143,6 +172,13 @@ def check_server_params(protocol: str, pairs: list[str], *, clients: int, length
                          f"clients") from None
     except (ValueError, TypeError) as exc:
         raise ValueError(f"{protocol}{with_params} refuses a round of {clients} clients: {exc}") from None
+    if max_message_bytes is not None:
+        bound = getattr(trial, "max_reply_bytes", None)
+        need = int(bound()) if callable(bound) else 16 * length + MIB  # the driver's own fallback
+        if need > max_message_bytes:
+            raise ValueError(f"--max-message-mib {max_message_bytes / MIB:g}: {protocol} rounds of {clients} clients "
+                             f"on vectors of length {length} take replies of up to {need} bytes; raise it to at "
+                             f"least {math.ceil(need / MIB)}")
     return params
 
 
@@ -184,7 +220,8 @@ def serve(args: argparse.Namespace) -> int:
     server_cls = registry.server_class(args.protocol)
     length = _vector_length(args)
     try:
-        driver = ServerDriver(_endpoint(args), config=ServerConfig(session=_session(args)), curve=args.curve)
+        driver = ServerDriver(_endpoint(args), config=ServerConfig(session=_session(args), limits=frame_limits(args)),
+                              curve=args.curve)
     except zmq.ZMQError as exc:
         print(json.dumps({"event": "error", "error": f"cannot bind {_endpoint(args)}: {exc}"}), flush=True)
         return 2
@@ -302,7 +339,8 @@ def client(args: argparse.Namespace) -> int:
                            **registry.with_enrolment(client_cls, args.params, identity=args.identity))
         return _ExpectLength(proto, length=length, source=source)
 
-    config = ClientConfig(hello_timeout=args.hello_timeout, idle_timeout=args.idle_timeout, session=_session(args))
+    config = ClientConfig(hello_timeout=args.hello_timeout, idle_timeout=args.idle_timeout, session=_session(args),
+                          limits=frame_limits(args))
     try:
         summary = run_client(endpoint=args.connect, client_id=cid, factory=factory, config=config, curve=args.curve)
     except (RegistrationError, ProtocolMismatchError) as exc:
@@ -318,17 +356,58 @@ def client(args: argparse.Namespace) -> int:
 INSECURE_WARNING = ("INSECURE MODE (--insecure): no CurveZMQ, no client authentication, unsigned round keys. "
                     "Anyone who can reach this port can register any client id, read what is sent and, as the "
                     "server, substitute keys. For development on a trusted machine only; enrol with "
-                    "`python -m transport.cli enrol` and pass --keys for anything else.")
+                    "`python -m transport.cli enrol-client` / `init-server` / `roster` and pass --keys for "
+                    "anything else.")
 
 
 def enrol_command(args: argparse.Namespace) -> int:
+    """Trusted dealer: every party's keys and the roster in one folder (see `enrol_client_command`
+    and its siblings for enrolment in which nobody holds another party's secrets)."""
     try:
         roster = enrol(Path(args.dir), clients=range(1, args.clients + 1))
     except EnrolmentError as exc:
         print(f"enrol: {exc}", file=sys.stderr)
         return 2
-    print(f"enrolled the server and clients 1..{args.clients} in {args.dir}: give {roster.name} to everyone, "
-          f"server.key_secret to the server, client-<k>.key_secret and client-<k>.sign_secret to client k only")
+    print(f"enrolled the server and clients 1..{args.clients} in {args.dir} (trusted dealer: this folder holds "
+          f"every secret): give {roster.name} to everyone, server.key_secret to the server, "
+          f"client-<k>.key_secret and client-<k>.sign_secret to client k only")
+    return 0
+
+
+def enrol_client_command(args: argparse.Namespace) -> int:
+    """On a client's machine: its own keys, and the public entry to send to the roster's assembler."""
+    try:
+        entry = enrol_client(Path(args.dir), client_id=args.id)
+    except EnrolmentError as exc:
+        print(f"enrol-client: {exc}", file=sys.stderr)
+        return 2
+    print(f"client {args.id}'s keys are in {args.dir}; send {entry} (public, no secret in it) to whoever assembles "
+          f"the roster, over a channel that shows it is yours. Keep client-{args.id}.key_secret and "
+          f"client-{args.id}.sign_secret here; put the {ROSTER} you get back in {args.dir} and run with --keys {args.dir}")
+    return 0
+
+
+def init_server_command(args: argparse.Namespace) -> int:
+    """On the server's machine: its CurveZMQ pair, and its public key for the roster."""
+    try:
+        public = init_server(Path(args.dir))
+    except EnrolmentError as exc:
+        print(f"init-server: {exc}", file=sys.stderr)
+        return 2
+    print(f"the server's key is in {args.dir}; give {public} to whoever assembles the roster. Keep "
+          f"server.key_secret here; put the {ROSTER} in {args.dir} and run the server with --keys {args.dir}")
+    return 0
+
+
+def roster_command(args: argparse.Namespace) -> int:
+    """Check the public entries (already done by `_validate_roster`) and write the roster."""
+    try:
+        roster = assemble_roster(Path(args.dir), server_public=Path(args.server), client_entries=map(Path, args.entry))
+    except EnrolmentError as exc:
+        print(f"roster: {exc}", file=sys.stderr)
+        return 2
+    print(f"wrote {roster} with clients {sorted(args.clients_in)}; SHA-256 {roster_fingerprint(roster)}: every "
+          f"party compares it over an authentic channel, then copies {ROSTER} into its --keys folder")
     return 0
 
 
@@ -385,8 +464,26 @@ def _host(text: str) -> str:
     return text
 
 
+def add_limit_options(p: argparse.ArgumentParser) -> None:
+    """--max-message-mib and --max-frames: the largest message this side reads (`frame_limits`)."""
+    p.add_argument("--max-message-mib", type=_at_least(int, 1, MAX_MESSAGE_MIB),
+                   default=DEFAULT_LIMITS.max_message_bytes // MIB, metavar="MIB",
+                   help=f"largest message this side reads, in MiB (default {DEFAULT_LIMITS.max_message_bytes // MIB}, "
+                        f"at most {MAX_MESSAGE_MIB}); raise it where bigger vectors or models arrive")
+    p.add_argument("--max-frames", type=_at_least(int, MIN_FRAMES, MAX_FRAMES), default=DEFAULT_LIMITS.max_frames,
+                   help=f"most frames in one message (default {DEFAULT_LIMITS.max_frames}, "
+                        f"{MIN_FRAMES}..{MAX_FRAMES}): one per array, bytes or map field, plus the header")
+
+
+def frame_limits(args: argparse.Namespace) -> FrameLimits:
+    """The FrameLimits of --max-message-mib and --max-frames (the header limit unchanged)."""
+    return FrameLimits(max_message_bytes=args.max_message_mib * MIB, max_frames=args.max_frames,
+                       max_header_bytes=DEFAULT_LIMITS.max_header_bytes)
+
+
 def parser() -> argparse.ArgumentParser:
-    """The CLI's parser: `server`, `client` and `keygen` subcommands (see the module docstring)."""
+    """The CLI's parser: `server`, `client`, and the enrolment subcommands `enrol-client`,
+    `init-server`, `roster` and `enrol` (alias `keygen`, the trusted dealer); see the module docstring."""
     p = argparse.ArgumentParser(prog="python -m transport.cli", description=__doc__.split("\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
     protocols = registry.names()
@@ -412,10 +509,11 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
                    help="server protocol argument, e.g. degree=10 or threshold_fraction=0.6 (checked)")
     s.add_argument("--keys", "--curve-dir", dest="keys",
-                   help="enrolment folder from `enrol` (roster.json + server.key_secret)")
+                   help="enrolment folder: roster.json + server.key_secret (from init-server, or enrol)")
     s.add_argument("--insecure", action="store_true", help="no authentication or encryption: development only")
     s.add_argument("--check", action="store_true", help="verify the exact sum of the synthetic inputs")
     s.add_argument("--float-input", action="store_true", help="clients encode random float vectors (length dim + 1)")
+    add_limit_options(s)
     s.set_defaults(run=serve, validate=_validate_server, error=s.error)
 
     c = sub.add_parser("client", help="answer a server's rounds over a DEALER socket")
@@ -429,7 +527,7 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
                    help="client protocol argument, e.g. min_survivors=3 for lightsecagg (checked)")
     c.add_argument("--keys", "--curve-dir", dest="keys",
-                   help="enrolment folder from `enrol` (roster.json + this client's two secret files)")
+                   help="enrolment folder: roster.json + this client's two secret files (from enrol-client, or enrol)")
     c.add_argument("--insecure", action="store_true", help="no authentication or encryption: development only")
     c.add_argument("--hello-timeout", type=_positive_float, default=60.0, help="seconds to wait for the welcome")
     c.add_argument("--idle-timeout", type=_positive_float, default=600.0,
@@ -439,10 +537,34 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--float-input", action="store_true", help="encode a random float vector, as a trivial FL client")
     c.add_argument("--max-clients", type=_at_least(int, 1), default=1000,
                    help="with --float-input: the encoder's client bound")
+    add_limit_options(c)
     c.set_defaults(run=client, validate=_validate_client, error=c.error)
 
-    k = sub.add_parser("enrol", aliases=["keygen"],
-                       help="create the server's and clients' keys and the roster (see transport.enrolment)")
+    about = ("on a client's machine: make its own keys and its public entry client-<k>.public.json "
+             "(no trusted dealer; see transport.enrolment)")
+    e = sub.add_parser("enrol-client", help=about, description=about)
+    e.add_argument("--dir", required=True, help="this client's key folder (existing keys are never overwritten)")
+    e.add_argument("--id", type=_at_least(int, 1, MAX_CLIENT_ID), required=True, help="this client's id")
+    e.set_defaults(run=enrol_client_command, validate=_validate_enrol_client, error=e.error)
+
+    about = "on the server's machine: make its key and server.public.json (no trusted dealer)"
+    i = sub.add_parser("init-server", help=about, description=about)
+    i.add_argument("--dir", required=True, help="the server's key folder (an existing key is never overwritten)")
+    i.set_defaults(run=init_server_command, validate=_validate_init_server, error=i.error)
+
+    about = ("check the public entries of the server and the clients (format, ids, keys, proofs of possession, "
+             "no repeats) and write roster.json; prints its SHA-256 for every party to compare")
+    r = sub.add_parser("roster", help=about, description=about)
+    r.add_argument("--dir", required=True, help="where to write roster.json (an existing roster is never overwritten)")
+    r.add_argument("--server", required=True, metavar="PATH", help="the server's server.public.json (from init-server)")
+    r.add_argument("--entry", required=True, nargs="+", action="extend", metavar="PATH",
+                   help="clients' client-<k>.public.json files (from enrol-client); repeatable, and takes several, "
+                        "e.g. --entry entries/client-*.public.json")
+    r.set_defaults(run=roster_command, validate=_validate_roster, error=r.error)
+
+    about = ("trusted dealer: create the server's and every client's secrets and the roster in one folder "
+             "(this machine then holds them all); enrol-client, init-server and roster avoid that")
+    k = sub.add_parser("enrol", aliases=["keygen"], help=about, description=about)
     k.add_argument("--dir", required=True, help="a new folder (existing keys are never overwritten)")
     k.add_argument("--clients", type=_at_least(int, 1, MAX_CLIENTS), required=True, help="enrol ids 1..N")
     k.set_defaults(run=enrol_command, validate=_validate_keygen, error=k.error)
@@ -457,7 +579,8 @@ def _validate_server(args: argparse.Namespace) -> None:
         raise ValueError(f"--endpoint-file {args.endpoint_file}: its folder does not exist")
     if _vector_length(args) > MAX_VECTOR_LENGTH:
         raise ValueError(f"--dim {args.dim} with --float-input exceeds the longest vector, {MAX_VECTOR_LENGTH}")
-    args.params = check_server_params(args.protocol, args.param, clients=args.clients, length=_vector_length(args))
+    args.params = check_server_params(args.protocol, args.param, clients=args.clients, length=_vector_length(args),
+                                      max_message_bytes=frame_limits(args).max_message_bytes)
     args.curve, args.roster = None, None
     if use_enrolment(args):
         try:
@@ -494,7 +617,8 @@ def use_enrolment(args: argparse.Namespace) -> bool:
     if args.insecure and args.keys:
         raise ValueError("--insecure and --keys contradict each other: give one")
     if not args.insecure and not args.keys:
-        raise ValueError("give --keys DIR (an enrolment from `python -m transport.cli enrol`) or, for "
+        raise ValueError("give --keys DIR (a folder with roster.json and this party's secrets: "
+                         "`python -m transport.cli enrol-client`, `init-server` and `roster`) or, for "
                          "development on a trusted machine only, --insecure")
     if args.insecure:
         print(INSECURE_WARNING, file=sys.stderr, flush=True)
@@ -506,10 +630,46 @@ def _validate_keygen(args: argparse.Namespace) -> None:
         raise ValueError(f"--dir {args.dir}: exists and is not a folder")
 
 
+def _validate_enrol_client(args: argparse.Namespace) -> None:
+    _validate_keygen(args)
+    names = [f"client-{args.id}.key_secret", f"client-{args.id}.sign_secret", client_public_name(args.id)]
+    found = [n for n in names if (Path(args.dir) / n).exists()]
+    if found:
+        raise ValueError(f"--dir {args.dir}: already holds {', '.join(found)} (keys are never overwritten)")
+
+
+def _validate_init_server(args: argparse.Namespace) -> None:
+    _validate_keygen(args)
+    found = [n for n in ("server.key_secret", "server.public.json") if (Path(args.dir) / n).exists()]
+    if found:
+        raise ValueError(f"--dir {args.dir}: already holds {', '.join(found)} (keys are never overwritten)")
+
+
+def _validate_roster(args: argparse.Namespace) -> None:
+    """Every entry is read and checked here, so that a bad one is an argparse error naming it."""
+    _validate_keygen(args)
+    if (Path(args.dir) / ROSTER).exists():
+        raise ValueError(f"--dir {args.dir}: already holds {ROSTER} (a roster is never overwritten)")
+    try:
+        server_curve = read_server_entry(Path(args.server))
+    except EnrolmentError as exc:
+        raise ValueError(f"--server {exc}") from None
+    entries = []
+    for path in map(Path, args.entry):
+        try:
+            entries.append((path, read_client_entry(path)))
+        except EnrolmentError as exc:
+            raise ValueError(f"--entry {exc}") from None
+    try:
+        args.clients_in = check_entries(server_curve, entries)
+    except EnrolmentError as exc:
+        raise ValueError(f"--entry {exc}") from None
+
+
 def _key_dir(text: str) -> Path:
     path = Path(text)
     if not path.is_dir():
-        raise ValueError("no such folder (write one with `enrol`)")
+        raise ValueError("no such folder (write one with `enrol-client` or `init-server`, and `roster`)")
     return path
 
 

@@ -1,53 +1,128 @@
 """Enrolment: every client's long-term keys and the public roster, made once before deployment.
 
-    python -m transport.cli enrol --dir keys --clients 50
+Two ways to enrol. Without a trusted dealer (recommended), each party makes its own keys and only
+public entries travel:
 
-writes, in `keys/`:
+    python -m transport.cli enrol-client --dir mykeys --id 7     # on client 7's machine, one per client
+    python -m transport.cli init-server --dir srvkeys              # on the server's machine
+    python -m transport.cli roster --dir roster --server srvkeys/server.public.json \\
+        --entry entries/client-*.public.json                         # whoever assembles the roster
+
+`enrol_client` writes client k's CurveZMQ pair (`client-<k>.key_secret`) and Ed25519 signing key
+(`client-<k>.sign_secret`), mode 0600, plus `client-<k>.public.json`: its public CurveZMQ key, its
+verify key and a proof of possession (the new signing key's signature over the entry format, the
+client id and both public keys), so an entry cannot be built around someone else's verify key or
+moved to another id. `init_server` writes `server.key_secret` and `server.public.json`.
+`assemble_roster` checks every entry (format, id, key encodings and lengths, the proof, no
+repeated id or key) and writes `roster.json`; any bad entry is an EnrolmentError naming its file,
+and nothing is written. Copy `roster.json` next to each party's own secret files: `load_server`
+and `load_client` need nothing else. No secret ever leaves the machine that made it.
+
+With a trusted dealer (`enrol`, `python -m transport.cli enrol --dir keys --clients 50`), one
+machine creates every secret in one folder; it then knows every client's signing key, so it must
+not be the aggregation server, and each client's secrets must reach it over a private channel.
+
+Either way the folder holds:
   roster.json                     public: the server's CurveZMQ key, and per client id its CurveZMQ
                                   key and its Ed25519 verify key. Give it to the server and every client.
-  server.key_secret               the server's CurveZMQ pair (give to the server only)
-  client-<k>.key_secret           client k's CurveZMQ pair (give to client k only)
-  client-<k>.sign_secret          client k's Ed25519 signing key (give to client k only)
-Secret files are created with mode 0600; keys come from the OS CSPRNG (libsodium / OpenSSL).
+  server.key_secret               the server's CurveZMQ pair (the server only)
+  client-<k>.key_secret           client k's CurveZMQ pair (client k only)
+  client-<k>.sign_secret          client k's Ed25519 signing key (client k only)
+Secret files are created with mode 0600 and never overwritten; keys come from the OS CSPRNG
+(libsodium / OpenSSL).
 
 What it buys (the threat model in the README): the server admits a connection only from a
 CurveZMQ key on the roster, and a hello only for the id that key is enrolled as, at the
 handshake, before any payload is decoded; clients pin the server's key, so nobody else can pose
 as the server; clients sign their per-round keys and check every peer's signature against the
-roster, so the server that relays keys cannot substitute its own. Enrolment itself (getting the
-right roster and secrets to the right parties) is assumed to happen over an authentic channel.
+roster, so the server that relays keys cannot substitute its own. What it assumes: every party
+gets the same, right roster. Whoever assembles it could list keys of its own making under a
+client's id (a proof shows possession of a key, not who the client is), so public entries must
+reach the assembler over an authentic channel, and every party should compare the roster's
+SHA-256 (`roster_fingerprint`, printed by `roster`) with the others' over one before using it.
+A client's own entry is checked against its secrets when it loads the roster. The proof does not
+cover the CurveZMQ key's secret (a box key cannot sign): an entry listing another party's CurveZMQ
+key lets only that key's owner connect, under the entry's id, and a repeated key is refused.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import re
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
 import zmq
 import zmq.auth
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+from zmq.utils import z85
 
-from secagg.identity import Identity, Roster, SigningKey
+from secagg import crypto
+from secagg.identity import SIGNATURE_BYTES, VERIFY_KEY_BYTES, Identity, Roster, SigningKey
 from secagg.messages import MAX_CLIENT_ID
 from transport.sockets import CurveClientKeys, CurveServerKeys
 
 ROSTER_FORMAT = "fedsecure-nlp/roster/v1"
 ROSTER = "roster.json"
+CLIENT_ENTRY_FORMAT = "fedsecure-nlp/client-entry/v1"
+"""Format of `client-<k>.public.json`, the public entry a client hands to the roster's assembler."""
+SERVER_ENTRY_FORMAT = "fedsecure-nlp/server-entry/v1"
+"""Format of `server.public.json`, the server's public CurveZMQ key."""
+SERVER_PUBLIC = "server.public.json"
+SERVER_SECRET = "server.key_secret"
+CURVE_KEY_CHARS = 40
+"""A CurveZMQ public key in Z85 text (32 bytes)."""
+MAX_ENTRY_BYTES = 4096
+"""Largest public entry file read (a valid one is about 400 bytes)."""
+
+_Z85 = re.compile("[" + re.escape(z85.Z85CHARS.decode()) + "]{%d}" % CURVE_KEY_CHARS)
+_HEX = re.compile("[0-9a-f]*")
 
 
 class EnrolmentError(ValueError):
-    """The enrolment directory is missing a file, or its files disagree."""
+    """The enrolment directory is missing a file, or its files disagree (the message names the file)."""
+
+
+def client_public_name(client_id: int) -> str:
+    return f"client-{client_id}.public.json"
+
+
+def _client_secret_names(client_id: int) -> tuple[str, str]:
+    return f"client-{client_id}.key_secret", f"client-{client_id}.sign_secret"
 
 
 def _write_secret(path: Path, text: str) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    _write_new(path, text, mode=0o600)
+
+
+def _write_new(path: Path, text: str, *, mode: int) -> None:
+    """Create `path` with `mode` and write `text`; FileExistsError rather than overwrite (O_EXCL)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
     with os.fdopen(fd, "w") as f:
         f.write(text)
 
 
+def _refuse_existing(directory: Path, names: Iterable[str], what: str) -> None:
+    found = [n for n in names if (directory / n).exists()]
+    if found:
+        raise EnrolmentError(f"{directory} already holds {what} ({', '.join(found)}); keys are never overwritten")
+
+
+def _check_id(client_id: object) -> int:
+    if type(client_id) is not int or not 1 <= client_id <= MAX_CLIENT_ID:
+        raise ValueError(f"client ids are ints in 1..{MAX_CLIENT_ID}, got {client_id!r}")
+    return client_id
+
+
 def enrol(directory: Path, *, clients: Iterable[int]) -> Path:
-    """Create the server's and each client's keys and the roster in `directory` (must not hold an
-    enrolment already: keys are never overwritten). Returns the roster's path."""
+    """Trusted dealer: create the server's and every client's keys and the roster in `directory`
+    (must not hold an enrolment already: keys are never overwritten). Returns the roster's path.
+
+    This machine then holds every client's secrets; `enrol_client`, `init_server` and
+    `assemble_roster` enrol without anyone holding more than their own."""
     ids = sorted(set(int(c) for c in clients))
     if not ids or ids[0] < 1 or ids[-1] > MAX_CLIENT_ID:
         raise ValueError(f"client ids must be in 1..{MAX_CLIENT_ID}")
@@ -55,7 +130,7 @@ def enrol(directory: Path, *, clients: Iterable[int]) -> Path:
     if (directory / ROSTER).exists():
         raise EnrolmentError(f"{directory} already holds an enrolment; use a new directory")
     server_public, server_secret = zmq.curve_keypair()
-    _write_secret(directory / "server.key_secret", json.dumps(
+    _write_secret(directory / SERVER_SECRET, json.dumps(
         {"public": server_public.decode(), "secret": server_secret.decode()}))
     entries = {}
     for c in ids:
@@ -63,13 +138,185 @@ def enrol(directory: Path, *, clients: Iterable[int]) -> Path:
         signing = SigningKey.generate()
         _write_secret(directory / f"client-{c}.key_secret", json.dumps({"public": public.decode(), "secret": secret.decode()}))
         _write_secret(directory / f"client-{c}.sign_secret", signing.private_bytes().hex())
-        entries[str(c)] = {"curve": public.decode(), "verify": signing.public_bytes.hex()}
-    path = directory / ROSTER
-    path.write_text(json.dumps({"format": ROSTER_FORMAT, "server_curve": server_public.decode(), "clients": entries},
-                               indent=1, sort_keys=True))
+        entries[c] = ClientEntry(client_id=c, curve=public.decode(), verify=signing.public_bytes)
+    return _write_roster(directory / ROSTER, server_public.decode(), entries.values())
+
+
+# ---- enrolment without a dealer --------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ClientEntry:
+    """One client's public roster entry: its id, CurveZMQ public key (Z85) and Ed25519 verify key."""
+
+    client_id: int
+    curve: str
+    verify: bytes
+
+
+def proof_message(*, client_id: int, curve: str, verify: bytes) -> bytes:
+    """What a client's new signing key signs in its public entry: the entry format, the id and both
+    public keys, so the proof cannot be reused for another id, another key or another format."""
+    return crypto.context(CLIENT_ENTRY_FORMAT, "proof-of-possession", client_id, curve, verify)
+
+
+def enrol_client(directory: Path, *, client_id: int) -> Path:
+    """On client `client_id`'s machine: create its CurveZMQ pair and Ed25519 signing key (mode 0600)
+    and its public entry `client-<k>.public.json` in `directory`; returns the entry's path. Only the
+    entry leaves the machine (to whoever assembles the roster). Existing files are never overwritten."""
+    _check_id(client_id)
+    directory.mkdir(parents=True, exist_ok=True)
+    key_name, sign_name = _client_secret_names(client_id)
+    public_name = client_public_name(client_id)
+    _refuse_existing(directory, (key_name, sign_name, public_name), f"client {client_id}'s keys")
+    public, secret = zmq.curve_keypair()
+    signing = SigningKey.generate()
+    _write_secret(directory / key_name, json.dumps({"public": public.decode(), "secret": secret.decode()}))
+    _write_secret(directory / sign_name, signing.private_bytes().hex())
+    proof = signing.sign(proof_message(client_id=client_id, curve=public.decode(), verify=signing.public_bytes))
+    entry = {"format": CLIENT_ENTRY_FORMAT, "client_id": client_id, "curve": public.decode(),
+             "verify": signing.public_bytes.hex(), "proof": proof.hex()}
+    path = directory / public_name
+    _write_new(path, json.dumps(entry, indent=1, sort_keys=True) + "\n", mode=0o644)
     return path
 
 
+def init_server(directory: Path) -> Path:
+    """On the server's machine: create its CurveZMQ pair (`server.key_secret`, mode 0600) and
+    `server.public.json` (its public key, for the roster) in `directory`; returns the latter's path."""
+    directory.mkdir(parents=True, exist_ok=True)
+    _refuse_existing(directory, (SERVER_SECRET, SERVER_PUBLIC), "a server key")
+    public, secret = zmq.curve_keypair()
+    _write_secret(directory / SERVER_SECRET, json.dumps({"public": public.decode(), "secret": secret.decode()}))
+    path = directory / SERVER_PUBLIC
+    _write_new(path, json.dumps({"format": SERVER_ENTRY_FORMAT, "curve": public.decode()}, indent=1) + "\n",
+               mode=0o644)
+    return path
+
+
+def _read_entry_json(path: Path) -> dict:
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(MAX_ENTRY_BYTES + 1)
+    except FileNotFoundError:
+        raise EnrolmentError(f"{path}: no such file") from None
+    except OSError as exc:
+        raise EnrolmentError(f"{path}: {exc}") from None
+    if len(raw) > MAX_ENTRY_BYTES:
+        raise EnrolmentError(f"{path}: over {MAX_ENTRY_BYTES} bytes, not a public entry")
+    try:
+        obj = json.loads(raw.decode())
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise EnrolmentError(f"{path}: not JSON ({exc})") from None
+    if not isinstance(obj, dict):
+        raise EnrolmentError(f"{path}: not a JSON object")
+    return obj
+
+
+def _fields(path: Path, obj: dict, fmt: str, names: set[str]) -> None:
+    if obj.get("format") != fmt:
+        raise EnrolmentError(f"{path}: format is {obj.get('format')!r}, expected {fmt!r}")
+    if set(obj) != names:
+        raise EnrolmentError(f"{path}: fields are {sorted(obj)}, expected {sorted(names)}")
+
+
+def _curve_key(path: Path, value: object, what: str) -> str:
+    """A CurveZMQ public key as canonical Z85 text of 32 bytes."""
+    if not isinstance(value, str) or not _Z85.fullmatch(value):
+        raise EnrolmentError(f"{path}: {what} must be {CURVE_KEY_CHARS} Z85 characters")
+    try:
+        ok = z85.encode(z85.decode(value.encode())) == value.encode()
+    except Exception:  # pyzmq raises KeyError, struct.error or ValueError on bad Z85
+        ok = False
+    if not ok:
+        raise EnrolmentError(f"{path}: {what} is not valid Z85")
+    return value
+
+
+def _hex(path: Path, value: object, what: str, size: int) -> bytes:
+    if not isinstance(value, str) or len(value) != 2 * size or not _HEX.fullmatch(value):
+        raise EnrolmentError(f"{path}: {what} must be {2 * size} lowercase hex digits ({size} bytes)")
+    return bytes.fromhex(value)
+
+
+def read_server_entry(path: Path) -> str:
+    """The server's CurveZMQ public key (Z85) from its `server.public.json`; EnrolmentError naming
+    the file if it is not one."""
+    obj = _read_entry_json(path)
+    _fields(path, obj, SERVER_ENTRY_FORMAT, {"format", "curve"})
+    return _curve_key(path, obj["curve"], "the server's curve key")
+
+
+def read_client_entry(path: Path) -> ClientEntry:
+    """A client's public entry, after checking its format, id, key encodings and proof of possession;
+    EnrolmentError naming the file and what is wrong."""
+    obj = _read_entry_json(path)
+    _fields(path, obj, CLIENT_ENTRY_FORMAT, {"format", "client_id", "curve", "verify", "proof"})
+    client_id = obj["client_id"]
+    if type(client_id) is not int or not 1 <= client_id <= MAX_CLIENT_ID:
+        raise EnrolmentError(f"{path}: client_id must be an int in 1..{MAX_CLIENT_ID}, got {client_id!r}")
+    curve = _curve_key(path, obj["curve"], "curve")
+    verify = _hex(path, obj["verify"], "verify", VERIFY_KEY_BYTES)
+    proof = _hex(path, obj["proof"], "proof", SIGNATURE_BYTES)
+    try:
+        Ed25519PublicKey.from_public_bytes(verify).verify(
+            proof, proof_message(client_id=client_id, curve=curve, verify=verify))
+    except (InvalidSignature, ValueError):
+        raise EnrolmentError(f"{path}: the proof is not a signature by this verify key over this entry "
+                             f"(client {client_id}): the entry was altered, or built around another key or id") from None
+    return ClientEntry(client_id=client_id, curve=curve, verify=verify)
+
+
+def check_entries(server_curve: str, entries: Iterable[tuple[Path, ClientEntry]]) -> dict[int, ClientEntry]:
+    """The entries by client id; EnrolmentError naming both files if two share an id, a CurveZMQ
+    key or a verify key, or one if a client lists the server's key."""
+    by_id: dict[int, tuple[Path, ClientEntry]] = {}
+    curves: dict[str, Path] = {}
+    verifies: dict[bytes, Path] = {}
+    for path, e in entries:
+        if e.client_id in by_id:
+            raise EnrolmentError(f"{path}: client id {e.client_id} is also the id of {by_id[e.client_id][0]}")
+        if e.curve == server_curve:
+            raise EnrolmentError(f"{path}: its curve key is the server's")
+        if e.curve in curves:
+            raise EnrolmentError(f"{path}: its curve key is also the one of {curves[e.curve]}")
+        if e.verify in verifies:
+            raise EnrolmentError(f"{path}: its verify key is also the one of {verifies[e.verify]}")
+        by_id[e.client_id], curves[e.curve], verifies[e.verify] = (path, e), path, path
+    if not by_id:
+        raise EnrolmentError("no client entries: a roster needs at least one client")
+    return {c: e for c, (_, e) in by_id.items()}
+
+
+def assemble_roster(directory: Path, *, server_public: Path, client_entries: Iterable[Path]) -> Path:
+    """Check the server's and every client's public entry and write `roster.json` in `directory`
+    (the format `load_roster` reads). Refuses a directory that holds a roster already; any bad entry
+    is an EnrolmentError naming its file, and then nothing is written. Returns the roster's path."""
+    path = directory / ROSTER
+    if path.exists():
+        raise EnrolmentError(f"{path} exists; a roster is never overwritten")
+    server_curve = read_server_entry(server_public)
+    entries = check_entries(server_curve, [(Path(p), read_client_entry(Path(p))) for p in client_entries])
+    directory.mkdir(parents=True, exist_ok=True)
+    return _write_roster(path, server_curve, entries.values())
+
+
+def _write_roster(path: Path, server_curve: str, entries: Iterable[ClientEntry]) -> Path:
+    clients = {str(e.client_id): {"curve": e.curve, "verify": e.verify.hex()} for e in entries}
+    text = json.dumps({"format": ROSTER_FORMAT, "server_curve": server_curve, "clients": clients},
+                      indent=1, sort_keys=True)
+    try:
+        _write_new(path, text, mode=0o644)
+    except FileExistsError:
+        raise EnrolmentError(f"{path} exists; a roster is never overwritten") from None
+    return path
+
+
+def roster_fingerprint(path: Path) -> str:
+    """SHA-256 (hex) of a roster file: every party compares it over an authentic channel."""
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+# ---- loading ----------------------------------------------------------------------------------
 def _read_json(path: Path) -> dict:
     try:
         return json.loads(path.read_text())
@@ -98,7 +345,7 @@ def load_roster(directory: Path) -> tuple[str, dict[int, bytes], Roster]:
 def load_server(directory: Path) -> tuple[CurveServerKeys, Roster]:
     """The server's CurveZMQ keys with the client allowlist, and the roster for signed keys."""
     server_public, curve, roster = load_roster(directory)
-    pair = _read_json(directory / "server.key_secret")
+    pair = _read_json(directory / SERVER_SECRET)
     if pair.get("public") != server_public:
         raise EnrolmentError("server.key_secret is not the server key the roster lists")
     keys = CurveServerKeys(public_key=pair["public"].encode(), secret_key=pair["secret"].encode(), client_keys=curve)

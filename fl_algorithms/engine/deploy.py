@@ -17,6 +17,11 @@ claimed mechanism, admitted under the algorithm's declared mechanism and charged
 ledger, exactly as in simulation), Sealed ciphertexts for peers, client-reported metrics and
 clipped-coordinate counts (scalars, in the clear: diagnostics outside the privacy boundary;
 `report_metrics=False` turns both off) and protocol messages.
+
+The server reads a ready message up to what the run lets a client send (`wire.max_ready_bytes`:
+metadata, `DeploymentConfig.max_sealed_bytes` of Sealed, the algorithm's declared releases) and an
+evaluation up to `wire.MAX_EVALUATED_BYTES`; bigger ones are dropped before decoding, so a client
+costs the server no more memory than the run needs (secure sums are sized by their protocols).
 """
 from __future__ import annotations
 
@@ -24,7 +29,7 @@ import dataclasses
 import json
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -33,7 +38,7 @@ import numpy as np
 
 from fl_algorithms.engine import wire
 from fl_algorithms.engine.roles import ClientRole, ServerRole
-from fl_algorithms.engine.round import (EVAL_SLOT, ClientEndpoint, RelayQueue, RoundMachine, RoundRecord,
+from fl_algorithms.engine.round import (EVAL_SLOT, ClientEndpoint, ClientReady, RelayQueue, RoundMachine, RoundRecord,
                                         transport_round)
 from fl_algorithms.engine.secure_sum import SecureAggregator
 from fl_algorithms.engine.sim import RunConfig, sample_cohort
@@ -56,10 +61,17 @@ class DeploymentConfig:
     report_metrics: bool = True
     """Clients send their training/evaluation scalars and clipped counts in the clear (diagnostics,
     not covered by secure aggregation or DP); False keeps every per-client scalar on the client."""
+    max_sealed_bytes: int = 16 << 20
+    """Most bytes of Sealed ciphertexts one client sends in one round, all together (the engine
+    allows MAX_SEALED_PER_CLIENT of up to MAX_SEALED_BYTES each, 1 GiB). The server sizes the ready
+    messages it reads from it; a client with more reports an error naming it. Raise it (on both
+    sides, and the transport's limits with it) for an algorithm that relays more."""
 
     def __post_init__(self) -> None:
         if not self.broadcast_timeout > 0 or not self.stage_timeout > 0:
             raise ValueError("timeouts must be positive")
+        if type(self.max_sealed_bytes) is not int or self.max_sealed_bytes < 0:
+            raise ValueError("max_sealed_bytes must be a non-negative int")
 
 
 def _config_digest(config: RunConfig, algorithm) -> dict[str, Any]:
@@ -89,6 +101,21 @@ class DeployedServer:
         self.rng = np.random.default_rng(config.seed)
         self.on_round = on_round
         self.digest = _config_digest(config, task.algorithm)
+        cap = driver.config.limits.max_message_bytes if driver is not None else None
+        self.max_ready_bytes = self._read_limit(
+            wire.max_ready_bytes(releases=len(self.algorithm.releases), sealed_bytes=deployment.max_sealed_bytes),
+            cap, "ready messages")
+        """Largest fl_ready read from a client: what the run lets it send, within the transport's cap."""
+        self.max_evaluated_bytes = self._read_limit(wire.MAX_EVALUATED_BYTES, cap, "evaluation replies")
+
+    @staticmethod
+    def _read_limit(need: int, cap: int | None, what: str) -> int:
+        """`need`, or the transport's cap (with a warning) where that is lower."""
+        if cap is None or need <= cap:
+            return need
+        log.warning("%s may legitimately take %d bytes, over the transport's limit of %d: bigger ones are dropped "
+                    "(raise ServerConfig.limits, --max-message-mib)", what, need, cap)
+        return cap
 
     # ---- checkpoints ---------------------------------------------------------------------------
     def _ckpt(self) -> Path | None:
@@ -144,15 +171,9 @@ class DeployedServer:
         for c, b in machine.start().items():
             round_ids = {n: r for n, (r, _) in machine.sums_of(c).items()}
             self._send(wire.TRAIN, rid, c, wire.broadcast_fields(b, round_ids=round_ids, config=self.digest))
-        got = self.driver.collect(wire.READY, round_id=rid, timeout=self.deployment.broadcast_timeout, expect=cohort)
         client_metrics: dict[int, dict[str, float]] = {}
         clipped_by: dict[int, dict[str, int]] = {}
-        for c, msg in sorted(got.replies.items()):
-            try:
-                ready = wire.parse_ready(msg.fields)
-            except ProtocolError as exc:
-                log.warning("round %d: client %d's ready message is malformed (%s); left out", t, c, exc)
-                continue
+        for c, ready in sorted(self.collect_ready(t, cohort).items()):
             if isinstance(ready, str):
                 raise ClientSetupError(f"client {c} cannot take part in round {t}: {ready}")
             try:
@@ -193,13 +214,26 @@ class DeployedServer:
                            bytes_uploaded=sent, clipped=clipped,
                            sums={k: sorted(v) for k, v in view.sum_contributors.items()}, failed=dict(view.failed))
 
+    def collect_ready(self, t: int, cohort: Sequence[int]) -> dict[int, ClientReady | str]:
+        """Round t's ready answers of `cohort` (or the errors they report), parsed; messages over
+        `max_ready_bytes` are dropped by the driver undecoded, malformed ones here (both logged)."""
+        got = self.driver.collect(wire.READY, round_id=transport_round(t, 0), timeout=self.deployment.broadcast_timeout,
+                                  expect=cohort, max_bytes=self.max_ready_bytes)
+        out: dict[int, ClientReady | str] = {}
+        for c, msg in sorted(got.replies.items()):
+            try:
+                out[c] = wire.parse_ready(msg.fields)
+            except ProtocolError as exc:
+                log.warning("round %d: client %d's ready message is malformed (%s); left out", t, c, exc)
+        return out
+
     def _evaluate(self, t: int, parameters: Callable[[int], Mapping[str, np.ndarray]]) -> dict[int, dict[str, float]]:
         rid = transport_round(t, EVAL_SLOT)
         clients = sorted(self.driver.clients)
         for c in clients:
             self._send(wire.EVALUATE, rid, c, wire.evaluate_fields(parameters(c), round=t))
         got = self.driver.collect(wire.EVALUATED, round_id=rid, timeout=self.deployment.broadcast_timeout,
-                                  expect=clients)
+                                  expect=clients, max_bytes=self.max_evaluated_bytes)
         out = {}
         for c, msg in got.replies.items():
             try:
@@ -278,6 +312,11 @@ class DeployedClient:
             except Exception as exc:  # report, rather than vanish: the server names this client
                 log.exception("client %d failed in round %d", self.client_id, broadcast.round)
                 problem = f"{type(exc).__name__}: {exc}"
+        if problem is None:
+            sealed = sum(len(s.ciphertext) for s in ready.sealed)
+            if sealed > self.deployment.max_sealed_bytes:  # the server would drop the whole answer unread
+                problem = (f"client {self.client_id} seals {sealed} bytes for peers in round {broadcast.round}, over "
+                           f"DeploymentConfig.max_sealed_bytes ({self.deployment.max_sealed_bytes}) that the server reads")
         if problem is not None:
             return reply_to(msg, wire.READY, **wire.ready_fields(None, error=problem))
         self._pending = {round_ids[name]: enc.vector for name, enc in inputs.items() if enc.layout.parts}

@@ -7,11 +7,14 @@ secure-aggregation settings from a TOML file, and writes its output to `<log_dir
 A client that dies before registering stops the run with its log's last lines, never a silent hang.
 Every launch enrols its clients afresh in `<log_dir>/keys` (`transport.enrolment`), so even a
 loopback run is authenticated and encrypted (CurveZMQ, signed round keys) like a real deployment.
+`limits` (the transport's `FrameLimits`) applies to the server and, as `--max-message-mib` and
+`--max-frames`, to every client process: raise it for models above the 64 MiB default.
 """
 from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import os
 import subprocess
 import sys
@@ -25,6 +28,7 @@ from fl_algorithms.engine.deploy import DeployedServer, DeploymentConfig
 from fl_algorithms.engine.round import RoundRecord
 from fl_algorithms.engine.sim import RunConfig
 from fl_algorithms.experiments.task import Task
+from transport.framing import DEFAULT_LIMITS, FrameLimits
 
 log = logging.getLogger(__name__)
 
@@ -58,10 +62,14 @@ def write_client_config(config: RunConfig, path: Path) -> Path:
 
 
 def client_command(*, task_spec: str, options: Mapping[str, str], config_path: Path, client_id: int, keys: Path | None,
-                   endpoint: str) -> list[str]:
+                   endpoint: str, limits: FrameLimits = DEFAULT_LIMITS) -> list[str]:
+    """The deploy_cli command line of one client process; `limits` become --max-message-mib (rounded
+    up to whole MiB) and --max-frames."""
     command = [sys.executable, "-m", "fl_algorithms.deploy_cli", "client", "--task", task_spec,
                "--config", str(config_path), "--id", str(client_id), "--connect", endpoint,
-               *(["--keys", str(keys)] if keys is not None else ["--insecure"])]
+               *(["--keys", str(keys)] if keys is not None else ["--insecure"]),
+               "--max-message-mib", str(math.ceil(limits.max_message_bytes / (1 << 20))),
+               "--max-frames", str(limits.max_frames)]
     for key, value in options.items():
         command += ["--option", f"{key}={value}"]
     return command
@@ -70,15 +78,22 @@ def client_command(*, task_spec: str, options: Mapping[str, str], config_path: P
 def run_on_loopback(*, task: Task, task_spec: str, options: Mapping[str, str], config: RunConfig, clients: int,
                     log_dir: Path, on_round: Callable[[RoundRecord, DeployedServer], None] | None = None,
                     register_timeout: float = 900.0, deployment: DeploymentConfig = DeploymentConfig(),
-                    ledger=None, resume: bool = False, client_checkpoints: Path | None = None) -> DeployedServer:
+                    ledger=None, resume: bool = False, client_checkpoints: Path | None = None,
+                    limits: FrameLimits = DEFAULT_LIMITS) -> DeployedServer:
     """Start `clients` client processes (ids 1..clients), run every round, stop them; return the server
     (its `history` and `state`). `task` is this process's (server-side) copy of the task;
     `on_round(record, server)` runs after each round; `client_checkpoints/client-<id>` holds each
-    client's own state (optimiser, personal parts) so that `resume` continues every side."""
-    from transport.server import ServerDriver
+    client's own state (optimiser, personal parts) so that `resume` continues every side; `limits`
+    bounds the messages both sides read (raise it for bigger models)."""
+    from transport.server import ServerConfig, ServerDriver
 
     if clients < 2:
         raise ValueError("a deployment needs at least 2 clients")
+    from transport.cli import MAX_FRAMES, MAX_MESSAGE_MIB, MIN_FRAMES
+
+    if limits.max_message_bytes > MAX_MESSAGE_MIB << 20 or not MIN_FRAMES <= limits.max_frames <= MAX_FRAMES:
+        raise ValueError(f"limits: client processes take at most {MAX_MESSAGE_MIB} MiB and {MIN_FRAMES}..{MAX_FRAMES} "
+                         f"frames, got {limits.max_message_bytes} bytes and {limits.max_frames} frames")
     from transport.enrolment import enrol, load_server
 
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -90,14 +105,14 @@ def run_on_loopback(*, task: Task, task_spec: str, options: Mapping[str, str], c
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     procs: dict[int, subprocess.Popen] = {}
     logs: dict[int, Path] = {}
-    with ServerDriver("tcp://127.0.0.1:*", curve=curve) as driver:
+    with ServerDriver("tcp://127.0.0.1:*", curve=curve, config=ServerConfig(limits=limits)) as driver:
         try:
             for cid in range(1, clients + 1):
                 logs[cid] = log_dir / f"client-{cid}.log"
                 with open(logs[cid], "wb") as out:
                     procs[cid] = subprocess.Popen(
                         client_command(task_spec=task_spec, options=options, config_path=config_path, client_id=cid,
-                                       endpoint=driver.endpoint, keys=keys)
+                                       endpoint=driver.endpoint, keys=keys, limits=limits)
                     + ([] if client_checkpoints is None
                        else ["--checkpoint-dir", str(client_checkpoints / f"client-{cid}")]),
                         stdout=out, stderr=subprocess.STDOUT, env=env)

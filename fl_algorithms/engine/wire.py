@@ -1,17 +1,22 @@
 """The round engine's messages on the wire (deployment), and their validation before use.
 
-    server -> client  fl_train      a ClientBroadcast: arrays 'c/…', 'g/…', 'p/…' (float32), relayed
-                                    ciphertexts 'i/k' (bytes), and 'meta' (JSON: group, sums with their
-                                    transport round ids, relay senders, the run's secure config)
-    client -> server  fl_ready      'meta' (JSON: layout per sum, metrics, sealed receivers, the
-                                    client's own DP releases' names, units and claimed mechanisms, or
-                                    an error naming what did not match), sealed ciphertexts 's/k' and
-                                    release payloads 'r/k' (float64; admitted by the round machine)
+    server -> client  fl_train      a ClientBroadcast: arrays 'c/…', 'g/…', 'p/…' (float32), the relayed
+                                    ciphertexts packed in one bytes field 'i', and 'meta' (JSON: group,
+                                    sums with their transport round ids, each relay's sender, round and
+                                    size, the run's secure config)
+    client -> server  fl_ready      'meta' (JSON: layout per sum, metrics, each sealed message's
+                                    receiver and size, the client's own DP releases' names, units,
+                                    claimed mechanisms and sizes, or an error naming what did not
+                                    match), the sealed ciphertexts packed in one bytes field 's' and the
+                                    release payloads in one float64 array 'r' (admitted by the round machine)
     server -> client  fl_evaluate   the parameters this client evaluates ('p/…')
     client -> server  fl_evaluated  'meta' (JSON metrics)
 
-Everything received is checked here (sizes, types, names, counts) before the engine uses it; a
-check that fails raises ProtocolError and the message is dropped.
+Packing keeps a ready message at four frames whatever its number of sealed messages and releases
+(one frame each would be up to 82, over the transport's default of 64), and a broadcast's relays in
+one frame. `max_ready_bytes` and `MAX_EVALUATED_BYTES` bound what a legitimate client sends, for
+the server's read limits. Everything received is checked here (sizes, types, names, counts) before
+the engine uses it; a check that fails raises ProtocolError and the message is dropped.
 """
 from __future__ import annotations
 
@@ -23,15 +28,30 @@ from typing import Any
 import numpy as np
 
 from fl_algorithms.api import MAX_SEALED_BYTES, ClientBroadcast, Relayed, Sealed
-from fl_algorithms.engine.round import MAX_RELEASES_PER_CLIENT, MAX_SEALED_PER_CLIENT, ClientReady
+from fl_algorithms.engine.round import MAX_RELAY_QUEUE, MAX_RELEASES_PER_CLIENT, MAX_SEALED_PER_CLIENT, ClientReady
 from fl_algorithms.engine.secure_sum import MAX_PARTS, Layout
-from dp.released import ReleaseRecord
+from dp.released import MAX_RELEASE_VALUES, ReleaseRecord
 from secagg.messages import ProtocolError, Value
 
 TRAIN, READY, EVALUATE, EVALUATED = "fl_train", "fl_ready", "fl_evaluate", "fl_evaluated"
 MAX_META_BYTES = 1 << 20
 MAX_FIELDS = 4096
 MAX_METRICS = 256
+HEADER_ALLOWANCE = 64 << 10
+"""Bytes allowed for a message's header frame (a ready or evaluated header is under 200 bytes; the
+transport caps any header at 16 KiB), the margin of the bounds below."""
+MAX_EVALUATED_BYTES = HEADER_ALLOWANCE + MAX_META_BYTES
+"""Wire bytes of the largest fl_evaluated message: a header and 'meta'."""
+
+
+def max_ready_bytes(*, releases: int, sealed_bytes: int) -> int:
+    """Wire bytes of the largest fl_ready a client can legitimately send when the run declares
+    `releases` DP releases and allows `sealed_bytes` of Sealed ciphertexts per client: header, 'meta',
+    the packed ciphertexts and the packed float64 release payloads (each at most MAX_RELEASE_VALUES)."""
+    if releases < 0 or sealed_bytes < 0:
+        raise ValueError("releases and sealed_bytes must be non-negative")
+    sealed = min(sealed_bytes, MAX_SEALED_PER_CLIENT * MAX_SEALED_BYTES)
+    return HEADER_ALLOWANCE + MAX_META_BYTES + sealed + min(releases, MAX_RELEASES_PER_CLIENT) * MAX_RELEASE_VALUES * 8
 
 
 def _meta(obj: Mapping[str, Any]) -> bytes:
@@ -67,12 +87,27 @@ def _arrays(fields: Mapping[str, Value], prefix: str) -> dict[str, np.ndarray]:
     return out
 
 
-def _check_field_names(fields: Mapping[str, Value], allowed: tuple[str, ...]) -> None:
+def _check_field_names(fields: Mapping[str, Value], allowed: tuple[str, ...], exact: tuple[str, ...] = ()) -> None:
     if len(fields) > MAX_FIELDS:
         raise ProtocolError(f"{len(fields)} fields (limit {MAX_FIELDS})")
     for name in fields:
-        if name != "meta" and not name.startswith(allowed):
+        if name != "meta" and name not in exact and not (allowed and name.startswith(allowed)):
             raise ProtocolError(f"unexpected field '{name}'")
+
+
+def _unpack_bytes(fields: Mapping[str, Value], name: str, sizes: list[Any]) -> list[bytes]:
+    """Split bytes field `name` into pieces of `sizes` (each 1..MAX_SEALED_BYTES, adding up to the
+    field exactly; the field is absent iff there are none). ValueError otherwise."""
+    if any(type(n) is not int or not 0 < n <= MAX_SEALED_BYTES for n in sizes):
+        raise ValueError
+    blob = fields.get(name)
+    if (blob is None) != (not sizes) or (blob is not None and (type(blob) is not bytes or len(blob) != sum(sizes))):
+        raise ValueError
+    out, start = [], 0
+    for n in sizes:
+        out.append(blob[start:start + n])
+        start += n
+    return out
 
 
 def _metrics(raw: Any) -> dict[str, float]:
@@ -93,17 +128,17 @@ def broadcast_fields(b: ClientBroadcast, *, round_ids: Mapping[str, int], config
     for prefix, parts in (("c/", b.common), ("g/", b.group_parts), ("p/", b.own)):
         for name, arr in parts.items():
             fields[prefix + name] = np.ascontiguousarray(arr, dtype=np.float32)
-    for k, r in enumerate(b.inbox):
-        fields[f"i/{k}"] = r.ciphertext
+    if b.inbox:
+        fields["i"] = b"".join(r.ciphertext for r in b.inbox)
     fields["meta"] = _meta({"round": b.round, "group": b.group, "config": dict(config),
                             "sums": {n: [round_ids[n], list(p) if p is not None else None] for n, p in b.sums.items()},
-                            "inbox": [[r.sender, r.round] for r in b.inbox]})
+                            "inbox": [[r.sender, r.round, len(r.ciphertext)] for r in b.inbox]})
     return fields
 
 
 def parse_broadcast(fields: Mapping[str, Value]) -> tuple[ClientBroadcast, dict[str, int], dict[str, Any]]:
     """(the broadcast, transport round id of each sum, the server's secure config)."""
-    _check_field_names(fields, ("c/", "g/", "p/", "i/"))
+    _check_field_names(fields, ("c/", "g/", "p/"), exact=("i",))
     meta = _parse_meta(fields)
     try:
         round_ = int(meta["round"])
@@ -116,13 +151,11 @@ def parse_broadcast(fields: Mapping[str, Value]) -> tuple[ClientBroadcast, dict[
         for name, (rid, parts) in meta["sums"].items():
             round_ids[str(name)] = int(rid)
             sums[str(name)] = None if parts is None else tuple(str(p) for p in parts)
-        senders = meta["inbox"]
-        inbox = tuple(Relayed(sender=int(s), round=int(t), ciphertext=fields[f"i/{k}"])
-                      for k, (s, t) in enumerate(senders))
-        if len(inbox) != sum(1 for n in fields if n.startswith("i/")):
+        relays = meta["inbox"]
+        if not isinstance(relays, list) or len(relays) > MAX_RELAY_QUEUE:
             raise ValueError
-        if any(type(r.ciphertext) is not bytes or len(r.ciphertext) > MAX_SEALED_BYTES for r in inbox):
-            raise ValueError
+        ciphertexts = _unpack_bytes(fields, "i", [n for _, _, n in relays])
+        inbox = tuple(Relayed(sender=int(s), round=int(t), ciphertext=c) for (s, t, _), c in zip(relays, ciphertexts))
         config = dict(meta["config"])
     except (KeyError, TypeError, ValueError) as exc:
         raise ProtocolError("malformed broadcast metadata") from exc
@@ -134,22 +167,27 @@ def parse_broadcast(fields: Mapping[str, Value]) -> tuple[ClientBroadcast, dict[
 # ---- ready ----------------------------------------------------------------------------------------
 
 def ready_fields(ready: ClientReady | None, *, error: str | None = None) -> dict[str, Value]:
+    """A client's answer (or the error it reports): four frames at most, whatever it carries."""
     if ready is None:
         return {"meta": _meta({"error": (error or "failed")[:2000]})}
-    fields: dict[str, Value] = {f"s/{k}": s.ciphertext for k, s in enumerate(ready.sealed)}
+    fields: dict[str, Value] = {}
+    if ready.sealed:
+        fields["s"] = b"".join(s.ciphertext for s in ready.sealed)
     releases = sorted(ready.released.items())
-    fields.update({f"r/{k}": np.ascontiguousarray(r.payload, dtype=np.float64) for k, (_, r) in enumerate(releases)})
-    fields["meta"] = _meta({"released": [[n, r.unit.value, r.summary_key, dict(r.mechanism), r.round_id]
-                                         for n, r in releases],"layouts": {n: [list(p) for p in lay.parts] for n, lay in ready.layouts.items()},
+    if releases:
+        fields["r"] = np.concatenate([np.asarray(r.payload, dtype=np.float64).ravel() for _, r in releases])
+    fields["meta"] = _meta({"released": [[n, r.unit.value, r.summary_key, dict(r.mechanism), r.round_id,
+                                          int(np.asarray(r.payload).size)] for n, r in releases],
+                            "layouts": {n: [list(p) for p in lay.parts] for n, lay in ready.layouts.items()},
                             "metrics": {k: float(v) for k, v in ready.metrics.items() if math.isfinite(float(v))},
-                            "sealed": [s.receiver for s in ready.sealed], "error": None,
+                            "sealed": [[s.receiver, len(s.ciphertext)] for s in ready.sealed], "error": None,
                             "clipped": {n: int(c) for n, c in ready.clipped.items()}})
     return fields
 
 
 def parse_ready(fields: Mapping[str, Value]) -> ClientReady | str:
     """The client's answer, or the error it reported (a string)."""
-    _check_field_names(fields, ("s/", "r/"))
+    _check_field_names(fields, (), exact=("s", "r"))
     meta = _parse_meta(fields)
     if meta.get("error"):
         return str(meta["error"])[:2000]
@@ -161,12 +199,11 @@ def parse_ready(fields: Mapping[str, Value]) -> ClientReady | str:
             if not isinstance(parts, list) or len(parts) > MAX_PARTS:
                 raise ValueError
             layouts[str(name)] = Layout(tuple((str(n), int(k), int(c)) for n, k, c in parts)).validate()
-        receivers = meta["sealed"]
-        if not isinstance(receivers, list) or len(receivers) > MAX_SEALED_PER_CLIENT:
+        entries = meta["sealed"]
+        if not isinstance(entries, list) or len(entries) > MAX_SEALED_PER_CLIENT:
             raise ValueError
-        if len(receivers) != sum(1 for n in fields if n.startswith("s/")):
-            raise ValueError
-        sealed = tuple(Sealed(receiver=int(r), ciphertext=fields[f"s/{k}"]) for k, r in enumerate(receivers))
+        ciphertexts = _unpack_bytes(fields, "s", [n for _, n in entries])
+        sealed = tuple(Sealed(receiver=int(r), ciphertext=c) for (r, _), c in zip(entries, ciphertexts))
         metrics = _metrics(meta["metrics"])
         clipped = meta.get("clipped", {})
         if not isinstance(clipped, dict) or set(clipped) - set(layouts):
@@ -184,15 +221,22 @@ def _releases(entries: Any, fields: Mapping[str, Value]) -> dict[str, ReleaseRec
     """The client's release records (ValueError if malformed: counts, names, payloads, mechanisms)."""
     if not isinstance(entries, list) or len(entries) > MAX_RELEASES_PER_CLIENT:
         raise ValueError
-    if len(entries) != sum(1 for n in fields if n.startswith("r/")):
+    sizes = [n for (_, _, _, _, _, n) in entries]
+    if any(type(n) is not int or not 0 < n <= MAX_RELEASE_VALUES for n in sizes):
         raise ValueError
-    out = {}
-    for k, (name, unit, key, mechanism, round_id) in enumerate(entries):
-        payload = fields[f"r/{k}"]
-        if type(name) is not str or name in out or not isinstance(payload, np.ndarray) or not isinstance(mechanism, dict):
+    packed = fields.get("r")
+    if (packed is None) != (not entries):
+        raise ValueError
+    if packed is not None and (not isinstance(packed, np.ndarray) or packed.dtype != np.float64
+                               or packed.ndim != 1 or packed.shape[0] != sum(sizes)):
+        raise ValueError
+    out, start = {}, 0
+    for (name, unit, key, mechanism, round_id, n) in entries:
+        if type(name) is not str or name in out or not isinstance(mechanism, dict):
             raise ValueError
-        out[name] = ReleaseRecord(payload=np.array(payload), unit=unit, summary_key=key, mechanism=mechanism,
-                                  round_id=round_id)
+        out[name] = ReleaseRecord(payload=np.array(packed[start:start + n]), unit=unit, summary_key=key,
+                                  mechanism=mechanism, round_id=round_id)
+        start += n
     return out
 
 

@@ -130,6 +130,16 @@ CLIENT = ["client", "--id", "1", "--connect", "tcp://127.0.0.1:5555", "--dim", "
     ([*CLIENT, "--protocol", "lightsecagg", "--param", "min_survivors"],
      "got 'min_survivors'; the lightsecagg client takes ['max_length', 'min_privacy', 'min_survivors']"),
     (["keygen", "--dir", "keys", "--clients", "0"], "--clients: must be at least 1"),
+    ([*SERVER, "--max-message-mib", "0"], "--max-message-mib: must be at least 1"),
+    ([*SERVER, "--max-message-mib", "4097"], "--max-message-mib: must be at most 4096"),
+    ([*SERVER, "--max-message-mib", "1.5"], "--max-message-mib: not an integer"),
+    ([*SERVER, "--max-frames", "7"], "--max-frames: must be at least 8"),
+    ([*CLIENT, "--max-message-mib", "-3"], "--max-message-mib: must be at least 1"),
+    ([*CLIENT, "--max-frames", "257"], "--max-frames: must be at most 256"),
+    (["server", "--clients", "3", "--dim", "20000000"],
+     "--max-message-mib 64: secagg+ rounds of 3 clients on vectors of length 20000000 take replies of up to"),
+    (["server", "--clients", "2", "--dim", "17000000", "--protocol", "plain", "--max-message-mib", "64"],
+     "raise it to at least 65"),
 ])
 def test_cli_refuses_bad_arguments_with_an_argparse_error(args, message, capsys) -> None:
     with pytest.raises(SystemExit) as exit_:
@@ -148,6 +158,50 @@ def test_cli_defaults_to_secagg_plus_and_says_so(capsys) -> None:
         assert exit_.value.code == 0
         assert "default secagg+" in capsys.readouterr().out
     assert "(default secagg+, on both sides" in sys.modules[main.__module__].__doc__
+
+
+def test_frame_limits_from_the_command_line_reach_the_server_and_client_configs(monkeypatch) -> None:
+    import transport.cli as cli_module
+    from transport.client import RegistrationError
+    from transport.framing import DEFAULT_LIMITS, FrameLimits
+
+    seen = {}
+
+    def no_driver(endpoint, *, config, curve):  # stands in for ServerDriver: record, then fail to bind
+        seen["server"] = config
+        raise zmq.ZMQError(zmq.EADDRINUSE)
+
+    def no_server(*, config, **kw):  # stands in for run_client: record, then be refused
+        seen["client"] = config
+        raise RegistrationError("no server here")
+
+    monkeypatch.setattr(cli_module, "ServerDriver", no_driver)
+    monkeypatch.setattr(cli_module, "run_client", no_server)
+    assert main([*SERVER, "--insecure", "--max-message-mib", "300", "--max-frames", "100"]) == 2
+    assert main([*CLIENT, "--insecure", "--max-message-mib", "2048", "--max-frames", "256"]) == 2
+    assert seen["server"].limits == FrameLimits(max_message_bytes=300 << 20, max_frames=100)
+    assert seen["client"].limits == FrameLimits(max_message_bytes=2048 << 20, max_frames=256)
+    assert main([*SERVER, "--insecure"]) == 2 and seen["server"].limits == DEFAULT_LIMITS
+    assert main([*CLIENT, "--insecure"]) == 2 and seen["client"].limits == DEFAULT_LIMITS
+
+
+@pytest.mark.slow
+def test_replies_above_the_default_message_limit_need_and_pass_with_max_message_mib(tmp_path) -> None:
+    """17M-value vectors make replies of 68 MB, over the default 64 MiB: the server takes them only
+    when told to (without, argparse refuses it up front; see the argument checks)."""
+    dim = 17_000_000
+    server = cli("server", "--insecure", "--protocol", "plain", "--clients", "2", "--dim", str(dim), "--check",
+                 "--max-message-mib", "72", "--stage-timeout", "60", "--register-timeout", "60",
+                 "--endpoint-file", str(tmp_path / "ep"))
+    endpoint = wait_for_file(tmp_path / "ep", server)
+    clients = [cli("client", "--insecure", "--protocol", "plain", "--id", str(k), "--connect", endpoint,
+                   "--dim", str(dim), "--idle-timeout", "60") for k in (1, 2)]
+    (code, stdout, stderr), *results = finish([server, *clients], timeout=180)
+    rounds = [json.loads(line) for line in stdout.splitlines() if '"event": "round"' in line]
+    assert code == 0 and len(rounds) == 1, stdout + stderr
+    assert rounds[0]["sum_ok"] is True and rounds[0]["contributors"] == [1, 2]
+    assert rounds[0]["bytes_received"] > 2 * (64 << 20)
+    assert all(r[0] == 0 for r in results), results
 
 
 # ---- mismatches between server and clients ------------------------------------------------

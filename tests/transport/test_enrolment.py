@@ -1,15 +1,24 @@
-"""Enrolment: keys on disk, the roster, and an authenticated deployment that refuses outsiders."""
+"""Enrolment: keys on disk, the roster, and an authenticated deployment that refuses outsiders;
+with a trusted dealer (`enrol`) and without one (`enrol_client`, `init_server`, `assemble_roster`)."""
 from __future__ import annotations
 
 import json
+import shutil
 import stat
 import time
+from pathlib import Path
 
 import pytest
+import zmq
 
+from secagg.identity import SigningKey
+from secagg.messages import MAX_CLIENT_ID
 from tests.transport.test_cli import cli, finish, wait_for_file
+from transport.cli import main
 from transport.client import ClientConfig, RegistrationError, run_client
-from transport.enrolment import EnrolmentError, enrol, load_client, load_server
+from transport.enrolment import (CLIENT_ENTRY_FORMAT, ROSTER_FORMAT, EnrolmentError, assemble_roster, enrol,
+                                 enrol_client, init_server, load_client, load_roster, load_server, proof_message,
+                                 roster_fingerprint)
 from transport.sockets import CurveClientKeys
 
 
@@ -86,3 +95,254 @@ def test_insecure_mode_says_so(capsys) -> None:
                  "--hello-timeout", "0.2"])
     assert code == 2
     assert "INSECURE MODE (--insecure)" in capsys.readouterr().err
+
+
+# ---- enrolment without a trusted dealer ------------------------------------------------------
+
+def own_keys(base: Path, ids=(1, 2, 3)) -> tuple[Path, list[Path]]:
+    """Each client makes its keys in its own folder, the server in its own: (server entry, client entries)."""
+    return init_server(base / "server"), [enrol_client(base / f"client{k}", client_id=k) for k in ids]
+
+
+def deliver(roster: Path, *folders: Path) -> None:
+    for folder in folders:
+        shutil.copy(roster, folder / "roster.json")
+
+
+def test_clients_make_their_own_keys_and_only_public_entries_travel(tmp_path) -> None:
+    server_entry, entries = own_keys(tmp_path)
+    roster = assemble_roster(tmp_path / "assembler", server_public=server_entry, client_entries=entries)
+    assert sorted(p.name for p in (tmp_path / "assembler").iterdir()) == ["roster.json"]   # no secret travelled
+    deliver(roster, tmp_path / "server", *(tmp_path / f"client{k}" for k in (1, 2, 3)))
+    assert sorted(p.name for p in (tmp_path / "client2").iterdir()) == \
+        ["client-2.key_secret", "client-2.public.json", "client-2.sign_secret", "roster.json"]
+    for k, entry in zip((1, 2, 3), entries):
+        public = entry.read_text()
+        assert (tmp_path / f"client{k}" / f"client-{k}.sign_secret").read_text() not in public
+        assert json.loads((tmp_path / f"client{k}" / f"client-{k}.key_secret").read_text())["secret"] not in public
+        assert json.loads(public)["format"] == CLIENT_ENTRY_FORMAT and json.loads(public)["client_id"] == k
+    assert "secret" not in (tmp_path / "server" / "server.public.json").read_text()
+
+    server_keys, server_roster = load_server(tmp_path / "server")   # only the roster and its own secret
+    assert sorted(server_keys.client_keys) == [1, 2, 3]
+    for k in (1, 2, 3):
+        client_keys, identity = load_client(tmp_path / f"client{k}", k)
+        assert client_keys.server_key == server_keys.public_key                  # pins this server
+        assert server_keys.client_keys[k] == client_keys.public_key              # id k bound to its own key
+        assert server_roster.keys[k] == identity.signing_key.public_bytes
+        assert identity.roster.keys == server_roster.keys
+    with pytest.raises(EnrolmentError, match="missing"):
+        load_client(tmp_path / "client1", 2)                                     # client 1 holds no other secret
+    # the dealer's roster format, which load_roster reads: nothing added, nothing missing
+    raw = json.loads(roster.read_text())
+    assert set(raw) == {"format", "server_curve", "clients"} and raw["format"] == ROSTER_FORMAT
+    assert all(set(e) == {"curve", "verify"} for e in raw["clients"].values())
+    dealer = json.loads(enrol(tmp_path / "dealer", clients=[1, 2]).read_text())
+    assert set(dealer) == set(raw) and all(set(e) == {"curve", "verify"} for e in dealer["clients"].values())
+    assert load_roster(tmp_path / "server")[0] == server_keys.public_key.decode()
+
+
+def test_own_secrets_are_private_and_never_overwritten(tmp_path) -> None:
+    entry = enrol_client(tmp_path / "c", client_id=5)
+    server_entry = init_server(tmp_path / "s")
+    secrets = [tmp_path / "c" / "client-5.key_secret", tmp_path / "c" / "client-5.sign_secret",
+               tmp_path / "s" / "server.key_secret"]
+    for path in secrets:
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    before = {p: p.read_bytes() for p in [*secrets, entry, server_entry]}
+    with pytest.raises(EnrolmentError, match="never overwritten"):
+        enrol_client(tmp_path / "c", client_id=5)
+    with pytest.raises(EnrolmentError, match="never overwritten"):
+        init_server(tmp_path / "s")
+    assert {p: p.read_bytes() for p in before} == before
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "client-6.public.json").write_text("{}")                  # even a stray public file
+    with pytest.raises(EnrolmentError, match="client-6.public.json"):
+        enrol_client(tmp_path / "d", client_id=6)
+    assert not (tmp_path / "d" / "client-6.key_secret").exists()
+    for bad in (0, MAX_CLIENT_ID + 1, True, "3"):
+        with pytest.raises(ValueError):
+            enrol_client(tmp_path / "e", client_id=bad)
+    roster = assemble_roster(tmp_path / "r", server_public=server_entry, client_entries=[entry])
+    text = roster.read_text()
+    with pytest.raises(EnrolmentError, match="never overwritten"):
+        assemble_roster(tmp_path / "r", server_public=server_entry, client_entries=[entry])
+    assert roster.read_text() == text
+
+
+def _rewrite(path: Path, **changes) -> Path:
+    obj = json.loads(path.read_text())
+    obj.update(changes)
+    path.write_text(json.dumps(obj))
+    return path
+
+
+def _signed_entry(path: Path, *, client_id: int, curve: str, signing: SigningKey) -> Path:
+    """A well-formed entry with a valid proof by `signing` (what an attacker can make with its own key)."""
+    proof = signing.sign(proof_message(client_id=client_id, curve=curve, verify=signing.public_bytes))
+    path.write_text(json.dumps({"format": CLIENT_ENTRY_FORMAT, "client_id": client_id, "curve": curve,
+                                "verify": signing.public_bytes.hex(), "proof": proof.hex()}))
+    return path
+
+
+def _public(path: Path) -> dict:
+    return json.loads(path.read_text())
+
+
+ATTACKS = {
+    # (make the bad entry from the three good ones, what the error says)
+    "verify key swapped for another client's": (
+        lambda e, tmp: _rewrite(e[0], verify=_public(e[1])["verify"]), "proof"),
+    "another client's verify key and proof": (
+        lambda e, tmp: _rewrite(e[0], verify=_public(e[1])["verify"], proof=_public(e[1])["proof"]), "proof"),
+    "moved to another id": (lambda e, tmp: _rewrite(e[0], client_id=4), "proof"),
+    "moved onto another client's id": (lambda e, tmp: _rewrite(e[0], client_id=2), "proof"),
+    "curve key swapped for another's": (lambda e, tmp: _rewrite(e[0], curve=_public(e[1])["curve"]), "proof"),
+    "proof of another entry": (lambda e, tmp: _rewrite(e[0], proof=_public(e[1])["proof"]), "proof"),
+    "duplicate id (a client enrolled twice)": (
+        lambda e, tmp: enrol_client(tmp / "again", client_id=2), "client id 2 is also the id of"),
+    "duplicate curve key under a valid proof": (
+        lambda e, tmp: _signed_entry(tmp / "sybil.json", client_id=4, curve=_public(e[1])["curve"],
+                                     signing=SigningKey.generate()), "curve key is also the one of"),
+    "duplicate verify key under a valid proof": (
+        lambda e, tmp: _signed_entry(tmp / "twice.json", client_id=4, curve=zmq.curve_keypair()[0].decode(),
+                                     signing=SigningKey.from_private_bytes(bytes.fromhex(
+                                         (tmp / "client1" / "client-1.sign_secret").read_text()))),
+        "verify key is also the one of"),
+    "the server's curve key": (
+        lambda e, tmp: _signed_entry(tmp / "srv.json", client_id=4, curve=_public(tmp / "server" / "server.public.json")["curve"],
+                                     signing=SigningKey.generate()), "curve key is the server's"),
+    "verify not hex": (lambda e, tmp: _rewrite(e[0], verify="zz" * 32), "verify must be 64 lowercase hex"),
+    "verify too short": (lambda e, tmp: _rewrite(e[0], verify=_public(e[0])["verify"][:-2]), "verify must be 64"),
+    "verify upper case": (lambda e, tmp: _rewrite(e[0], verify=_public(e[0])["verify"].upper()), "verify must be 64"),
+    "proof truncated": (lambda e, tmp: _rewrite(e[0], proof=_public(e[0])["proof"][:64]), "proof must be 128"),
+    "curve not Z85": (lambda e, tmp: _rewrite(e[0], curve="~" * 40), "curve must be 40 Z85"),
+    "curve too short": (lambda e, tmp: _rewrite(e[0], curve=_public(e[0])["curve"][:35]), "curve must be 40 Z85"),
+    "curve over 256 bits": (lambda e, tmp: _rewrite(e[0], curve="#" * 40), "curve is not valid Z85"),
+    "wrong format": (lambda e, tmp: _rewrite(e[0], format="fedsecure-nlp/roster/v1"), "format is"),
+    "id as a string": (lambda e, tmp: _rewrite(e[0], client_id="1"), "client_id must be an int"),
+    "id zero": (lambda e, tmp: _rewrite(e[0], client_id=0), "client_id must be an int"),
+    "id as a bool": (lambda e, tmp: _rewrite(e[0], client_id=True), "client_id must be an int"),
+    "id too large": (lambda e, tmp: _rewrite(e[0], client_id=MAX_CLIENT_ID + 1), "client_id must be an int"),
+    "an extra field": (lambda e, tmp: _rewrite(e[0], secret="x"), "fields are"),
+    "not JSON": (lambda e, tmp: (e[0].write_text("{not json"), e[0])[1], "not JSON"),
+    "a JSON list": (lambda e, tmp: (e[0].write_text("[1, 2]"), e[0])[1], "not a JSON object"),
+    "missing": (lambda e, tmp: tmp / "nowhere.json", "no such file"),
+}
+
+
+@pytest.mark.parametrize("attack", sorted(ATTACKS))
+def test_a_bad_entry_is_refused_naming_its_file_and_nothing_is_written(attack, tmp_path) -> None:
+    server_entry, entries = own_keys(tmp_path)
+    make, reason = ATTACKS[attack]
+    bad = make(entries, tmp_path)
+    listed = [bad if e == bad else e for e in entries] + ([] if bad in entries else [bad])
+    with pytest.raises(EnrolmentError) as exc:
+        assemble_roster(tmp_path / "out", server_public=server_entry, client_entries=listed)
+    assert str(bad) in str(exc.value) and reason in str(exc.value), str(exc.value)
+    assert not (tmp_path / "out" / "roster.json").exists()
+
+
+def test_a_bad_server_entry_is_refused_naming_its_file(tmp_path) -> None:
+    server_entry, entries = own_keys(tmp_path, ids=(1,))
+    assemble_roster(tmp_path / "ok", server_public=server_entry, client_entries=entries)  # the baseline
+    for change in ({"format": CLIENT_ENTRY_FORMAT}, {"curve": "~" * 40}, {"extra": 1}):
+        bad = tmp_path / "bad.json"
+        bad.write_text(json.dumps({**json.loads(server_entry.read_text()), **change}))
+        with pytest.raises(EnrolmentError, match="bad.json"):
+            assemble_roster(tmp_path / "out", server_public=bad, client_entries=entries)
+    with pytest.raises(EnrolmentError, match="no client entries"):
+        assemble_roster(tmp_path / "out", server_public=server_entry, client_entries=[])
+    assert not (tmp_path / "out" / "roster.json").exists()
+
+
+def test_a_roster_whose_entry_for_me_is_not_mine_is_refused_when_loaded(tmp_path) -> None:
+    """An assembler that swaps in keys of its own making for client 2 (a valid proof: its own key)
+    passes assembly, but client 2 refuses that roster, and the fingerprints differ."""
+    server_entry, entries = own_keys(tmp_path)
+    honest = assemble_roster(tmp_path / "honest", server_public=server_entry, client_entries=entries)
+    forged_entry = _signed_entry(tmp_path / "forged.json", client_id=2, curve=zmq.curve_keypair()[0].decode(),
+                                 signing=SigningKey.generate())
+    forged = assemble_roster(tmp_path / "forged", server_public=server_entry,
+                             client_entries=[entries[0], forged_entry, entries[2]])
+    assert roster_fingerprint(forged) != roster_fingerprint(honest)
+    deliver(forged, tmp_path / "client2")
+    with pytest.raises(EnrolmentError, match="not the key the roster lists for client 2"):
+        load_client(tmp_path / "client2", 2)
+
+
+def test_enrolment_subcommands_from_the_cli(tmp_path, capsys) -> None:
+    for k in (1, 2):
+        assert main(["enrol-client", "--dir", str(tmp_path / f"c{k}"), "--id", str(k)]) == 0
+    assert main(["init-server", "--dir", str(tmp_path / "s")]) == 0
+    entries = [str(tmp_path / f"c{k}" / f"client-{k}.public.json") for k in (1, 2)]
+    capsys.readouterr()
+    assert main(["roster", "--dir", str(tmp_path / "r"), "--server", str(tmp_path / "s" / "server.public.json"),
+                 "--entry", entries[0], "--entry", entries[1]]) == 0
+    out = capsys.readouterr().out
+    roster = tmp_path / "r" / "roster.json"
+    assert roster_fingerprint(roster) in out and "clients [1, 2]" in out
+    deliver(roster, tmp_path / "s", tmp_path / "c1", tmp_path / "c2")
+    server_keys, _ = load_server(tmp_path / "s")
+    assert load_client(tmp_path / "c2", 2)[0].server_key == server_keys.public_key
+    # one --entry taking several paths (a shell glob) is the same roster
+    assert main(["roster", "--dir", str(tmp_path / "r2"), "--server", str(tmp_path / "s" / "server.public.json"),
+                 "--entry", *entries]) == 0
+    assert (tmp_path / "r2" / "roster.json").read_text() == roster.read_text()
+
+    swapped = tmp_path / "swapped.json"
+    swapped.write_text(json.dumps({**json.loads(Path(entries[0]).read_text()),
+                                   "verify": json.loads(Path(entries[1]).read_text())["verify"]}))
+    for args, message in [
+        (["roster", "--dir", str(tmp_path / "r3"), "--server", str(tmp_path / "s" / "server.public.json"),
+          "--entry", str(swapped), entries[1]], f"--entry {swapped}: the proof"),
+        (["roster", "--dir", str(tmp_path / "r3"), "--server", entries[0], "--entry", entries[1]],
+         f"--server {entries[0]}: format is"),
+        (["roster", "--dir", str(tmp_path / "r3"), "--server", str(tmp_path / "s" / "server.public.json"),
+          "--entry", entries[0], entries[0]], "client id 1 is also the id of"),
+        (["roster", "--dir", str(tmp_path / "r"), "--server", str(tmp_path / "s" / "server.public.json"),
+          "--entry", entries[0]], "already holds roster.json"),
+        (["enrol-client", "--dir", str(tmp_path / "c1"), "--id", "1"], "already holds client-1.key_secret"),
+        (["enrol-client", "--dir", str(tmp_path / "c9"), "--id", "0"], "--id: must be at least 1"),
+        (["enrol-client", "--dir", entries[0], "--id", "3"], "exists and is not a folder"),
+        (["init-server", "--dir", str(tmp_path / "s")], "already holds server.key_secret"),
+    ]:
+        with pytest.raises(SystemExit) as exit_:
+            main(args)
+        err = capsys.readouterr().err
+        assert exit_.value.code == 2 and message in err and "Traceback" not in err, (args, err)
+    assert not (tmp_path / "r3").exists()
+
+
+def test_the_dealer_says_it_is_one(capsys) -> None:
+    for args in (["enrol", "--help"], ["keygen", "--help"], ["--help"]):
+        with pytest.raises(SystemExit):
+            main(args)
+        help_text = " ".join(capsys.readouterr().out.split())  # argparse wraps to the terminal's width
+        assert "trusted dealer: create the server's and every client's secrets" in help_text
+        assert "enrol-client, init-server and roster avoid that" in help_text
+    assert "trusted dealer" in (enrol.__doc__ or "").lower() and "enrol_client" in (enrol.__doc__ or "")
+
+
+@pytest.mark.slow
+def test_a_deployment_enrolled_without_a_dealer_sums_exactly(tmp_path) -> None:
+    """Three clients and the server make their own keys (through the CLI), the roster is assembled
+    from public entries, and each process runs from a folder with the roster and its own secrets."""
+    for k in (1, 2, 3):
+        assert main(["enrol-client", "--dir", str(tmp_path / f"client{k}"), "--id", str(k)]) == 0
+    assert main(["init-server", "--dir", str(tmp_path / "server")]) == 0
+    assert main(["roster", "--dir", str(tmp_path / "roster"), "--server", str(tmp_path / "server" / "server.public.json"),
+                 "--entry", *(str(tmp_path / f"client{k}" / f"client-{k}.public.json") for k in (1, 2, 3))]) == 0
+    deliver(tmp_path / "roster" / "roster.json", tmp_path / "server", *(tmp_path / f"client{k}" for k in (1, 2, 3)))
+    server = cli("server", "--keys", str(tmp_path / "server"), "--clients", "3", "--dim", "300", "--rounds", "2",
+                 "--check", "--stage-timeout", "20", "--register-timeout", "40", "--endpoint-file", str(tmp_path / "ep"))
+    endpoint = wait_for_file(tmp_path / "ep", server)
+    members = [cli("client", "--keys", str(tmp_path / f"client{k}"), "--id", str(k), "--connect", endpoint,
+                   "--dim", "300", "--idle-timeout", "30") for k in (1, 2, 3)]
+    (code, stdout, stderr), *results = finish([server, *members], timeout=90)
+    rounds = [json.loads(line) for line in stdout.splitlines() if '"event": "round"' in line]
+    assert code == 0 and [r["round"] for r in rounds] == [1, 2], stdout + stderr
+    assert all(r["sum_ok"] is True and r["authenticated"] is True for r in rounds)
+    assert all(r["contributors"] == [1, 2, 3] and r["faulty"] == {} for r in rounds)
+    assert all(r[0] == 0 for r in results), results
+    assert "INSECURE" not in stderr

@@ -125,3 +125,119 @@ def test_clipped_counts_and_metrics_cross_only_when_reporting_is_on(report):
         assert all("train_loss" in m for m in record.metrics.values())
     else:
         assert record.clipped == 0 and all(m == {} for m in record.metrics.values())
+
+
+# ---- what the server reads: ready and evaluation replies sized from the run ------------------
+
+def _record(k: int):
+    from dp.released import ReleaseRecord
+
+    return ReleaseRecord(payload=np.arange(1.0, 4.0), unit="example", summary_key=f"r{k}", round_id=1,
+                         mechanism={"name": "jl_sketch_gaussian", "sigma": 0.25, "n_documents": 40})
+
+
+def _ready(*, sealed: int, releases: int, sealed_size: int = 1024):
+    from fl_algorithms.api import Sealed
+    from fl_algorithms.engine.round import ClientReady
+    from fl_algorithms.engine.secure_sum import Layout
+
+    return ClientReady(layouts={"all": Layout((("w", 0, 3),))},
+                       sealed=tuple(Sealed(receiver=1 + k % 4, ciphertext=bytes([k % 256]) * sealed_size)
+                                    for k in range(sealed)),
+                       released={f"r{k}": _record(k) for k in range(releases)})
+
+
+def _answering(replies):
+    """Client handlers: answer fl_train with replies[c] (ready fields) and fl_evaluate with evaluated[c]."""
+    from fl_algorithms.engine import wire
+    from transport.session import reply_to
+
+    def handlers(c):
+        return {wire.TRAIN: lambda msg: reply_to(msg, wire.READY, **replies[c][0]),
+                wire.EVALUATE: lambda msg: reply_to(msg, wire.EVALUATED, **replies[c][1])}
+    return handlers
+
+
+def test_ready_with_the_most_relays_and_releases_is_read_and_one_over_any_limit_is_not():
+    """Through a real ServerDriver: a ready message with MAX_SEALED_PER_CLIENT sealed messages and
+    MAX_RELEASES_PER_CLIENT releases (82 frames if sent one per frame, over the default 64) is read
+    whole; one more of either is refused by the wire checks, and one over the run's byte bound is
+    dropped by the driver before decoding."""
+    from fl_algorithms.engine import wire
+    from fl_algorithms.engine.round import MAX_RELEASES_PER_CLIENT, MAX_SEALED_PER_CLIENT, transport_round
+    from secagg.messages import SERVER, Message
+
+    evaluated = wire.evaluated_fields({"accuracy": 0.5})
+    replies = {
+        1: (wire.ready_fields(_ready(sealed=MAX_SEALED_PER_CLIENT, releases=MAX_RELEASES_PER_CLIENT)), evaluated),
+        2: (wire.ready_fields(_ready(sealed=MAX_SEALED_PER_CLIENT + 1, releases=0)), evaluated),
+        3: (wire.ready_fields(_ready(sealed=0, releases=MAX_RELEASES_PER_CLIENT + 1)), evaluated),
+        4: (wire.ready_fields(_ready(sealed=2, releases=0, sealed_size=9 << 20)), evaluated),  # 18 MiB of relays
+        5: (wire.ready_fields(_ready(sealed=0, releases=0)), {**evaluated, "junk": b"x" * (2 << 20)}),
+        6: (wire.ready_fields(_ready(sealed=2, releases=0, sealed_size=8 << 20)), evaluated),  # all 16 MiB allowed
+    }
+    from fl_algorithms.engine.deploy import DeploymentConfig
+
+    cfg = _config()
+    with InprocFederation(client_ids=replies, factory=lambda c, r: None, handlers=_answering(replies)) as driver:
+        # a dropped reply is waited for until the timeout: keep it short
+        server = DeployedServer(task=build({}), config=cfg, driver=driver, deployment=DeploymentConfig(broadcast_timeout=3.0))
+        assert server.max_ready_bytes == wire.max_ready_bytes(releases=0, sealed_bytes=16 << 20) < 18 << 20
+        for c in replies:
+            driver.send(Message(kind=wire.TRAIN, round=transport_round(1, 0), sender=SERVER, receiver=c,
+                                fields={"meta": b"{}"}))
+        got = server.collect_ready(1, cohort=sorted(replies))
+        assert sorted(got) == [1, 5, 6]                                # 2, 3: malformed; 4: dropped unread
+        assert len(got[1].sealed) == MAX_SEALED_PER_CLIENT and len(got[1].released) == MAX_RELEASES_PER_CLIENT
+        assert [s.ciphertext for s in got[1].sealed] == [s.ciphertext for s in _ready(sealed=64, releases=0).sealed]
+        assert driver.rejected_total["oversized"] == 1
+        metrics = server._evaluate(1, lambda c: {})
+        assert sorted(metrics) == [1, 2, 3, 4, 6] and metrics[1] == {"accuracy": 0.5}  # 5's 2 MiB evaluation: dropped
+        assert sum(len(s.ciphertext) for s in got[6].sealed) == 16 << 20  # over the old 16 MiB collect default
+        assert driver.rejected_total["oversized"] == 2
+
+
+def test_read_limits_follow_the_run_and_stop_at_the_transport_cap(caplog):
+    from fl_algorithms.engine import wire
+    from fl_algorithms.engine.deploy import DeploymentConfig
+    from transport.framing import FrameLimits
+    from transport.server import ServerConfig, ServerDriver
+
+    task = build({})
+    class Spec:  # a declared release (only its description matters here)
+        def describe(self):
+            return {"name": "stub"}
+
+    task.algorithm.releases = {"a": Spec(), "b": Spec()}  # two declared DP releases: up to 8 MiB of payload each
+    with ServerDriver("inproc://limits-wide", config=ServerConfig(limits=FrameLimits(max_message_bytes=256 << 20))) as d:
+        server = DeployedServer(task=task, config=_config(), driver=d,
+                                deployment=DeploymentConfig(max_sealed_bytes=40 << 20))
+        assert server.max_ready_bytes == wire.HEADER_ALLOWANCE + wire.MAX_META_BYTES + (40 << 20) + 2 * (8 << 20)
+        assert server.max_evaluated_bytes == wire.MAX_EVALUATED_BYTES < 2 << 20
+    with ServerDriver("inproc://limits-narrow", config=ServerConfig(limits=FrameLimits(max_message_bytes=8 << 20))) as d:
+        with caplog.at_level("WARNING", logger="fl_algorithms.engine.deploy"):
+            server = DeployedServer(task=task, config=_config(), driver=d)
+        assert server.max_ready_bytes == 8 << 20
+        assert "ready messages may legitimately take" in caplog.text and "--max-message-mib" in caplog.text
+    with pytest.raises(ValueError, match="max_sealed_bytes"):
+        DeploymentConfig(max_sealed_bytes=-1)
+
+
+def test_a_client_sealing_more_than_the_server_reads_reports_it_instead_of_vanishing(monkeypatch):
+    from fl_algorithms.api import ClientBroadcast
+    from fl_algorithms.engine import wire
+    from fl_algorithms.engine.deploy import DeploymentConfig
+    from secagg.messages import SERVER, Message
+
+    cfg = _config()
+    deployment = DeploymentConfig(max_sealed_bytes=3000)
+    client = DeployedClient(client_id=1, task=build({}), config=cfg, deployment=deployment)
+    request = Message(kind=wire.TRAIN, round=64, sender=SERVER, receiver=1, fields=wire.broadcast_fields(
+        ClientBroadcast(round=1, sums={"all": None}), round_ids={"all": 65}, config=client.digest))
+    for sealed, error in ((2, None), (3, "over DeploymentConfig.max_sealed_bytes (3000)")):
+        monkeypatch.setattr(client.endpoint, "on_broadcast", lambda b, n=sealed: (_ready(sealed=n, releases=0), {}, None))
+        answer = wire.parse_ready(client.on_train(request).fields)
+        if error is None:
+            assert len(answer.sealed) == 2
+        else:
+            assert isinstance(answer, str) and error in answer and "seals 3072 bytes" in answer

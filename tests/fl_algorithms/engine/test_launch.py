@@ -52,3 +52,51 @@ def test_a_client_that_cannot_start_stops_the_run_with_its_log(tmp_path):
 def test_needs_two_clients(tmp_path):
     with pytest.raises(ValueError, match="at least 2"):
         run_on_loopback(task=build({}), task_spec="x:y", options={}, config=CONFIG, clients=1, log_dir=tmp_path)
+
+
+def test_client_processes_get_the_runs_frame_limits(tmp_path):
+    """client_command turns FrameLimits into deploy_cli options that parse back to the same limits
+    (whole MiB, rounded up)."""
+    import sys
+
+    from fl_algorithms.deploy_cli import parser
+    from fl_algorithms.engine.launch import client_command
+    from transport.cli import frame_limits
+    from transport.framing import DEFAULT_LIMITS, FrameLimits
+
+    def parsed(limits=None):
+        command = client_command(task_spec="fl_algorithms.tasks.toy:build", options={}, config_path=tmp_path / "c.toml",
+                                 client_id=3, keys=None, endpoint="tcp://127.0.0.1:5555",
+                                 **({} if limits is None else {"limits": limits}))
+        assert command[:3] == [sys.executable, "-m", "fl_algorithms.deploy_cli"]
+        return frame_limits(parser().parse_args(command[3:]))
+
+    assert parsed() == DEFAULT_LIMITS
+    assert parsed(FrameLimits(max_message_bytes=200 << 20, max_frames=100)) == FrameLimits(max_message_bytes=200 << 20,
+                                                                                            max_frames=100)
+    assert parsed(FrameLimits(max_message_bytes=(200 << 20) + 1)).max_message_bytes == 201 << 20
+
+
+def test_run_on_loopback_gives_its_server_the_limits_and_refuses_ones_clients_cannot_take(tmp_path, monkeypatch):
+    import transport.server
+    from transport.framing import FrameLimits
+
+    class Stop(Exception):
+        pass
+
+    seen = {}
+
+    def no_driver(endpoint, *, curve, config):  # stands in for ServerDriver: record, stop the launch
+        seen["config"] = config
+        raise Stop
+
+    monkeypatch.setattr(transport.server, "ServerDriver", no_driver)
+    limits = FrameLimits(max_message_bytes=300 << 20, max_frames=128)
+    with pytest.raises(Stop):
+        run_on_loopback(task=build({}), task_spec="fl_algorithms.tasks.toy:build", options={}, config=CONFIG, clients=2,
+                        log_dir=tmp_path, limits=limits)
+    assert seen["config"].limits == limits
+    for bad in (FrameLimits(max_message_bytes=5000 << 20), FrameLimits(max_frames=4), FrameLimits(max_frames=300)):
+        with pytest.raises(ValueError, match="limits: client processes take at most 4096 MiB"):
+            run_on_loopback(task=build({}), task_spec="fl_algorithms.tasks.toy:build", options={}, config=CONFIG,
+                            clients=2, log_dir=tmp_path, limits=bad)

@@ -17,6 +17,7 @@ import numpy as np
 from dp_accounting import rdp
 
 from dp import _mint
+from dp.sampling import SamplingRecord
 from dp.ledger import Charge, GaussianMechanism, Ledger, NonPrivateMechanism, Observer, PrivacyUnit
 from dp.released import Released
 from dp.samplers import CryptoRandom, gaussian
@@ -80,11 +81,12 @@ class CentralDPAggregator:
         return total + gaussian(self.noise_stddev, total.shape[0], CryptoRandom())
 
     def charge_round(self, ledger: Ledger, *, round_id: int, participants: Iterable[int],
-                     population: Iterable[int] | None = None, summary_key: str = "model-update") -> list[Charge]:
+                     population: Iterable[int] | None = None, summary_key: str = "model-update",
+                     sampling: SamplingRecord | None = None) -> list[Charge]:
         participants = sorted(set(int(c) for c in participants))
         charges = ledger.debit_many(participants, NonPrivateMechanism("central DP: the server sees the noiseless sum"),
                                     unit=PrivacyUnit.CLIENT, observer=Observer.SERVER, round_id=round_id,
-                                    summary_key=summary_key)
+                                    summary_key=summary_key, sampling=sampling)
         q = self.config.sampling_rate
         if q < 1 and population is None:
             raise ValueError("sampling_rate < 1: pass the population so every client is charged")
@@ -92,16 +94,17 @@ class CentralDPAggregator:
         mech = GaussianMechanism(noise_multiplier=self.noise_multiplier, sampling_rate=q,
                                  sensitivity=self.config.l2_clip)
         charges += ledger.debit_many(outsiders, mech, unit=PrivacyUnit.CLIENT, observer=Observer.OUTSIDER,
-                                     round_id=round_id, summary_key=summary_key)
+                                     round_id=round_id, summary_key=summary_key, sampling=sampling)
         return charges
 
     def release(self, total: np.ndarray, *, round_id: int, contributors: Iterable[int], ledger: Ledger,
                 population: Iterable[int] | None = None, summary_key: str = "model-update",
-                total_weight: float | None = None) -> Released:
-        """Noisy mean of the (noiseless) secure sum of clipped vectors, as a Released value."""
+                total_weight: float | None = None, sampling: SamplingRecord | None = None) -> Released:
+        """Noisy mean of the (noiseless) secure sum of clipped vectors, as a Released value. `sampling`:
+        how the cohort was drawn (required for an outsider charge amplified by sampling_rate < 1)."""
         contributors = sorted(set(int(c) for c in contributors))
         charges = self.charge_round(ledger, round_id=round_id, participants=contributors, population=population,
-                                    summary_key=summary_key)
+                                    summary_key=summary_key, sampling=sampling)
         denom = float(len(contributors) if total_weight is None else total_weight)
         mean = self.add_noise(total) / denom
         description = {"name": "central_gaussian", "trusted_aggregator": True, "l2_clip": self.config.l2_clip,

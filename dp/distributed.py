@@ -44,6 +44,7 @@ from scipy import optimize, special
 
 from dp import _mint
 from dp.accounting import conditional_rounding_bound, rounded_l1_norm_bound, rounded_l2_norm_bound
+from dp.sampling import SamplingRecord
 from dp.ledger import (Charge, DiscreteGaussianMechanism, Ledger, Mechanism, Observer, PrivacyUnit,
                        SkellamMechanism, compose_epsilon)
 from dp.released import Released
@@ -389,14 +390,15 @@ class DistributedDPEncoder:
 
     # ---- accounting -----------------------------------------------------------------------
     def charge_round(self, ledger: Ledger, *, round_id: int, participants: Iterable[int],
-                     population: Iterable[int] | None = None, summary_key: str = "model-update") -> list[Charge]:
+                     population: Iterable[int] | None = None, summary_key: str = "model-update",
+                     sampling: SamplingRecord | None = None) -> list[Charge]:
         """Debit one round: participants against the server (no amplification), and against
         outsiders either the participants (sampling_rate = 1) or the whole population (amplified
         by sampling_rate, charged whether sampled or not, as amplification requires)."""
         participants = sorted(set(int(c) for c in participants))
         server = self.plan.mechanism(Observer.SERVER)
         charges = ledger.debit_many(participants, server, unit=PrivacyUnit.CLIENT, observer=Observer.SERVER,
-                                    round_id=round_id, summary_key=summary_key)
+                                    round_id=round_id, summary_key=summary_key, sampling=sampling)
         if self.plan.config.sampling_rate < 1:
             if population is None:
                 raise ValueError("sampling_rate < 1: pass the population so every client is charged")
@@ -406,17 +408,18 @@ class DistributedDPEncoder:
         else:
             outsiders = participants
         charges += ledger.debit_many(outsiders, self.plan.mechanism(Observer.OUTSIDER), unit=PrivacyUnit.CLIENT,
-                                     observer=Observer.OUTSIDER, round_id=round_id, summary_key=summary_key)
+                                     observer=Observer.OUTSIDER, round_id=round_id, summary_key=summary_key, sampling=sampling)
         return charges
 
     def release(self, ring_sum: np.ndarray, *, round_seed: Seed, round_id: int, contributors: Iterable[int],
                 ledger: Ledger, population: Iterable[int] | None = None, summary_key: str = "model-update",
-                total_weight: float | None = None) -> Released:
-        """Decode a group sum and return it as a Released value, debiting the ledger first."""
+                total_weight: float | None = None, sampling: SamplingRecord | None = None) -> Released:
+        """Decode a group sum and return it as a Released value, debiting the ledger first. `sampling`:
+        how the cohort was drawn (required for an outsider charge amplified by sampling_rate < 1)."""
         contributors = sorted(set(int(c) for c in contributors))
         self.check_survivors(len(contributors))
         charges = self.charge_round(ledger, round_id=round_id, participants=contributors,
-                                    population=population, summary_key=summary_key)
+                                    population=population, summary_key=summary_key, sampling=sampling)
         mean = self.decode(ring_sum, round_seed=round_seed, n_clients=len(contributors), total_weight=total_weight)
         p = self.plan
         description = {"name": f"distributed_{p.config.mechanism}", "l2_clip": p.config.l2_clip,

@@ -35,6 +35,7 @@ import numpy as np
 from dp_accounting import pld, rdp
 
 from dp.accounting import ORDERS, discrete_gaussian_curve, epsilon_from_rdp, skellam_curve
+from dp.sampling import SamplingRecord, check_amplification
 
 LEDGER_FORMAT = "fedsecure-nlp/privacy-ledger/v1"
 
@@ -273,6 +274,8 @@ class LedgerEntry:
     summary_key: str
     count: int
     rounds: tuple[int, ...]
+    sampling: SamplingRecord | None = None
+    """How the cohort (or the batch) was drawn: the only basis for a mechanism's sampling_rate < 1."""
 
 
 @dataclass(frozen=True)
@@ -305,12 +308,16 @@ class Ledger:
     # ---- debits ---------------------------------------------------------------------------
     def debit(self, client_id: int, mechanism: Mechanism, *, unit: PrivacyUnit | str,
               observer: Observer | str, round_id: int | None = None, summary_key: str = "",
-              count: int = 1, enforce_budget: bool = True) -> Charge:
+              count: int = 1, enforce_budget: bool = True, sampling: SamplingRecord | None = None) -> Charge:
         """Record `count` uses of `mechanism` for one client; raise BudgetExceeded (nothing recorded)
         if a budget for this (unit, observer) would be exceeded. `enforce_budget=False` records a
         release that has already happened (a client's own noisy value the server received): the
-        ledger must show it whatever the budget, which is enforced where the noise is drawn."""
+        ledger must show it whatever the budget, which is enforced where the noise is drawn.
+        `sampling` records the sampler; a mechanism accounted with sampling_rate < 1 is refused
+        (AmplificationNotJustified, nothing recorded) unless it is Poisson sampling at that rate."""
         unit, observer = PrivacyUnit(unit), Observer(observer)
+        check_amplification(getattr(mechanism, "sampling_rate", 1.0), sampling,
+                            what=f"{mechanism.name} ({summary_key or 'unnamed'}, {observer.value})")
         if not isinstance(client_id, (int, np.integer)) or isinstance(client_id, bool):
             raise TypeError("client ids are ints")
         if count < 1:
@@ -318,15 +325,16 @@ class Ledger:
         client_id = int(client_id)
         account = self._accounts.setdefault(client_id, _Account())
         index = next((i for i, e in enumerate(account.entries)
-                      if (e.mechanism, e.unit, e.observer, e.summary_key) == (mechanism, unit, observer, summary_key)),
+                      if (e.mechanism, e.unit, e.observer, e.summary_key, e.sampling)
+                      == (mechanism, unit, observer, summary_key, sampling)),
                      None)
         rounds = () if round_id is None else (int(round_id),)
         if index is None:
-            new = LedgerEntry(mechanism, unit, observer, summary_key, count, rounds)
+            new = LedgerEntry(mechanism, unit, observer, summary_key, count, rounds, sampling)
             candidate = [*account.entries, new]
         else:
             old = account.entries[index]
-            new = LedgerEntry(mechanism, unit, observer, summary_key, old.count + count, old.rounds + rounds)
+            new = LedgerEntry(mechanism, unit, observer, summary_key, old.count + count, old.rounds + rounds, sampling)
             candidate = [*account.entries[:index], new, *account.entries[index + 1:]]
         if enforce_budget:
             self._check_budget(client_id, candidate, unit, observer)
@@ -442,10 +450,7 @@ class Ledger:
                           for b in cfg.get("budgets", ())))
         accounts: dict[int, _Account] = {}
         for cid, acc in state["clients"].items():
-            entries = [LedgerEntry(mechanism_from_dict(e["mechanism"]), PrivacyUnit(e["unit"]),
-                                   Observer(e["observer"]), str(e["summary_key"]), int(e["count"]),
-                                   tuple(int(r) for r in e["rounds"]))
-                       for e in acc["entries"]]
+            entries = [_entry_from_dict(e) for e in acc["entries"]]
             accounts[int(cid)] = _Account(entries, {int(r): str(h) for r, h in acc.get("models", {}).items()})
         self._accounts = accounts
         self._memo = {}
@@ -459,7 +464,17 @@ class Ledger:
 
 def _entry_dict(e: LedgerEntry) -> dict[str, Any]:
     return {"mechanism": e.mechanism.to_dict(), "unit": e.unit.value, "observer": e.observer.value,
-            "summary_key": e.summary_key, "count": e.count, "rounds": list(e.rounds)}
+            "summary_key": e.summary_key, "count": e.count, "rounds": list(e.rounds),
+            "sampling": e.sampling.to_dict() if e.sampling is not None else None}
+
+
+def _entry_from_dict(e: Mapping[str, Any]) -> LedgerEntry:
+    """An entry from its saved form; the sampler must still justify any amplification it claims."""
+    sampling = SamplingRecord.from_dict(e["sampling"]) if e.get("sampling") is not None else None
+    mechanism = mechanism_from_dict(e["mechanism"])
+    check_amplification(getattr(mechanism, "sampling_rate", 1.0), sampling, what=f"a saved {mechanism.name} entry")
+    return LedgerEntry(mechanism, PrivacyUnit(e["unit"]), Observer(e["observer"]), str(e["summary_key"]),
+                       int(e["count"]), tuple(int(r) for r in e["rounds"]), sampling)
 
 
 def _json_float(x: float) -> float | str:

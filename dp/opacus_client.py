@@ -38,6 +38,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from dp.ledger import GaussianMechanism, Ledger, Observer, PrivacyUnit
+from dp.sampling import SamplingRecord
 
 LossFn = Callable[[nn.Module, Any], torch.Tensor]
 """(model, batch) -> per-example losses of shape [B] (reduction='none')."""
@@ -216,9 +217,10 @@ class OpacusClient:
         if self.ledger is not None and steps:
             mech = GaussianMechanism(noise_multiplier=self.noise_multiplier, sampling_rate=sample_rate,
                                      sensitivity=cfg.max_grad_norm)
+            batches = SamplingRecord("poisson", len(dataset), sample_rate)  # Opacus draws Poisson batches
             for observer in (Observer.SERVER, Observer.OUTSIDER):
                 self.ledger.debit(self.client_id, mech, unit=PrivacyUnit.EXAMPLE, observer=observer,
-                                  round_id=round_id, summary_key="dp-sgd", count=steps)
+                                  round_id=round_id, summary_key="dp-sgd", count=steps, sampling=batches)
             epsilon = self.ledger.epsilon(self.client_id, unit=PrivacyUnit.EXAMPLE, observer=Observer.SERVER)
         return DPSGDRoundReport(client_id=self.client_id, round_id=round_id, steps=steps, sample_rate=sample_rate,
                                 noise_multiplier=self.noise_multiplier, epsilon=epsilon,

@@ -41,7 +41,7 @@ from fl_algorithms.engine.roles import ClientRole, ServerRole
 from fl_algorithms.engine.round import (EVAL_SLOT, ClientEndpoint, ClientReady, RelayQueue, RoundMachine, RoundRecord,
                                         transport_round)
 from fl_algorithms.engine.secure_sum import SecureAggregator
-from fl_algorithms.engine.sim import RunConfig, sample_cohort
+from fl_algorithms.engine.sim import RunConfig, draw_cohort
 from fl_algorithms.experiments.task import Task
 from secagg.messages import SERVER, AbortError, Message, ProtocolError
 from secagg.protocols import registry
@@ -154,8 +154,9 @@ class DeployedServer:
         return True
 
     # ---- rounds --------------------------------------------------------------------------------
-    def sample(self) -> list[int]:
-        return sample_cohort(self.rng, self.driver.clients, self.config.clients_per_round)
+    def sample(self):
+        """(the round's cohort, the record of how it was drawn): see `sim.draw_cohort`."""
+        return draw_cohort(self.config, self.rng, self.driver.clients)
 
     def _send(self, kind: str, round_id: int, client: int, fields: Mapping[str, Any]) -> None:
         if self.driver.send(Message(kind=kind, round=round_id, sender=SERVER, receiver=client, fields=fields)) is None:
@@ -163,10 +164,15 @@ class DeployedServer:
 
     def run_round(self, t: int) -> RoundRecord:
         t0 = time.perf_counter()
-        cohort = self.sample()
+        cohort, sampling = self.sample()
+        if not cohort:  # Poisson sampling drew nobody: nothing is sent, released or charged
+            metrics = self._evaluate(t, lambda c: self.server.client_parameters(state=self.state, client_id=c))
+            return RoundRecord(round=t, cohort=[], contributors=[], metrics={c: metrics[c] for c in sorted(metrics)},
+                               seconds=time.perf_counter() - t0, secure_seconds=0.0, bytes_uploaded={}, clipped=0,
+                               sums={}, failed={})
         population = sorted(self.driver.clients)
         machine = RoundMachine(server=self.server, state=self.state, round=t, cohort=cohort, population=population,
-                               aggregator=self.aggregator, relays=self.relays)
+                               aggregator=self.aggregator, relays=self.relays, sampling=sampling)
         rid = transport_round(t, 0)
         for c, b in machine.start().items():
             round_ids = {n: r for n, (r, _) in machine.sums_of(c).items()}

@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from dp.sampling import SamplingRecord
 from fl_algorithms.api import (MAX_SUMS_PER_ROUND, ClientBroadcast, ClientContext, Relayed, RoundPlan, Sealed,
                                SumSpec, Upload)
 from fl_algorithms.engine.roles import ClientRole, ServerRole
@@ -138,9 +139,11 @@ class RoundMachine:
     """The server side of one round, sans IO. Drivers call its methods in the order of the module doc."""
 
     def __init__(self, *, server: ServerRole, state: Any, round: int, cohort: Sequence[int], population: Sequence[int],
-                 aggregator: SecureAggregator, relays: RelayQueue) -> None:
+                 aggregator: SecureAggregator, relays: RelayQueue, sampling: SamplingRecord | None = None) -> None:
+        """`sampling`: how the cohort was drawn, for the ledger (the basis of any amplification by sampling)."""
         if not cohort:
             raise ValueError("a round needs a non-empty cohort")
+        self.sampling = sampling
         self.server, self.state, self.round = server, state, round
         self.cohort, self.population = sorted(cohort), sorted(population)
         self.aggregator, self.relays = aggregator, relays
@@ -254,7 +257,8 @@ class RoundMachine:
             try:
                 groups, rel = self.aggregator.server_decode(result.ring_sum, layout=job.layout,
                                                             contributors=result.contributors, round=self.round,
-                                                            sum_name=name, population=self.population)
+                                                            sum_name=name, population=self.population,
+                                                            sampling=self.sampling)
             except Exception as exc:  # e.g. too few survivors for the DP noise: this sum only
                 self.failed[name] = f"{type(exc).__name__}: {exc}"
                 continue

@@ -39,6 +39,7 @@ from secagg.encoding import EncodingConfig, FixedPointEncoder
 from secagg.protocols import registry
 from secagg.protocols.base import MAX_VECTOR_LENGTH
 from secagg.simulate import run_round
+from dp.sampling import SamplingRecord
 
 MAX_PART_LENGTH = MAX_VECTOR_LENGTH
 """Largest Masked part: a layout naming more is refused before it costs memory."""
@@ -427,7 +428,8 @@ class SecureAggregator:
             guard.authorize(self._use_key(name, round), contributors)
 
     def server_decode(self, ring_sum: np.ndarray, *, layout: Layout, contributors: frozenset[int], round: int,
-                      sum_name: str = DEFAULT_SUM, population: Iterable[int] | None = None):
+                      sum_name: str = DEFAULT_SUM, population: Iterable[int] | None = None,
+                      sampling: SamplingRecord | None = None):
         """Server side: (per-part aggregates, the Released noisy mean under DDP or None).
 
         Refuses (ValueError) more contributors than the encoding can sum, and (DisclosureError) a
@@ -447,7 +449,7 @@ class SecureAggregator:
         released = self.ddp_encoder(layout.dim).release(
             ring_sum, round_seed=self.rotation_seed(round, sum_name), round_id=round, contributors=contributors,
             ledger=self.ledger, population=sorted(population) if population is not None else sorted(contributors),
-            summary_key=summary_key)
+            summary_key=summary_key, sampling=sampling)
         self.guard.authorize(self._use_key(summary_key, round), contributors, noise=released)
         groups, start = {}, 0
         for name, n, _ in layout.parts:
@@ -500,7 +502,8 @@ class SecureAggregator:
         return run_round(server, clients, drop_at=drop_at, bytes_sent=bytes_sent)
 
     def aggregate(self, *, round: int, uploads: Mapping[int, Upload], drop_at: Mapping[str, set[int]] | None = None,
-                  stats: SecureRoundStats | None = None, population: Iterable[int] | None = None) -> AggregateView:
+                  stats: SecureRoundStats | None = None, population: Iterable[int] | None = None,
+                  sampling: SamplingRecord | None = None) -> AggregateView:
         """One secure sum of all Masked parts of `uploads`, in memory (all parties in this process).
 
         `population` (default: the uploaders) is every client that could have been sampled: with
@@ -519,7 +522,8 @@ class SecureAggregator:
         result = self.run_sum(round_id=round, inputs={c: e.vector for c, e in inputs.items()},
                               length=self.input_length(layout), drop_at=drop_at, bytes_sent=sent)
         groups, released_sum = self.server_decode(result.ring_sum, layout=layout, contributors=result.contributors,
-                                                  round=round, population=population if population is not None else uploads)
+                                                  round=round, population=population if population is not None else uploads,
+                                                  sampling=sampling)
         self.record_individuals(round, inputs, result.contributors)
         if stats is not None:
             stats.seconds += time.perf_counter() - t0

@@ -27,6 +27,7 @@ from fl_algorithms.engine.roles import ClientRole, ServerRole
 from fl_algorithms.engine.round import (ClientEndpoint, RelayQueue, RoundMachine, RoundRecord,  # noqa: F401
                                         transport_round)
 from fl_algorithms.engine.secure_sum import SecureAggregationConfig, SecureAggregator
+from dp.sampling import SamplingRecord, make_sampler
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +38,12 @@ class RunConfig:
     clients_per_round: int | None = None
     """Cohort size; None means every client every round."""
     seed: int = 0
-    """Seeds cohort sampling and simulated dropouts (not any cryptographic randomness)."""
+    """Seeds the 'seeded' cohort sampler and simulated dropouts (not any cryptographic randomness)."""
+    sampler: str = "seeded"
+    """How cohorts are drawn (`dp.sampling`): 'seeded' (reproducible from `seed`; gives no amplification
+    by sampling), 'poisson' (each client with probability clients_per_round / population, from the OS
+    CSPRNG: the only one that justifies an outsider's amplified epsilon), 'fixed_size' (OS CSPRNG, no
+    amplification claimed). Ignored when clients_per_round is None (everyone)."""
     dropout: float = 0.0
     """Simulated probability that a sampled client drops at the masked-input stage (simulation only)."""
     eval_split: str = "test"
@@ -51,6 +57,8 @@ class RunConfig:
             raise ValueError("dropout must be in [0, 1)")
         if self.clients_per_round is not None and self.clients_per_round < 1:
             raise ValueError("clients_per_round must be at least 1 (or None for everyone)")
+        if self.sampler not in ("seeded", "poisson", "fixed_size"):
+            raise ValueError(f"sampler is 'seeded', 'poisson' or 'fixed_size', got {self.sampler!r}")
 
 
 def sample_cohort(rng: np.random.Generator, clients: Iterable[int], size: int | None) -> list[int]:
@@ -59,6 +67,18 @@ def sample_cohort(rng: np.random.Generator, clients: Iterable[int], size: int | 
     if size is None or size >= len(ids):
         return ids
     return sorted(int(c) for c in rng.choice(ids, size=size, replace=False))
+
+
+def draw_cohort(config: RunConfig, rng: np.random.Generator, clients: Iterable[int]) -> tuple[list[int], SamplingRecord]:
+    """The round's cohort under `config.sampler`, and the record the ledger keeps of how it was drawn.
+    The seeded sampler draws from the run's `rng` (so simulation and deployment draw the same cohorts)."""
+    ids = sorted(clients)
+    if config.sampler == "seeded" or config.clients_per_round is None or config.clients_per_round >= len(ids):
+        scheme = "everyone" if config.clients_per_round is None or config.clients_per_round >= len(ids) else "seeded"
+        cohort = sample_cohort(rng, ids, config.clients_per_round)
+        return cohort, SamplingRecord(scheme, len(ids), len(cohort) / len(ids) if scheme == "seeded" else 1.0)
+    sampler = make_sampler(config.sampler, cohort=config.clients_per_round, population=len(ids))
+    return sampler.sample(ids), sampler.record(len(ids))
 
 
 class SimulationRunner:
@@ -133,14 +153,20 @@ class SimulationRunner:
         return True
 
     # ---- rounds -------------------------------------------------------------------------------
-    def sample(self) -> list[int]:
-        return sample_cohort(self.rng, self.trainers, self.config.clients_per_round)
+    def sample(self) -> tuple[list[int], SamplingRecord]:
+        return draw_cohort(self.config, self.rng, self.trainers)
 
     def run_round(self, t: int) -> RoundRecord:
         t0 = time.perf_counter()
-        cohort = self.sample()
+        cohort, sampling = self.sample()
+        if not cohort:  # Poisson sampling drew nobody: nothing is sent, released or charged
+            metrics = {c: self.clients[c].on_evaluate(self.server.client_parameters(state=self.state, client_id=c),
+                                                      round=t) for c in sorted(self.clients)}
+            return RoundRecord(round=t, cohort=[], contributors=[], metrics=metrics, seconds=time.perf_counter() - t0,
+                               secure_seconds=0.0, bytes_uploaded={}, clipped=0, sums={}, failed={})
         machine = RoundMachine(server=self.server, state=self.state, round=t, cohort=cohort,
-                               population=sorted(self.trainers), aggregator=self.aggregator, relays=self.relays)
+                               population=sorted(self.trainers), aggregator=self.aggregator, relays=self.relays,
+                               sampling=sampling)
         inputs, client_metrics = {}, {}
         for c, broadcast in machine.start().items():
             ready, inputs[c], _ = self.clients[c].on_broadcast(broadcast)

@@ -4,6 +4,8 @@ import math
 import dp_accounting
 import numpy as np
 import pytest
+
+from dp.sampling import AmplificationNotJustified, SamplingRecord
 from dp_accounting import rdp
 
 from dp.central import CentralDPAggregator, CentralDPConfig
@@ -32,7 +34,10 @@ def test_release_is_labelled_non_private_against_the_server():
     ledger = Ledger()
     d, cohort = 20_000, [1, 2, 3, 4]
     xs = [agg.clip(np.random.default_rng(c).normal(size=d)) for c in cohort]
-    released = agg.release(np.sum(xs, axis=0), round_id=0, contributors=cohort, ledger=ledger, population=range(1, 9))
+    with pytest.raises(AmplificationNotJustified):  # q = 0.5 claimed, no Poisson sampler recorded
+        agg.release(np.sum(xs, axis=0), round_id=0, contributors=cohort, ledger=Ledger(), population=range(1, 9))
+    released = agg.release(np.sum(xs, axis=0), round_id=0, contributors=cohort, ledger=ledger, population=range(1, 9),
+                           sampling=SamplingRecord("poisson", 8, 0.5))
     assert released.mechanism["trusted_aggregator"] is True
     err = released.payload * 4 - np.sum(xs, axis=0)
     assert err.std() == pytest.approx(1.5, rel=0.03)

@@ -4,6 +4,8 @@ import math
 import dp_accounting
 import numpy as np
 import pytest
+
+from dp.sampling import AmplificationNotJustified, SamplingRecord
 from dp_accounting import rdp
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -167,7 +169,7 @@ def test_release_charges_server_and_outsiders():
     for round_id, cohort in enumerate([(1, 2, 3, 4, 5), (1, 2, 6, 7, 8), (1, 3, 6, 9, 10)]):
         total = ring_sum(RING_2_32, [encoder.encode(np.ones(32) * 0.1, round_seed=round_id) for _ in cohort])
         released = encoder.release(total, round_seed=round_id, round_id=round_id, contributors=cohort,
-                                   ledger=ledger, population=population)
+                                   ledger=ledger, population=population, sampling=SamplingRecord("poisson", 10, 0.5))
         assert isinstance(released, Released) and released.contributors == frozenset(cohort)
         assert not released.payload.flags.writeable
     plan = encoder.plan
@@ -181,6 +183,9 @@ def test_release_charges_server_and_outsiders():
     assert outsider[0] < ledger.epsilon(1, unit="client", observer="server")
     with pytest.raises(ValueError, match="population"):
         encoder.charge_round(ledger, round_id=9, participants=[1, 2, 3, 4, 5])
+    for record in (None, SamplingRecord("seeded", 10, 0.5)):  # amplification the sampler does not give
+        with pytest.raises(AmplificationNotJustified):
+            encoder.charge_round(Ledger(), round_id=9, participants=[1, 2], population=population, sampling=record)
 
 
 def test_malformed_inputs_are_rejected():

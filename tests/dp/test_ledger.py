@@ -9,10 +9,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dp.accounting import epsilon_from_rdp, skellam_curve
+from dp.sampling import SamplingRecord
 from dp.ledger import (Budget, BudgetExceeded, DiscreteGaussianMechanism, GaussianMechanism, Ledger, LedgerConfig,
                        NonPrivateMechanism, Observer, PrivacyUnit, SkellamMechanism, compose_epsilon)
 
 DELTA = 1e-5
+
+
+def poisson(q: float, population: int = 1000) -> SamplingRecord | None:
+    """The record of a Poisson sampler at q (None for q = 1: no sampling claimed)."""
+    return SamplingRecord("poisson", population, q) if q < 1 else None
 
 
 def dp_accounting_epsilon(parts, *, accountant="rdp", delta=DELTA):
@@ -34,7 +40,7 @@ def test_subsampled_gaussian_matches_dp_accounting(z, q, rounds, steps):
     ledger = Ledger()
     mech = GaussianMechanism(noise_multiplier=z, sampling_rate=q)
     for r in range(rounds):  # repeated debits merge into one entry with a count
-        ledger.debit(7, mech, unit="example", observer="server", round_id=r, count=steps)
+        ledger.debit(7, mech, unit="example", observer="server", round_id=r, count=steps, sampling=poisson(q))
     assert len(ledger.entries(7)) == 1
     expected = dp_accounting_epsilon([(z, q, rounds * steps)])
     assert ledger.epsilon(7, unit="example", observer="server") == pytest.approx(expected, rel=1e-12)
@@ -46,7 +52,7 @@ def test_heterogeneous_gaussians_and_pld_option_match_dp_accounting():
         ledger = Ledger(LedgerConfig(accountant=accountant, pld_discretization=1e-3))
         for z, q, steps in parts:
             ledger.debit(1, GaussianMechanism(noise_multiplier=z, sampling_rate=q), unit="client",
-                         observer="outsider", count=steps)
+                         observer="outsider", count=steps, sampling=poisson(q))
         expected = dp_accounting_epsilon(parts, accountant=accountant)
         assert ledger.epsilon(1, unit="client", observer="outsider") == pytest.approx(expected, rel=1e-9)
     assert dp_accounting_epsilon(parts, accountant="pld") < dp_accounting_epsilon(parts)
@@ -56,7 +62,7 @@ def test_labels_are_composed_separately():
     ledger = Ledger()
     ledger.debit(3, GaussianMechanism(noise_multiplier=1.0), unit="client", observer="server", count=4)
     ledger.debit(3, GaussianMechanism(noise_multiplier=1.0, sampling_rate=0.1), unit="client",
-                 observer="outsider", count=4)
+                 observer="outsider", count=4, sampling=poisson(0.1))
     server = ledger.epsilon(3, unit="client", observer="server")
     outsider = ledger.epsilon(3, unit="client", observer="outsider")
     assert 0 < outsider < server
@@ -98,10 +104,10 @@ def test_budget_refuses_and_leaves_the_ledger_unchanged():
     budget = Budget(PrivacyUnit.EXAMPLE, Observer.SERVER, 2.0)
     ledger = Ledger(LedgerConfig(budgets=(budget,)))
     mech = GaussianMechanism(noise_multiplier=1.0, sampling_rate=0.01)
-    ledger.debit(1, mech, unit="example", observer="server", count=100)
+    ledger.debit(1, mech, unit="example", observer="server", count=100, sampling=poisson(0.01))
     before = ledger.epsilon(1, unit="example", observer="server")
     with pytest.raises(BudgetExceeded, match="budget 2"):
-        ledger.debit(1, mech, unit="example", observer="server", count=100_000)
+        ledger.debit(1, mech, unit="example", observer="server", count=100_000, sampling=poisson(0.01))
     assert ledger.epsilon(1, unit="example", observer="server") == before
     assert ledger.entries(1)[0].count == 100
 
@@ -116,11 +122,11 @@ def test_charges_are_verifiable():
 def test_json_report_and_state_round_trip(tmp_path):
     ledger = Ledger(LedgerConfig(delta=1e-6, budgets=(Budget(PrivacyUnit.CLIENT, Observer.SERVER, 50.0),)))
     ledger.debit(1, GaussianMechanism(noise_multiplier=1.3, sampling_rate=0.02, sensitivity=1.0),
-                 unit="example", observer="server", round_id=0, summary_key="dp-sgd", count=50)
+                 unit="example", observer="server", round_id=0, summary_key="dp-sgd", count=50, sampling=poisson(0.02))
     ledger.debit(1, SkellamMechanism(l1_sensitivity=5e4, l2_sensitivity=500.0, variance=6e5, scale=500.0),
                  unit="client", observer="server", round_id=0)
     ledger.debit(2, SkellamMechanism(l1_sensitivity=5e4, l2_sensitivity=500.0, variance=6e5, sampling_rate=0.1),
-                 unit="client", observer="outsider", round_id=1)
+                 unit="client", observer="outsider", round_id=1, sampling=poisson(0.1))
     ledger.record_model(1, round_id=0, model_digest="abc123")
 
     path = ledger.write(tmp_path / "ledger.json")
@@ -138,7 +144,7 @@ def test_json_report_and_state_round_trip(tmp_path):
     assert restored.config == ledger.config
     assert restored.report() == ledger.report()
     restored.debit(2, SkellamMechanism(l1_sensitivity=5e4, l2_sensitivity=500.0, variance=6e5, sampling_rate=0.1),
-                   unit="client", observer="outsider", round_id=2)
+                   unit="client", observer="outsider", round_id=2, sampling=poisson(0.1))
     assert restored.entries(2)[0].count == 2 and restored.entries(2)[0].rounds == (1, 2)
 
 
@@ -153,3 +159,25 @@ def test_invalid_input_is_rejected():
         Ledger().debit("1", GaussianMechanism(noise_multiplier=1.0), unit="client", observer="server")
     with pytest.raises(ValueError):
         Ledger.from_state_dict({"format": "something-else"})
+
+
+def test_amplification_needs_a_poisson_sampler_at_that_rate_and_the_saved_ledger_says_which():
+    from dp.sampling import AmplificationNotJustified
+
+    ledger = Ledger()
+    mech = GaussianMechanism(noise_multiplier=1.0, sampling_rate=0.05)
+    for record in (None, SamplingRecord("seeded", 200, 0.05), SamplingRecord("fixed_size", 200, 0.05),
+                   SamplingRecord("poisson", 200, 0.1)):
+        with pytest.raises(AmplificationNotJustified):
+            ledger.debit(1, mech, unit="client", observer="outsider", sampling=record)
+    assert ledger.entries(1) == ()
+    seeded = SamplingRecord("seeded", 200, 0.05)  # recorded, but claims nothing: accounted at q = 1
+    ledger.debit(1, GaussianMechanism(noise_multiplier=1.0), unit="client", observer="outsider", sampling=seeded)
+    ledger.debit(1, mech, unit="client", observer="outsider", sampling=poisson(0.05, 200))
+    state = json.loads(json.dumps(ledger.state_dict()))
+    assert [e["sampling"] for e in state["clients"]["1"]["entries"]] == [
+        {"scheme": "seeded", "population": 200, "rate": 0.05}, {"scheme": "poisson", "population": 200, "rate": 0.05}]
+    assert Ledger.from_state_dict(state).report() == ledger.report()
+    state["clients"]["1"]["entries"][1]["sampling"] = {"scheme": "seeded", "population": 200, "rate": 0.05}
+    with pytest.raises(AmplificationNotJustified, match="saved gaussian"):  # a tampered ledger file
+        Ledger.from_state_dict(state)

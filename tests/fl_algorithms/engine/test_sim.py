@@ -106,3 +106,21 @@ def test_resume_after_crash_continues_from_last_round(toy_trainers, tmp_path):
     for k, v in straight.state.items():
         # plain protocol: only stochastic rounding differs between the two runs
         np.testing.assert_allclose(resumed.state[k], v, atol=1e-4)
+
+
+def test_draw_cohort_records_the_sampler_that_drew_it():
+    from fl_algorithms.engine.sim import draw_cohort
+
+    ids = list(range(1, 21))
+    seeded = RunConfig(clients_per_round=5, seed=1)
+    a, rec = draw_cohort(seeded, np.random.default_rng(1), ids)
+    b, _ = draw_cohort(seeded, np.random.default_rng(1), ids)
+    assert a == b and len(a) == 5 and (rec.scheme, rec.rate, rec.amplification_rate) == ("seeded", 0.25, 1.0)
+    cohort, rec = draw_cohort(RunConfig(clients_per_round=5, sampler="poisson"), np.random.default_rng(1), ids)
+    assert set(cohort) <= set(ids) and (rec.scheme, rec.rate, rec.amplification_rate) == ("poisson", 0.25, 0.25)
+    cohort, rec = draw_cohort(RunConfig(clients_per_round=5, sampler="fixed_size"), np.random.default_rng(1), ids)
+    assert len(cohort) == 5 and rec.amplification_rate == 1.0
+    cohort, rec = draw_cohort(RunConfig(clients_per_round=None, sampler="poisson"), np.random.default_rng(1), ids)
+    assert cohort == ids and rec.scheme == "everyone"
+    with pytest.raises(ValueError, match="sampler"):
+        RunConfig(sampler="uniform")

@@ -1,0 +1,178 @@
+"""Cohort samplers, and the amplification by sampling each one lets the accountant claim.
+
+Amplification by subsampling holds for the sampler it was proved for, with randomness the
+observer cannot predict. Hence:
+
+* `PoissonSampler(rate)`: every client independently with probability q, from the OS CSPRNG
+  (`secrets.SystemRandom`), so nobody can derive the cohorts from the run's config or seed.
+  It justifies Poisson amplification at q: `PoissonSampledDpEvent` in dp_accounting, the
+  Zhu-Wang bound for Skellam and discrete Gaussian (`dp.accounting`). The default.
+* `FixedSizeSampler(size)`: `size` clients without replacement, from the OS CSPRNG. The Poisson
+  theorem does not cover it. A sampling-without-replacement bound exists for Gaussians under
+  replace-one neighbouring (dp_accounting's `SampledWithoutReplacementDpEvent`), but this ledger
+  composes add/remove-one events, so it is recorded as giving **no** amplification for now.
+* `SeededSampler(size, seed)`: a numpy generator seeded from the config, reproducible for
+  simulation studies. Anyone who knows the seed knows every cohort: no amplification.
+* `EveryoneSampler()`: every client, every round (q = 1).
+
+Each sampler produces a `SamplingRecord` (scheme, population, rate), which the ledger keeps on
+every outsider entry; the ledger refuses a mechanism whose `sampling_rate` is below 1 unless the
+record is Poisson at that same rate (`check_amplification`).
+"""
+from __future__ import annotations
+
+import math
+import secrets
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+SCHEMES = ("poisson", "fixed_size", "seeded", "everyone")
+
+
+class AmplificationNotJustified(ValueError):
+    """A mechanism claims amplification by sampling that the recorded sampler does not give."""
+
+
+@dataclass(frozen=True)
+class SamplingRecord:
+    """How a round's cohort was drawn, as the ledger records it."""
+
+    scheme: str
+    population: int
+    rate: float
+    """Expected cohort size / population (1 for 'everyone')."""
+
+    def __post_init__(self) -> None:
+        if self.scheme not in SCHEMES:
+            raise ValueError(f"sampling scheme is one of {SCHEMES}, got {self.scheme!r}")
+        if type(self.population) is not int or self.population < 1:
+            raise ValueError("the population is a positive int")
+        if not 0 < self.rate <= 1:
+            raise ValueError(f"sampling rate must be in (0, 1], got {self.rate}")
+
+    @property
+    def amplification_rate(self) -> float:
+        """The Poisson rate an outsider's accounting may use: q for Poisson sampling, else 1 (none)."""
+        return self.rate if self.scheme == "poisson" else 1.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "SamplingRecord":
+        if set(d) != {"scheme", "population", "rate"}:
+            raise ValueError(f"a sampling record has scheme, population and rate, got {sorted(d)}")
+        return cls(scheme=str(d["scheme"]), population=int(d["population"]), rate=float(d["rate"]))
+
+
+def check_amplification(mechanism_rate: float, record: SamplingRecord | None, *, what: str = "the mechanism") -> None:
+    """AmplificationNotJustified unless a mechanism accounted at Poisson rate `mechanism_rate` was
+    sampled by a Poisson sampler at that rate (a rate of 1 claims nothing and always passes)."""
+    if mechanism_rate >= 1:
+        return
+    if record is None:
+        raise AmplificationNotJustified(f"{what} claims Poisson amplification at q={mechanism_rate:g} "
+                                        "but no sampler was recorded")
+    if record.scheme != "poisson":
+        raise AmplificationNotJustified(
+            f"{what} claims Poisson amplification at q={mechanism_rate:g}, but the cohort was drawn by the "
+            f"'{record.scheme}' sampler, which gives none here: account it at q=1")
+    if not math.isclose(record.rate, mechanism_rate, rel_tol=1e-9):
+        raise AmplificationNotJustified(f"{what} claims q={mechanism_rate:g} but the Poisson sampler ran at "
+                                        f"q={record.rate:g}")
+
+
+class CohortSampler(Protocol):
+    def sample(self, clients: Iterable[int]) -> list[int]:
+        """The cohort: a sorted subset of `clients`."""
+
+    def record(self, population: int) -> SamplingRecord:
+        """What the ledger keeps about this sampler over a population of this size."""
+
+
+def _ids(clients: Iterable[int]) -> list[int]:
+    ids = sorted(set(int(c) for c in clients))
+    if not ids:
+        raise ValueError("no clients to sample from")
+    return ids
+
+
+@dataclass(frozen=True)
+class PoissonSampler:
+    rate: float
+
+    def __post_init__(self) -> None:
+        if not 0 < self.rate <= 1:
+            raise ValueError(f"the Poisson rate must be in (0, 1], got {self.rate}")
+
+    def sample(self, clients: Iterable[int]) -> list[int]:
+        rng = secrets.SystemRandom()
+        return [c for c in _ids(clients) if rng.random() < self.rate]
+
+    def record(self, population: int) -> SamplingRecord:
+        return SamplingRecord("poisson", population, self.rate)
+
+
+@dataclass(frozen=True)
+class FixedSizeSampler:
+    size: int
+
+    def __post_init__(self) -> None:
+        if type(self.size) is not int or self.size < 1:
+            raise ValueError("the cohort size is a positive int")
+
+    def sample(self, clients: Iterable[int]) -> list[int]:
+        ids = _ids(clients)
+        return sorted(secrets.SystemRandom().sample(ids, min(self.size, len(ids))))
+
+    def record(self, population: int) -> SamplingRecord:
+        return SamplingRecord("fixed_size", population, min(1.0, self.size / population))
+
+
+class SeededSampler:
+    """Reproducible fixed-size cohorts from a seeded numpy generator (simulation only)."""
+
+    def __init__(self, *, size: int, seed: int) -> None:
+        if type(size) is not int or size < 1:
+            raise ValueError("the cohort size is a positive int")
+        self.size, self.seed = size, seed
+        self._rng = np.random.default_rng(seed)
+
+    def sample(self, clients: Iterable[int]) -> list[int]:
+        ids = _ids(clients)
+        if self.size >= len(ids):
+            return ids
+        return sorted(int(c) for c in self._rng.choice(ids, size=self.size, replace=False))
+
+    def record(self, population: int) -> SamplingRecord:
+        return SamplingRecord("seeded", population, min(1.0, self.size / population))
+
+
+@dataclass(frozen=True)
+class EveryoneSampler:
+    def sample(self, clients: Iterable[int]) -> list[int]:
+        return _ids(clients)
+
+    def record(self, population: int) -> SamplingRecord:
+        return SamplingRecord("everyone", population, 1.0)
+
+
+def make_sampler(scheme: str, *, cohort: int | None, population: int, seed: int = 0) -> CohortSampler:
+    """The sampler a run config names: `cohort` clients per round (expected, for Poisson) out of
+    `population`; None or a cohort of everyone gives EveryoneSampler."""
+    if scheme not in SCHEMES:
+        raise ValueError(f"sampler is one of {SCHEMES}, got {scheme!r}")
+    if population < 1:
+        raise ValueError("the population is a positive int")
+    if scheme == "everyone" or cohort is None or cohort >= population:
+        return EveryoneSampler()
+    if cohort < 1:
+        raise ValueError("the cohort size is a positive int")
+    if scheme == "poisson":
+        return PoissonSampler(cohort / population)
+    if scheme == "fixed_size":
+        return FixedSizeSampler(cohort)
+    return SeededSampler(size=cohort, seed=seed)

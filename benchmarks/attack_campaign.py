@@ -54,6 +54,7 @@ from pathlib import Path
 import zmq
 
 from secagg.protocols import registry
+from secagg.protocols.base import WrappedClient
 from transport import adversary
 from transport.adversary import ATTACKS, COUNTED, DROPPED, Insider, RawPeer, TcpRecorder
 from transport.cli import synthetic_input
@@ -195,19 +196,12 @@ class ClientCrash(Exception):
     """A scheduled crash: the client's process would die here."""
 
 
-class _CrashAt:
+class _CrashAt(WrappedClient):
     """Wraps a client protocol: raises ClientCrash on the request of stage index `stage`."""
 
     def __init__(self, inner, stage: int) -> None:
-        self.inner, self.stage, self.seen = inner, stage, 0
-        self.name, self.schemas = inner.name, inner.schemas
-
-    @property
-    def finished(self) -> bool:
-        return self.inner.finished
-
-    def first_kind(self) -> str:
-        return self.inner.first_kind()
+        super().__init__(inner)
+        self.stage, self.seen = stage, 0
 
     def handle(self, msg):
         if self.seen == self.stage:

@@ -31,7 +31,7 @@ import numpy as np
 from secagg.encoding import EncodingConfig, FixedPointEncoder
 from secagg.messages import AbortError
 from secagg.protocols import registry
-from secagg.protocols.base import MAX_VECTOR_LENGTH
+from secagg.protocols.base import MAX_VECTOR_LENGTH, WrappedClient
 from secagg.ring import Ring
 from transport.cli import MAX_CLIENTS, check_client_params, check_server_params
 from transport.client import ClientConfig, ProtocolMismatchError, RegistrationError, run_client
@@ -58,19 +58,12 @@ def encoder_for(n_clients: int, protocol: str) -> FixedPointEncoder:
 
 # ---- client process ------------------------------------------------------------------------
 
-class _DropOnRequest:
+class _DropOnRequest(WrappedClient):
     """Wraps a client protocol; the process exits on the k-th request of the round, unanswered."""
 
     def __init__(self, inner, k: int) -> None:
-        self.inner, self.k, self.seen = inner, k, 0
-        self.name, self.schemas = inner.name, inner.schemas  # what the client driver reports mismatches with
-
-    @property
-    def finished(self) -> bool:
-        return self.inner.finished
-
-    def first_kind(self) -> str:
-        return self.inner.first_kind()
+        super().__init__(inner)
+        self.k, self.seen = k, 0
 
     def handle(self, msg):
         self.seen += 1

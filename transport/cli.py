@@ -56,7 +56,7 @@ import zmq
 
 from secagg.messages import MAX_CLIENT_ID, AbortError, Message
 from secagg.protocols import registry
-from secagg.protocols.base import MAX_VECTOR_LENGTH, ClientProtocol
+from secagg.protocols.base import MAX_VECTOR_LENGTH, ClientProtocol, WrappedClient
 from secagg.ring import RING_2_32, Ring
 
 from transport.client import ClientConfig, ProtocolMismatchError, RegistrationError, run_client
@@ -295,21 +295,14 @@ def _round_line(args: argparse.Namespace, round_id: int, report: RoundReport, re
 
 # ---- client -------------------------------------------------------------------------------
 
-class _ExpectLength:
+class _ExpectLength(WrappedClient):
     """Wraps a client protocol: a round whose first request asks for vectors of another length than
     this client's input is a ProtocolMismatchError naming both lengths, up front, instead of a
     ValueError from the ring deep in the round (or silence from the client)."""
 
     def __init__(self, inner: ClientProtocol, *, length: int, source: str) -> None:
-        self.inner, self.length, self.source = inner, length, source
-        self.name, self.schemas = inner.name, inner.schemas
-
-    @property
-    def finished(self) -> bool:
-        return self.inner.finished
-
-    def first_kind(self) -> str:
-        return self.inner.first_kind()
+        super().__init__(inner)
+        self.length, self.source = length, source
 
     def handle(self, msg: Message) -> Message | None:
         asked = msg.fields.get("length") if msg.kind == self.inner.first_kind() else None

@@ -150,6 +150,26 @@ class ServerProtocol(ABC):
         return Message(kind=kind, round=self.round_id, sender=SERVER, receiver=to, fields=fields)
 
 
+class WrappedClient:
+    """A client protocol behind a wrapper that delegates everything: drivers see the inner one's name,
+    schemas, first kind and progress. Subclasses override `handle` to act around it (refuse a
+    mismatched round, crash on cue in tests and benchmarks)."""
+
+    def __init__(self, inner: "ClientProtocol") -> None:
+        self.inner = inner
+        self.name, self.schemas = inner.name, inner.schemas  # what the client driver reports mismatches with
+
+    @property
+    def finished(self) -> bool:
+        return self.inner.finished
+
+    def first_kind(self) -> str:
+        return self.inner.first_kind()
+
+    def handle(self, msg: Message) -> Message | None:
+        return self.inner.handle(msg)
+
+
 def accusation_cover(accused_by: dict[int, frozenset[int]]) -> dict[int, str]:
     """Clients to drop so that no accusation (accuser -> sender of a bad share) is left between two
     kept clients, with the reason for each: greedy vertex cover, most accusations first, then

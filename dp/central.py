@@ -17,7 +17,7 @@ import numpy as np
 from dp_accounting import rdp
 
 from dp import _mint
-from dp.sampling import SamplingRecord
+from dp.sampling import SamplingRecord, boundary_delta
 from dp.ledger import Charge, GaussianMechanism, Ledger, NonPrivateMechanism, Observer, PrivacyUnit
 from dp.released import Released
 from dp.samplers import CryptoRandom, gaussian
@@ -32,10 +32,26 @@ class CentralDPConfig:
     delta: float = 1e-5
     rounds: int = 1
     sampling_rate: float = 1.0
+    """Expected cohort / population: amplification against outsiders (Poisson cohorts only)."""
+    population: int | None = None
+    """Clients the Poisson cohorts are drawn from (needed when sampling_rate < 1: boundary delta)."""
+    min_cohort: int = 2
+    """Fewest contributors a released sum has (the secure layer's floor); smaller cohorts are skipped."""
 
     def __post_init__(self) -> None:
         if not self.l2_clip > 0:
             raise ValueError("l2_clip must be positive")
+        if self.sampling_rate < 1 and (self.population is None or self.population < 2):
+            raise ValueError("sampling_rate < 1 needs the population (>= 2) the cohorts are drawn from")
+        if type(self.min_cohort) is not int or self.min_cohort < 1:
+            raise ValueError("min_cohort is a positive int")
+
+    @property
+    def boundary_delta(self) -> float:
+        """Per-round delta of skipped Poisson cohorts against outsiders (0 without amplification)."""
+        if self.sampling_rate >= 1:
+            return 0.0
+        return boundary_delta(population=self.population, rate=self.sampling_rate, min_cohort=self.min_cohort)
         if (self.noise_multiplier is None) == (self.target_epsilon is None):
             raise ValueError("give exactly one of noise_multiplier and target_epsilon")
         if not 0 < self.sampling_rate <= 1 or self.rounds < 1:
@@ -60,8 +76,12 @@ class CentralDPAggregator:
 
     def __init__(self, config: CentralDPConfig) -> None:
         self.config = config
+        remaining = config.delta - config.rounds * config.boundary_delta
+        if config.noise_multiplier is None and remaining <= 0:
+            raise ValueError(f"the boundary delta of {config.rounds} Poisson rounds uses up delta={config.delta:g}: "
+                             "raise the expected cohort or account without amplification")
         self.noise_multiplier = config.noise_multiplier or calibrate_noise_multiplier(
-            target_epsilon=config.target_epsilon, delta=config.delta, rounds=config.rounds,
+            target_epsilon=config.target_epsilon, delta=remaining, rounds=config.rounds,
             sampling_rate=config.sampling_rate)
 
     @property
@@ -91,6 +111,8 @@ class CentralDPAggregator:
         if q < 1 and population is None:
             raise ValueError("sampling_rate < 1: pass the population so every client is charged")
         outsiders = participants if q == 1 else sorted(set(int(c) for c in population))
+        if q < 1 and len(outsiders) != self.config.population:
+            raise ValueError(f"a population of {len(outsiders)} clients, but the config says {self.config.population}")
         mech = GaussianMechanism(noise_multiplier=self.noise_multiplier, sampling_rate=q,
                                  sensitivity=self.config.l2_clip)
         charges += ledger.debit_many(outsiders, mech, unit=PrivacyUnit.CLIENT, observer=Observer.OUTSIDER,

@@ -44,7 +44,7 @@ from scipy import optimize, special
 
 from dp import _mint
 from dp.accounting import conditional_rounding_bound, rounded_l1_norm_bound, rounded_l2_norm_bound
-from dp.sampling import SamplingRecord
+from dp.sampling import SamplingRecord, boundary_delta
 from dp.ledger import (Charge, DiscreteGaussianMechanism, Ledger, Mechanism, Observer, PrivacyUnit,
                        SkellamMechanism, compose_epsilon)
 from dp.released import Released
@@ -92,7 +92,10 @@ class DistributedDPConfig:
     rounds: int = 1
     """Accounting horizon for target_epsilon (rounds for 'outsider', participations for 'server')."""
     sampling_rate: float = 1.0
-    """Expected cohort / population: the amplification available against outsiders."""
+    """Expected cohort / population: the amplification available against outsiders (Poisson cohorts only)."""
+    population: int | None = None
+    """Clients the Poisson cohorts are drawn from: needed when sampling_rate < 1, for the boundary delta
+    of rounds whose cohort falls below the floor n_min (`dp.sampling`)."""
     target_observer: str = "outsider"
 
     def __post_init__(self) -> None:
@@ -118,6 +121,14 @@ class DistributedDPConfig:
             raise ValueError("need 0 < sampling_rate <= 1, rounds >= 1, 0 < delta < 1")
         if self.target_observer not in (Observer.SERVER.value, Observer.OUTSIDER.value):
             raise ValueError("target_observer is 'server' or 'outsider'")
+        if self.sampling_rate < 1 and (self.population is None or self.population < 2):
+            raise ValueError("sampling_rate < 1 needs the population (>= 2) the cohorts are drawn from")
+
+    def boundary_delta(self, observer: Observer | str) -> float:
+        """Per-round delta of skipped Poisson cohorts for `observer` (0 unless amplified; `dp.sampling`)."""
+        if Observer(observer) is not Observer.OUTSIDER or self.sampling_rate >= 1:
+            return 0.0
+        return boundary_delta(population=self.population, rate=self.sampling_rate, min_cohort=self.protocol_floor())
 
     @property
     def n_min(self) -> int:
@@ -183,8 +194,11 @@ class DistributedDPPlan:
 
     def epsilon(self, *, observer: Observer | str, rounds: int, delta: float | None = None,
                 accountant: str = "rdp") -> float:
-        return compose_epsilon([(self.mechanism(observer), rounds)], delta=delta or self.config.delta,
-                               accountant=accountant)
+        """Epsilon over `rounds` rounds at `delta` less the rounds' boundary delta (amplified outsiders)."""
+        remaining = (delta or self.config.delta) - rounds * self.config.boundary_delta(observer)
+        if remaining <= 0:
+            return math.inf
+        return compose_epsilon([(self.mechanism(observer), rounds)], delta=remaining, accountant=accountant)
 
     def summary(self) -> dict:
         c = self.config
@@ -235,6 +249,12 @@ def plan_distributed_dp(config: DistributedDPConfig, *, dim: int, ring: Ring = R
         return plan.epsilon(observer=obs, rounds=config.rounds) - target
 
     lo, hi = math.log(1e-3), math.log(1e4)
+    if config.rounds * config.boundary_delta(obs) >= config.delta:
+        raise PlanningError(
+            f"Poisson cohorts of {config.sampling_rate:g} x {config.population} fall below the floor n_min="
+            f"{config.protocol_floor()} so often that the boundary delta of {config.rounds} rounds "
+            f"({config.rounds * config.boundary_delta(obs):.3g}) uses up delta={config.delta:g}: raise the "
+            "expected cohort, lower min_clients, or account without amplification (sampling_rate=1)")
     if excess(hi) > 0:
         floor = excess(hi) + target
         raise PlanningError(f"target epsilon {target} is unreachable: even z=1e4 gives {floor:.4g} "
@@ -403,6 +423,9 @@ class DistributedDPEncoder:
             if population is None:
                 raise ValueError("sampling_rate < 1: pass the population so every client is charged")
             outsiders = sorted(set(int(c) for c in population))
+            if len(outsiders) != self.plan.config.population:
+                raise ValueError(f"a population of {len(outsiders)} clients, but the plan was made for "
+                                 f"{self.plan.config.population}")
             if not set(participants) <= set(outsiders):
                 raise ValueError("participants must belong to the population")
         else:

@@ -14,6 +14,12 @@ request); Skellam and distributed discrete Gaussian entries use the RDP curves o
 mixes both reports min(RDP of everything, PLD(Gaussians, delta/2) + RDP(rest, delta/2)), both valid
 bounds (the second by basic composition).
 
+Rounds that release nothing (a Poisson cohort below the release floor): recorded as a zero-cost
+`NoReleaseMechanism` entry with its sampling record, because every amplified round that sampled,
+released or not, adds `SamplingRecord.boundary_delta` to delta (`dp.sampling`). A label's epsilon
+is reported at delta minus the sum of those terms over its entries (count x term); when they use
+up delta, the epsilon is infinite.
+
 Neighbouring relation: sampled events are accounted add/remove-one (the only relation
 dp_accounting supports for Poisson sampling). An un-sampled Gaussian calibrated to a replace-one
 sensitivity has a noise multiplier at most its add/remove one, so it is composed as is
@@ -165,8 +171,27 @@ class DiscreteGaussianMechanism:
         return {"name": self.name, **asdict(self)}
 
 
-_MECHANISMS: dict[str, type] = {m.name: m for m in
-                                (GaussianMechanism, NonPrivateMechanism, SkellamMechanism, DiscreteGaussianMechanism)}
+@dataclass(frozen=True)
+class NoReleaseMechanism:
+    """A sampled round that released nothing (its cohort was below the floor): no privacy loss on its
+    own, but it counts towards the boundary delta of amplified accounting (`dp.sampling`)."""
+
+    reason: str
+    sampling_rate: float = 1.0
+    name: ClassVar[str] = "no_release"
+
+    def __post_init__(self) -> None:
+        _check_rate(self.sampling_rate)
+
+    def dp_event(self) -> dp_accounting.DpEvent:
+        return dp_accounting.NoOpDpEvent()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, **asdict(self)}
+
+
+_MECHANISMS: dict[str, type] = {m.name: m for m in (GaussianMechanism, NonPrivateMechanism, SkellamMechanism,
+                                                    DiscreteGaussianMechanism, NoReleaseMechanism)}
 
 
 def mechanism_from_dict(d: Mapping[str, Any]) -> Mechanism:
@@ -181,7 +206,13 @@ def mechanism_from_dict(d: Mapping[str, Any]) -> Mechanism:
 
 
 def _is_event_mechanism(m: Mechanism) -> bool:
-    return isinstance(m, (GaussianMechanism, NonPrivateMechanism))
+    return isinstance(m, (GaussianMechanism, NonPrivateMechanism, NoReleaseMechanism))
+
+
+def boundary_delta_of(entries: Iterable["LedgerEntry"]) -> float:
+    """The delta that amplified rounds with a release floor add (sum of count x per-round term)."""
+    return float(sum(e.count * e.sampling.boundary_delta for e in entries
+                     if e.sampling is not None and getattr(e.mechanism, "sampling_rate", 1.0) < 1))
 
 
 # ---- composition ------------------------------------------------------------------------------
@@ -218,7 +249,7 @@ def _pld_epsilon(parts: Sequence[tuple[Mechanism, int]], *, delta: float, discre
 def compose_epsilon(parts: Sequence[tuple[Mechanism, int]], *, delta: float, accountant: str = "rdp",
                     orders: Sequence[float] = ORDERS, pld_discretization: float = 1e-4) -> float:
     """Epsilon at `delta` of the composition of (mechanism, times) pairs."""
-    parts = [(m, int(c)) for m, c in parts if c > 0]
+    parts = [(m, int(c)) for m, c in parts if c > 0 and not isinstance(m, NoReleaseMechanism)]
     if not parts:
         return 0.0
     if any(isinstance(m, NonPrivateMechanism) for m, _ in parts):
@@ -388,12 +419,17 @@ class Ledger:
 
     def _epsilon_of(self, entries: Sequence[LedgerEntry], unit: PrivacyUnit, observer: Observer,
                     delta: float) -> float:
-        parts = sorted(((e.mechanism, e.count) for e in entries if (e.unit, e.observer) == (unit, observer)),
-                       key=repr)
-        key = (tuple(parts), delta, self.config.accountant)
+        """Composed epsilon of the label's entries at `delta` less their boundary delta (`dp.sampling`)."""
+        mine = [e for e in entries if (e.unit, e.observer) == (unit, observer)]
+        parts = sorted(((e.mechanism, e.count) for e in mine), key=repr)
+        remaining = delta - boundary_delta_of(mine)
+        key = (tuple(parts), remaining, self.config.accountant)
         if key not in self._memo:
-            self._memo[key] = compose_epsilon(parts, delta=delta, accountant=self.config.accountant,
-                                              pld_discretization=self.config.pld_discretization)
+            if remaining <= 0:
+                self._memo[key] = math.inf if any(not isinstance(m, NoReleaseMechanism) for m, _ in parts) else 0.0
+            else:
+                self._memo[key] = compose_epsilon(parts, delta=remaining, accountant=self.config.accountant,
+                                                  pld_discretization=self.config.pld_discretization)
         return self._memo[key]
 
     def labels(self, client_id: int) -> list[tuple[PrivacyUnit, Observer]]:
@@ -411,6 +447,7 @@ class Ledger:
                 d = _entry_dict(e)
                 d["epsilon"] = _json_float(self._epsilon_of([e], e.unit, e.observer, delta))
                 d["delta"] = delta
+                d["boundary_delta"] = boundary_delta_of([e])
                 entries.append(d)
             totals = {f"{u.value}/{o.value}": _json_float(self.epsilon(cid, unit=u, observer=o))
                       for u, o in self.labels(cid)}

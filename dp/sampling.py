@@ -15,9 +15,28 @@ observer cannot predict. Hence:
   simulation studies. Anyone who knows the seed knows every cohort: no amplification.
 * `EveryoneSampler()`: every client, every round (q = 1).
 
-Each sampler produces a `SamplingRecord` (scheme, population, rate), which the ledger keeps on
-every outsider entry; the ledger refuses a mechanism whose `sampling_rate` is below 1 unless the
-record is Poisson at that same rate (`check_amplification`).
+Each sampler produces a `SamplingRecord` (scheme, population, rate, min_cohort), which the ledger
+keeps on every outsider entry; the ledger refuses a mechanism whose `sampling_rate` is below 1
+unless the record is Poisson at that same rate (`check_amplification`).
+
+Rounds that release nothing. A secure sum is never opened over fewer than a floor m of clients
+(the disclosure guard, or the n_min that distributed DP noise is calibrated for), and a Poisson
+cohort can fall below it; such a round releases nothing. The amplification theorem is about a
+mechanism applied to *every* Poisson sample, so the skip needs its own argument. Fix the other
+clients' samples S (independent of the target x and identical in both neighbouring datasets): if
+|S| >= m both datasets release the sampled mechanism's output; if |S| <= m - 2 both release
+nothing (no privacy loss); only |S| = m - 1 separates them (x's presence decides whether anything
+is released). So each round's guarantee is the sampled mechanism's, except on an event of
+probability
+
+    p = P[Binomial(population - 1, q) = m - 1]                      (`SamplingRecord.boundary_delta`)
+
+which the ledger adds to delta once per round that sampled (released or skipped: it records a
+zero-cost `NoReleaseMechanism` entry for a skipped round so the count is in the ledger). Rounds
+that release nothing therefore cost no epsilon, and the charged rounds are, on the good event, the
+same in both datasets. Assumed: dropouts are independent of the target's data, and the floor is
+applied to the sampled cohort (simulated or real dropouts that shrink a sum below the floor
+after sampling are not in p; state it where a run has dropouts).
 """
 from __future__ import annotations
 
@@ -28,6 +47,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
 import numpy as np
+from scipy import stats
 
 SCHEMES = ("poisson", "fixed_size", "seeded", "everyone")
 
@@ -44,6 +64,9 @@ class SamplingRecord:
     population: int
     rate: float
     """Expected cohort size / population (1 for 'everyone')."""
+    min_cohort: int = 0
+    """Fewest sampled members a round needs to release anything (smaller cohorts are skipped); 0: every
+    sample releases, even an empty one (Opacus' Poisson batches take a noise-only step)."""
 
     def __post_init__(self) -> None:
         if self.scheme not in SCHEMES:
@@ -52,6 +75,20 @@ class SamplingRecord:
             raise ValueError("the population is a positive int")
         if not 0 < self.rate <= 1:
             raise ValueError(f"sampling rate must be in (0, 1], got {self.rate}")
+        if type(self.min_cohort) is not int or self.min_cohort < 0:
+            raise ValueError(f"min_cohort is a non-negative int, got {self.min_cohort!r}")
+
+    def with_floor(self, min_cohort: int) -> "SamplingRecord":
+        """The same sampler, recording that cohorts below `min_cohort` release nothing."""
+        return SamplingRecord(self.scheme, self.population, self.rate, int(min_cohort))
+
+    @property
+    def boundary_delta(self) -> float:
+        """The delta a round adds when it claims Poisson amplification while skipping cohorts below
+        `min_cohort`: P[Binomial(population - 1, rate) = min_cohort - 1] (module doc); 0 otherwise."""
+        if self.amplification_rate >= 1 or self.min_cohort == 0:
+            return 0.0
+        return float(stats.binom.pmf(self.min_cohort - 1, self.population - 1, self.rate))
 
     @property
     def amplification_rate(self) -> float:
@@ -63,9 +100,15 @@ class SamplingRecord:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "SamplingRecord":
-        if set(d) != {"scheme", "population", "rate"}:
-            raise ValueError(f"a sampling record has scheme, population and rate, got {sorted(d)}")
-        return cls(scheme=str(d["scheme"]), population=int(d["population"]), rate=float(d["rate"]))
+        if not {"scheme", "population", "rate"} <= set(d) <= {"scheme", "population", "rate", "min_cohort"}:
+            raise ValueError(f"a sampling record has scheme, population, rate and min_cohort, got {sorted(d)}")
+        return cls(scheme=str(d["scheme"]), population=int(d["population"]), rate=float(d["rate"]),
+                   min_cohort=int(d.get("min_cohort", 0)))
+
+
+def boundary_delta(*, population: int, rate: float, min_cohort: int) -> float:
+    """Per-round delta of skipping Poisson cohorts below `min_cohort` (see `SamplingRecord.boundary_delta`)."""
+    return SamplingRecord("poisson", population, rate, min_cohort).boundary_delta
 
 
 def check_amplification(mechanism_rate: float, record: SamplingRecord | None, *, what: str = "the mechanism") -> None:

@@ -21,7 +21,8 @@ def test_clip_bounds_norm_and_keeps_small_vectors():
 
 
 def test_target_epsilon_calibration_matches_dp_accounting():
-    config = CentralDPConfig(l2_clip=1.0, target_epsilon=3.0, rounds=500, sampling_rate=0.01, delta=1e-6)
+    config = CentralDPConfig(l2_clip=1.0, target_epsilon=3.0, rounds=500, sampling_rate=0.01, delta=1e-6,
+                             population=10_000)
     agg = CentralDPAggregator(config)
     acc = rdp.RdpAccountant()
     acc.compose(dp_accounting.SelfComposedDpEvent(
@@ -30,7 +31,7 @@ def test_target_epsilon_calibration_matches_dp_accounting():
 
 
 def test_release_is_labelled_non_private_against_the_server():
-    agg = CentralDPAggregator(CentralDPConfig(l2_clip=1.0, noise_multiplier=1.5, sampling_rate=0.5))
+    agg = CentralDPAggregator(CentralDPConfig(l2_clip=1.0, noise_multiplier=1.5, sampling_rate=0.5, population=8))
     ledger = Ledger()
     d, cohort = 20_000, [1, 2, 3, 4]
     xs = [agg.clip(np.random.default_rng(c).normal(size=d)) for c in cohort]

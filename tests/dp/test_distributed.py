@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from dp.distributed import (DistributedDPConfig, DistributedDPEncoder, InsufficientNoiseError, PlanningError,
                             TooManyClientsError, plan_distributed_dp)
-from dp.ledger import Ledger, Observer
+from dp.ledger import Ledger, LedgerConfig, Observer
 from dp.released import Released
 from dp.samplers import CryptoRandom
 from secagg.ring import FIELD_P31, RING_2_32
@@ -104,8 +104,10 @@ def test_clipping_and_conditional_rounding_bound():
 
 
 def test_target_epsilon_is_met_tightly():
-    config = DistributedDPConfig(l2_clip=1.0, target_epsilon=6.0, expected_clients=100, bits=16, rounds=200,
-                                 sampling_rate=0.05, delta=1e-5)
+    # Poisson cohorts of mean 100 out of 2,000; noise calibrated to a floor of 40 (the boundary delta of
+    # 200 rounds, P[Bin(1999, 0.05) = 39] each, is ~1e-9: negligible next to delta).
+    config = DistributedDPConfig(l2_clip=1.0, target_epsilon=6.0, expected_clients=100, min_clients=40, bits=16,
+                                 rounds=200, sampling_rate=0.05, population=2000, delta=1e-5)
     plan = plan_distributed_dp(config, dim=10_000)
     eps = plan.epsilon(observer="outsider", rounds=200)
     assert 5.9 < eps <= 6.0
@@ -162,14 +164,18 @@ def test_more_contributors_than_the_ring_was_sized_for_are_refused_before_any_ch
 
 
 def test_release_charges_server_and_outsiders():
-    config = DistributedDPConfig(l2_clip=1.0, noise_multiplier=1.2, expected_clients=5, bits=16, sampling_rate=0.5)
+    # A population of 10 at q = 0.5 with a floor of 2: each round adds P[Bin(9, 0.5) = 1] = 0.018 to
+    # delta (dp.sampling), so this toy runs at delta = 0.1; realistic populations make the term negligible.
+    config = DistributedDPConfig(l2_clip=1.0, noise_multiplier=1.2, expected_clients=5, min_clients=2, bits=16,
+                                 sampling_rate=0.5, population=10, delta=0.1)
     encoder = DistributedDPEncoder.from_config(config, dim=32)
-    ledger = Ledger()
+    ledger = Ledger(LedgerConfig(delta=0.1))
     population = range(1, 11)
     for round_id, cohort in enumerate([(1, 2, 3, 4, 5), (1, 2, 6, 7, 8), (1, 3, 6, 9, 10)]):
         total = ring_sum(RING_2_32, [encoder.encode(np.ones(32) * 0.1, round_seed=round_id) for _ in cohort])
         released = encoder.release(total, round_seed=round_id, round_id=round_id, contributors=cohort,
-                                   ledger=ledger, population=population, sampling=SamplingRecord("poisson", 10, 0.5))
+                                   ledger=ledger, population=population,
+                                   sampling=SamplingRecord("poisson", 10, 0.5, min_cohort=2))
         assert isinstance(released, Released) and released.contributors == frozenset(cohort)
         assert not released.payload.flags.writeable
     plan = encoder.plan

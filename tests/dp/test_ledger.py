@@ -176,8 +176,46 @@ def test_amplification_needs_a_poisson_sampler_at_that_rate_and_the_saved_ledger
     ledger.debit(1, mech, unit="client", observer="outsider", sampling=poisson(0.05, 200))
     state = json.loads(json.dumps(ledger.state_dict()))
     assert [e["sampling"] for e in state["clients"]["1"]["entries"]] == [
-        {"scheme": "seeded", "population": 200, "rate": 0.05}, {"scheme": "poisson", "population": 200, "rate": 0.05}]
+        {"scheme": "seeded", "population": 200, "rate": 0.05, "min_cohort": 0},
+        {"scheme": "poisson", "population": 200, "rate": 0.05, "min_cohort": 0}]
     assert Ledger.from_state_dict(state).report() == ledger.report()
     state["clients"]["1"]["entries"][1]["sampling"] = {"scheme": "seeded", "population": 200, "rate": 0.05}
     with pytest.raises(AmplificationNotJustified, match="saved gaussian"):  # a tampered ledger file
         Ledger.from_state_dict(state)
+
+
+def test_rounds_below_the_floor_add_their_boundary_delta_and_nothing_else():
+    """Two released and three skipped Poisson rounds with a floor of 4: epsilon is dp_accounting's for
+    the two released rounds at delta minus five boundary terms (one per sampled round)."""
+    from scipy import stats
+
+    from dp.ledger import NoReleaseMechanism
+
+    record = SamplingRecord("poisson", 40, 0.25, min_cohort=4)
+    p = stats.binom.pmf(3, 39, 0.25)
+    mech = GaussianMechanism(noise_multiplier=1.5, sampling_rate=0.25)
+    ledger = Ledger(LedgerConfig(delta=0.1))
+    for t in (1, 2):
+        ledger.debit(7, mech, unit="client", observer="outsider", round_id=t, sampling=record)
+    for t in (3, 4, 5):
+        ledger.debit(7, NoReleaseMechanism("cohort below the floor", sampling_rate=0.25), unit="client",
+                     observer="outsider", round_id=t, sampling=record)
+    acc = rdp.RdpAccountant()
+    acc.compose(dp_accounting.SelfComposedDpEvent(mech.dp_event(), 2))
+    assert ledger.epsilon(7, unit="client", observer="outsider") == pytest.approx(acc.get_epsilon(0.1 - 5 * p))
+    entries = ledger.report()["clients"]["7"]["entries"]
+    assert [e["boundary_delta"] for e in entries] == pytest.approx([2 * p, 3 * p])
+    assert entries[1]["epsilon"] == 0.0  # a skipped round alone releases nothing
+    assert Ledger.from_state_dict(json.loads(json.dumps(ledger.state_dict()))).report() == ledger.report()
+    # when the boundary terms use up delta, no finite epsilon is claimed
+    tight = Ledger(LedgerConfig(delta=4 * p))
+    for t in range(1, 6):
+        tight.debit(7, mech, unit="client", observer="outsider", round_id=t, sampling=record)
+    assert tight.epsilon(7, unit="client", observer="outsider") == math.inf
+    # a seeded record with the same floor claims no amplification and adds nothing to delta
+    seeded = Ledger(LedgerConfig(delta=1e-2))
+    seeded.debit(7, GaussianMechanism(noise_multiplier=1.5), unit="client", observer="outsider",
+                 sampling=SamplingRecord("seeded", 40, 0.25, min_cohort=4))
+    acc = rdp.RdpAccountant()
+    acc.compose(GaussianMechanism(noise_multiplier=1.5).dp_event())
+    assert seeded.epsilon(7, unit="client", observer="outsider") == pytest.approx(acc.get_epsilon(1e-2))

@@ -84,3 +84,76 @@ def test_make_sampler_from_a_run_config():
     with pytest.raises(ValueError, match="sampler is one of"):
         make_sampler("uniform", cohort=10, population=200)
     assert math.isclose(make_sampler("poisson", cohort=7, population=9).record(9).rate, 7 / 9)
+
+
+# ---- rounds that release nothing: the boundary delta ----------------------------------------------
+
+def _round_distribution(*, others: int, q: float, floor: int, with_x: bool, noise: list[float], skip: bool) -> dict:
+    """Exact output distribution of one round over a population of `others` zero-valued clients (plus the
+    target x, value 1, when `with_x`): Poisson cohort at rate q; below `floor` members the round outputs
+    'skip' (if `skip`), else (cohort sum + Z) mod K with Z drawn from `noise` on Z_K (shift invariant)."""
+    k = len(noise)
+    out: dict = {}
+    for n in range(others + 1):
+        p_n = stats.binom.pmf(n, others, q)
+        for x_in, p_x in ((False, 1 - q), (True, q)) if with_x else ((False, 1.0),):
+            size, total = n + x_in, int(x_in)
+            if skip and size < floor:
+                out["skip"] = out.get("skip", 0.0) + p_n * p_x
+                continue
+            for z, p_z in enumerate(noise):
+                y = (total + z) % k
+                out[y] = out.get(y, 0.0) + p_n * p_x * p_z
+    return out
+
+
+def _hockey_stick(p: dict, r: dict, eps: float) -> float:
+    return sum(max(0.0, p.get(o, 0.0) - math.exp(eps) * r.get(o, 0.0)) for o in set(p) | set(r))
+
+
+@settings(max_examples=60, deadline=None)
+@given(others=st.integers(2, 12), q=st.floats(0.05, 0.95), floor=st.integers(1, 6),
+       weights=st.lists(st.floats(0.05, 1.0), min_size=3, max_size=6), eps=st.floats(0.0, 2.0))
+def test_skipping_small_cohorts_costs_at_most_the_boundary_delta(others, q, floor, weights, eps):
+    """The argument of dp.sampling, checked exactly: skipping cohorts below the floor adds at most
+    P[Bin(others, q) = floor - 1] to the delta of the sampled mechanism that never skips, both ways."""
+    noise = [w / sum(weights) for w in weights]
+    record = SamplingRecord("poisson", others + 1, q, min_cohort=floor)
+    assert record.boundary_delta == pytest.approx(stats.binom.pmf(floor - 1, others, q))
+    kw = dict(others=others, q=q, floor=floor, noise=noise)
+    d_with, d_without = (_round_distribution(with_x=True, skip=True, **kw),
+                         _round_distribution(with_x=False, skip=True, **kw))
+    m_with, m_without = (_round_distribution(with_x=True, skip=False, **kw),
+                         _round_distribution(with_x=False, skip=False, **kw))
+    for a, b, ma, mb in ((d_with, d_without, m_with, m_without), (d_without, d_with, m_without, m_with)):
+        # the no-skip mechanism's worst case over fixed cohorts: shift invariance makes it the S-free pair
+        fixed_a = _round_distribution(others=0, q=q, floor=0, with_x=a is d_with, noise=noise, skip=False)
+        fixed_b = _round_distribution(others=0, q=q, floor=0, with_x=b is d_with, noise=noise, skip=False)
+        sampled = _hockey_stick(fixed_a, fixed_b, eps)
+        assert _hockey_stick(a, b, eps) <= sampled + record.boundary_delta + 1e-12
+        assert _hockey_stick(ma, mb, eps) <= sampled + 1e-12
+
+
+def test_the_boundary_term_is_needed():
+    """With noise that hides the sum completely (uniform on Z_K), the never-skipping round leaks nothing,
+    but skipping does: x's absence makes a skip likelier by q x P[Bin(others, q) = floor - 1]."""
+    kw = dict(others=5, q=0.5, floor=3, noise=[0.25] * 4)
+    plain = _hockey_stick(_round_distribution(with_x=False, skip=False, **kw),
+                          _round_distribution(with_x=True, skip=False, **kw), 0.0)
+    skip = _hockey_stick(_round_distribution(with_x=False, skip=True, **kw),
+                         _round_distribution(with_x=True, skip=True, **kw), 0.0)
+    boundary = SamplingRecord("poisson", 6, 0.5, min_cohort=3).boundary_delta
+    assert plain == pytest.approx(0.0, abs=1e-12)
+    assert skip == pytest.approx(0.5 * boundary)
+
+
+def test_boundary_delta_only_for_amplified_records_with_a_floor():
+    assert SamplingRecord("poisson", 100, 0.2).boundary_delta == 0.0  # min_cohort 0: empty samples release
+    assert SamplingRecord("seeded", 100, 0.2, min_cohort=5).boundary_delta == 0.0  # no amplification claimed
+    assert SamplingRecord("everyone", 100, 1.0, min_cohort=5).boundary_delta == 0.0
+    assert SamplingRecord("poisson", 100, 0.2, min_cohort=5).boundary_delta == pytest.approx(
+        stats.binom.pmf(4, 99, 0.2))
+    assert SamplingRecord.from_dict(SamplingRecord("poisson", 100, 0.2, 5).to_dict()).min_cohort == 5
+    assert SamplingRecord.from_dict({"scheme": "poisson", "population": 9, "rate": 0.5}).min_cohort == 0
+    with pytest.raises(ValueError):
+        SamplingRecord("poisson", 100, 0.2, min_cohort=-1)

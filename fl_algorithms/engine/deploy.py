@@ -39,7 +39,7 @@ import numpy as np
 from fl_algorithms.engine import wire
 from fl_algorithms.engine.roles import ClientRole, ServerRole
 from fl_algorithms.engine.round import (EVAL_SLOT, ClientEndpoint, ClientReady, RelayQueue, RoundMachine, RoundRecord,
-                                        transport_round)
+                                        record_empty_round, transport_round)
 from fl_algorithms.engine.secure_sum import SecureAggregator
 from fl_algorithms.engine.sim import RunConfig, draw_cohort
 from fl_algorithms.experiments.task import Task
@@ -67,6 +67,11 @@ class DeploymentConfig:
     messages it reads from it; a client with more reports an error naming it. Raise it (on both
     sides, and the transport's limits with it) for an algorithm that relays more."""
 
+    allow_seeded_cohorts: bool = False
+    """TESTS ONLY (comparing a deployment with a simulation cohort for cohort): accept RunConfig's
+    'seeded' sampler, whose cohorts anyone who knows the config can predict. A deployment otherwise
+    refuses it and draws cohorts by Poisson (or fixed-size) sampling from the OS CSPRNG."""
+
     def __post_init__(self) -> None:
         if not self.broadcast_timeout > 0 or not self.stage_timeout > 0:
             raise ValueError("timeouts must be positive")
@@ -89,6 +94,11 @@ class DeployedServer:
                  ledger=None, on_round: Callable[[RoundRecord], None] | None = None, roster=None) -> None:
         """`roster` (from enrolment): secure sums drop a client whose round keys are not signed by
         its enrolled key (clients check each other's signatures either way)."""
+        if (config.sampler == "seeded" and config.clients_per_round is not None
+                and not deployment.allow_seeded_cohorts):
+            raise ValueError("a deployment draws its cohorts with sampler='poisson' (or 'fixed_size') from the OS "
+                             "CSPRNG; 'seeded' cohorts are predictable from the config and are for simulations "
+                             "(DeploymentConfig.allow_seeded_cohorts exists for tests)")
         self.task, self.config, self.driver, self.deployment = task, config, driver, deployment
         self.roster = roster
         self.algorithm = task.algorithm
@@ -165,7 +175,8 @@ class DeployedServer:
     def run_round(self, t: int) -> RoundRecord:
         t0 = time.perf_counter()
         cohort, sampling = self.sample()
-        if not cohort:  # Poisson sampling drew nobody: nothing is sent, released or charged
+        if not cohort:  # Poisson sampling drew nobody: nothing is sent or released (recorded for dp.sampling)
+            record_empty_round(self.aggregator, round=t, population=sorted(self.driver.clients), sampling=sampling)
             metrics = self._evaluate(t, lambda c: self.server.client_parameters(state=self.state, client_id=c))
             return RoundRecord(round=t, cohort=[], contributors=[], metrics={c: metrics[c] for c in sorted(metrics)},
                                seconds=time.perf_counter() - t0, secure_seconds=0.0, bytes_uploaded={}, clipped=0,

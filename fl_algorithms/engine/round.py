@@ -12,7 +12,10 @@ processes over tcp). A round, server side (`RoundMachine`):
                      sum's majority layout; a group below its minimum size is skipped, never run)
     on_sum(name, …)  the protocol's ring sum (or why it failed)
     finish()         decode every sum (Released + ledger under distributed DP), build the
-                     AggregateView, server_update; Sealed messages queue for their receivers
+                     AggregateView, server_update; Sealed messages queue for their receivers.
+                     A round whose every sum failed or was skipped (e.g. a Poisson cohort below
+                     the release floor) releases nothing and leaves the server state as it was;
+                     under amplified DP it is recorded for the boundary delta (`dp.sampling`)
 
 Client side (`ClientEndpoint`): `on_broadcast` runs the algorithm's client role, encodes its
 Masked parts for each sum and turns its Released parts into plain records (its own ledger keeps
@@ -29,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from dp.sampling import SamplingRecord
-from fl_algorithms.api import (MAX_SUMS_PER_ROUND, ClientBroadcast, ClientContext, Relayed, RoundPlan, Sealed,
+from fl_algorithms.api import (DEFAULT_SUM, MAX_SUMS_PER_ROUND, ClientBroadcast, ClientContext, Relayed, RoundPlan, Sealed,
                                SumSpec, Upload)
 from fl_algorithms.engine.roles import ClientRole, ServerRole
 from fl_algorithms.engine.secure_sum import EncodedInput, Layout, SecureAggregator, build_view
@@ -55,8 +58,13 @@ def transport_round(t: int, slot: int) -> int:
     return t * ROUND_STRIDE + slot
 
 
-class RoundError(RuntimeError):
-    """A round cannot go on (for example, every secure sum failed)."""
+def record_empty_round(aggregator: SecureAggregator, *, round: int, population: Sequence[int],
+                       sampling: SamplingRecord | None) -> None:
+    """A Poisson draw with nobody in it: nothing is sent or released, but under amplified DP the round
+    counts towards the boundary delta of `dp.sampling` (one sum over the cohort, the default one)."""
+    if sampling is not None and aggregator.amplification_rate < 1:
+        aggregator.record_skip(round=round, sum_name=DEFAULT_SUM, population=population,
+                               sampling=sampling.with_floor(aggregator.config.survivor_floor()[0]))
 
 
 @dataclass(frozen=True)
@@ -143,7 +151,6 @@ class RoundMachine:
         """`sampling`: how the cohort was drawn, for the ledger (the basis of any amplification by sampling)."""
         if not cohort:
             raise ValueError("a round needs a non-empty cohort")
-        self.sampling = sampling
         self.server, self.state, self.round = server, state, round
         self.cohort, self.population = sorted(cohort), sorted(population)
         self.aggregator, self.relays = aggregator, relays
@@ -154,6 +161,7 @@ class RoundMachine:
         for spec in self.specs:  # before any client encodes: refuse a sum the encoding cannot add without wrap
             if spec.members & set(self.cohort):
                 self.aggregator.check_members(len(spec.members & set(self.cohort)))
+        self.sampling = self._floored(sampling)
         self.ready: dict[int, ClientReady] = {}
         self.admitted: dict[int, dict[str, Released]] = {}
         self.jobs: dict[str, SumJob] = {}
@@ -161,6 +169,19 @@ class RoundMachine:
         self.failed: dict[str, str] = {}
         self.stage = "new"
         self.secure_seconds = 0.0
+        self.skipped = False
+        """True once finish() found that no sum released anything (the state was left as it was)."""
+
+    def _floored(self, sampling: SamplingRecord | None) -> SamplingRecord | None:
+        """The sampling record with the round's release floor, refusing amplified accounting that the
+        boundary argument of `dp.sampling` does not cover (it is stated for one sum over the cohort)."""
+        floor = self.aggregator.config.survivor_floor()[0]
+        if sampling is None or self.aggregator.amplification_rate >= 1:
+            return sampling
+        if len(self.specs) != 1 or not set(self.cohort) <= self.specs[0].members or self.specs[0].min_size > floor:
+            raise ValueError("DP amplified by Poisson sampling is accounted for one secure sum over the whole cohort "
+                             f"(the boundary delta of dp.sampling); this round plans {[s.name for s in self.specs]}")
+        return sampling.with_floor(floor)
 
     # ---- broadcast -----------------------------------------------------------------------------
     def sums_of(self, client_id: int) -> dict[str, tuple[int, tuple[str, ...] | None]]:
@@ -275,10 +296,15 @@ class RoundMachine:
                 self.relays.put(sender=c, round=self.round, sealed=s)
         view = build_view(round=self.round, released=released, contributors=everyone, sums=sums,
                           sum_contributors=contributors_of, failed=self.failed)
-        if self.jobs and not sums:
-            raise RoundError(f"round {self.round}: every secure sum failed: {self.failed}")
+        for name in sorted(self.failed):  # amplified DP: a sum that released nothing still counts (dp.sampling)
+            self.aggregator.record_skip(round=self.round, sum_name=name, population=self.population,
+                                        sampling=self.sampling)
         if self.jobs:  # decoding is part of the secure sum's cost
             self.secure_seconds += time.perf_counter() - t0
+        if self.failed and not sums:
+            log.warning("round %d released nothing (%s): the server state is unchanged", self.round, self.failed)
+            self.skipped = True
+            return self.state, view
         self.state = self.server.server_update(state=self.state, view=view)
         return self.state, view
 

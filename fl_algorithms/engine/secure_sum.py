@@ -70,6 +70,11 @@ class SecureAggregationConfig:
     """A `dp.distributed.DistributedDPConfig`: each client clips its whole contribution to a sum
     (all its Masked parts together, client-level unit) and adds integer noise before masking; the
     server gets a Released noisy mean (unweighted) and the ledger is debited. None: exact means."""
+    central_dp: Any = None
+    """A `dp.central.CentralDPConfig`: each client clips its whole contribution to a sum to C (client
+    level, unweighted like distributed DP); the server decodes the exact sum and, TRUSTED, adds the
+    Gaussian noise once (the ledger records it as non-private against the server). Exclusive with
+    distributed_dp. Noise-free sums are still bound by min_release_group."""
     insecure_seed: int | None = None
     """TESTS ONLY. Derives every client's stochastic rounding and DP noise from this public seed
     and (round, sum, client), so that two runtimes can be compared bit for bit. Anyone who knows
@@ -91,6 +96,12 @@ class SecureAggregationConfig:
             from dp.distributed import DistributedDPConfig
 
             object.__setattr__(self, "distributed_dp", DistributedDPConfig(**self.distributed_dp))
+        if isinstance(self.central_dp, Mapping):
+            from dp.central import CentralDPConfig
+
+            object.__setattr__(self, "central_dp", CentralDPConfig(**self.central_dp))
+        if self.central_dp is not None and self.distributed_dp is not None:
+            raise ValueError("choose central_dp or distributed_dp, not both")
         object.__setattr__(self, "fixed_parts", tuple(sorted({str(p) for p in self.fixed_parts})))
         for name in ("max_clients", "min_release_group"):
             value = getattr(self, name)
@@ -132,10 +143,11 @@ class SecureAggregationConfig:
         import dataclasses
         import json
 
-        ddp = self.distributed_dp
+        ddp, central = self.distributed_dp, self.central_dp
         doc = {"protocol": self.protocol, "clip": self.clip, "max_weight": self.max_weight,
                "max_clients": self.max_clients, "protocol_params": dict(self.protocol_params),
                "distributed_dp": None if ddp is None else dataclasses.asdict(ddp),
+               "central_dp": None if central is None else dataclasses.asdict(central),
                "insecure_seed": self.insecure_seed, "min_release_group": self.min_release_group,
                "fixed_parts": list(self.fixed_parts)}
         return json.loads(json.dumps(doc, default=str))  # as it reads after a trip over the wire
@@ -229,8 +241,9 @@ class SecureAggregator:
         )
         self.ledger, self.transcript = ledger, transcript
         self._ddp: dict[int, Any] = {}
-        if config.distributed_dp is not None and ledger is None and not client_side:
-            raise ValueError("distributed DP needs a ledger to charge")
+        self._central = None
+        if (config.distributed_dp is not None or config.central_dp is not None) and ledger is None and not client_side:
+            raise ValueError("distributed or central DP needs a ledger to charge")
         self.guard: DisclosureGuard | None = None if client_side else \
             DisclosureGuard(GuardConfig(min_cohort=config.min_release_group), ledger=ledger)
         self._guard_round: int | None = None
@@ -239,6 +252,39 @@ class SecureAggregator:
     @property
     def ddp(self) -> bool:
         return self.config.distributed_dp is not None
+
+    @property
+    def central(self):
+        """The trusted server's Gaussian mechanism (`dp.central.CentralDPAggregator`), or None."""
+        if self.config.central_dp is None:
+            return None
+        if self._central is None:
+            from dp.central import CentralDPAggregator
+
+            self._central = CentralDPAggregator(self.config.central_dp)
+        return self._central
+
+    @property
+    def amplification_rate(self) -> float:
+        """The Poisson rate the run's DP mechanism claims against outsiders (1: none, or no DP)."""
+        dp_config = self.config.distributed_dp or self.config.central_dp
+        return dp_config.sampling_rate if dp_config is not None else 1.0
+
+    def record_skip(self, *, round: int, sum_name: str, population: Iterable[int],
+                    sampling: SamplingRecord | None) -> list:
+        """A sampled round whose sum released nothing (cohort below the floor, or aborted): under amplified
+        DP it still counts towards the boundary delta (`dp.sampling`), so every client of the population
+        gets a zero-cost NoRelease entry (one per run and sum, counting the rounds; why each round released
+        nothing is in its RoundRecord). Without amplification nothing is recorded."""
+        q = self.amplification_rate
+        if q >= 1 or self.ledger is None:
+            return []
+        from dp.ledger import NoReleaseMechanism, Observer, PrivacyUnit
+
+        summary_key = "model-update" if sum_name == DEFAULT_SUM else f"model-update/{sum_name}"
+        return self.ledger.debit_many(sorted(int(c) for c in population), NoReleaseMechanism("the round released nothing", sampling_rate=q),
+                                      unit=PrivacyUnit.CLIENT, observer=Observer.OUTSIDER, round_id=round,
+                                      summary_key=summary_key, sampling=sampling)
 
     def ddp_encoder(self, dim: int):
         if dim not in self._ddp:
@@ -333,10 +379,16 @@ class SecureAggregator:
                 rng = CryptoRandom(_key(seed, "ddp", round, sum_name, client_id))
             vec = self.ddp_encoder(x.shape[0]).encode(x, round_seed=self.rotation_seed(round, sum_name), rng=rng)
             return EncodedInput(layout=layout, vector=vec, clipped=0)
+        clipped_parts = self._central_clip(upload, layout) if self.config.central_dp is not None else None
         pieces, clipped = [], 0
         for index, (name, n, k) in enumerate(layout.parts):
             part = upload.masked[name]
             key = None if seed is None else _key(seed, "rounding", round, sum_name, client_id, index)
+            if clipped_parts is not None:  # central DP: unweighted, the whole contribution clipped to C
+                vec, report = self.encoder.encode(clipped_parts[name], weight=1.0, rounding_key=key)
+                clipped += report.clipped
+                pieces.append(vec)
+                continue
             vec, report = self.encoder.encode(part.unwrap(_SECURE_LAYER), weight=part.weight, rounding_key=key)
             clipped += report.clipped
             if k == 0:
@@ -348,6 +400,19 @@ class SecureAggregator:
                 pieces.append(blocks.ravel())
         vector = np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.uint32)
         return EncodedInput(layout=layout, vector=vector, clipped=clipped)
+
+    def _central_clip(self, upload: Upload, layout: Layout) -> dict[str, np.ndarray]:
+        """Central DP, client side: all of this sum's parts together clipped to L2 norm C, split back."""
+        if any(k for _, _, k in layout.parts):
+            raise ValueError("cluster-indexed parts under central DP are not supported")
+        x = np.concatenate([upload.masked[name].unwrap(_SECURE_LAYER) for name, _, _ in layout.parts]) \
+            if layout.parts else np.zeros(0)
+        x = self.central.clip(x)
+        out, start = {}, 0
+        for name, n, _ in layout.parts:
+            out[name] = x[start:start + n]
+            start += n
+        return out
 
     def encode_upload(self, upload: Upload, layout: Layout) -> tuple[np.ndarray, int]:
         """Client side, fixed point: the ring vector of all Masked parts and how many values were clipped."""
@@ -441,11 +506,14 @@ class SecureAggregator:
         contributors = frozenset(int(c) for c in contributors)
         self.check_members(len(contributors))
         self._enter_round(round)
+        summary_key = "model-update" if sum_name == DEFAULT_SUM else f"model-update/{sum_name}"
         if not self.ddp:
             groups, counts = self._decode_exact(ring_sum, layout, len(contributors))
             self._guard_exact(layout=layout, contributors=contributors, counts=counts, round=round, sum_name=sum_name)
-            return groups, None
-        summary_key = "model-update" if sum_name == DEFAULT_SUM else f"model-update/{sum_name}"
+            if self.config.central_dp is None:
+                return groups, None
+            return self._central_release(groups, layout=layout, contributors=contributors, round=round,
+                                         population=population, summary_key=summary_key, sampling=sampling)
         released = self.ddp_encoder(layout.dim).release(
             ring_sum, round_seed=self.rotation_seed(round, sum_name), round_id=round, contributors=contributors,
             ledger=self.ledger, population=sorted(population) if population is not None else sorted(contributors),
@@ -458,6 +526,22 @@ class SecureAggregator:
                                           error_bound=float("nan"))
             start += n
         return groups, released
+
+    def _central_release(self, groups: Mapping[str, GroupAggregate], *, layout: Layout, contributors: frozenset[int],
+                         round: int, population: Iterable[int] | None, summary_key: str,
+                         sampling: SamplingRecord | None):
+        """Central DP, server side: the exact sum of clipped vectors plus the trusted server's noise, charged."""
+        count = len(contributors)
+        total = np.concatenate([groups[name].mean * count for name, _, _ in layout.parts])
+        released = self.central.release(total, round_id=round, contributors=contributors, ledger=self.ledger,
+                                        population=sorted(population) if population is not None else sorted(contributors),
+                                        summary_key=summary_key, total_weight=float(count), sampling=sampling)
+        out, start = {}, 0
+        for name, n, _ in layout.parts:
+            out[name] = GroupAggregate(mean=np.asarray(released.payload[start:start + n]), total_weight=float(count),
+                                       count=count, error_bound=float("nan"))
+            start += n
+        return out, released
 
     # ---- server state -----------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

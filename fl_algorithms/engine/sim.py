@@ -24,7 +24,7 @@ from tqdm.auto import tqdm
 
 from fl_algorithms.api import Algorithm
 from fl_algorithms.engine.roles import ClientRole, ServerRole
-from fl_algorithms.engine.round import (ClientEndpoint, RelayQueue, RoundMachine, RoundRecord,  # noqa: F401
+from fl_algorithms.engine.round import (ClientEndpoint, RelayQueue, RoundMachine, RoundRecord, record_empty_round,  # noqa: F401
                                         transport_round)
 from fl_algorithms.engine.secure_sum import SecureAggregationConfig, SecureAggregator
 from dp.sampling import SamplingRecord, make_sampler
@@ -39,11 +39,13 @@ class RunConfig:
     """Cohort size; None means every client every round."""
     seed: int = 0
     """Seeds the 'seeded' cohort sampler and simulated dropouts (not any cryptographic randomness)."""
-    sampler: str = "seeded"
-    """How cohorts are drawn (`dp.sampling`): 'seeded' (reproducible from `seed`; gives no amplification
-    by sampling), 'poisson' (each client with probability clients_per_round / population, from the OS
-    CSPRNG: the only one that justifies an outsider's amplified epsilon), 'fixed_size' (OS CSPRNG, no
-    amplification claimed). Ignored when clients_per_round is None (everyone)."""
+    sampler: str = "poisson"
+    """How cohorts are drawn (`dp.sampling`): 'poisson' (the default: each client with probability
+    clients_per_round / population, from the OS CSPRNG, so the cohort size varies and nobody can
+    replay the cohorts from the config; the only sampler that justifies an outsider's amplified
+    epsilon), 'fixed_size' (OS CSPRNG, no amplification claimed), 'seeded' (reproducible from
+    `seed`, for simulation studies that compare runs cohort for cohort; no amplification, and a
+    deployment refuses it). Ignored when clients_per_round is None (everyone)."""
     dropout: float = 0.0
     """Simulated probability that a sampled client drops at the masked-input stage (simulation only)."""
     eval_split: str = "test"
@@ -159,7 +161,8 @@ class SimulationRunner:
     def run_round(self, t: int) -> RoundRecord:
         t0 = time.perf_counter()
         cohort, sampling = self.sample()
-        if not cohort:  # Poisson sampling drew nobody: nothing is sent, released or charged
+        if not cohort:  # Poisson sampling drew nobody: nothing is sent or released (recorded for dp.sampling)
+            record_empty_round(self.aggregator, round=t, population=sorted(self.trainers), sampling=sampling)
             metrics = {c: self.clients[c].on_evaluate(self.server.client_parameters(state=self.state, client_id=c),
                                                       round=t) for c in sorted(self.clients)}
             return RoundRecord(round=t, cohort=[], contributors=[], metrics=metrics, seconds=time.perf_counter() - t0,

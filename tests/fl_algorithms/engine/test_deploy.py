@@ -241,3 +241,18 @@ def test_a_client_sealing_more_than_the_server_reads_reports_it_instead_of_vanis
             assert len(answer.sealed) == 2
         else:
             assert isinstance(answer, str) and error in answer and "seals 3072 bytes" in answer
+
+
+def test_a_deployment_refuses_predictable_cohorts():
+    """Seeded cohorts follow from the config: a deployment draws them from the OS CSPRNG instead."""
+    from fl_algorithms.engine.deploy import DeploymentConfig
+
+    secure = SecureAggregationConfig(protocol="plain", clip=4.0, max_weight=100.0, max_clients=8, min_release_group=2)
+    seeded = RunConfig(rounds=1, clients_per_round=2, sampler="seeded", secure=secure)
+    with pytest.raises(ValueError, match="seeded"):
+        DeployedServer(task=build({}), config=seeded, driver=None)
+    DeployedServer(task=build({}), config=seeded, driver=None, deployment=DeploymentConfig(allow_seeded_cohorts=True))
+    for sampler in ("poisson", "fixed_size"):
+        DeployedServer(task=build({}), config=RunConfig(rounds=1, clients_per_round=2, sampler=sampler, secure=secure),
+                       driver=None)
+    DeployedServer(task=build({}), config=RunConfig(rounds=1, sampler="seeded", secure=secure), driver=None)  # everyone

@@ -299,3 +299,80 @@ def test_a_client_with_another_model_size_is_refused_naming_both_sizes():
         server = DeployedServer(task=task, config=config, driver=driver)
         with pytest.raises(ClientSetupError, match=r"the server sends \d+ values, client \d's model has \d+"):
             server.run()
+
+
+def test_a_poisson_cohort_below_the_floor_releases_nothing_and_counts_for_the_boundary_delta(monkeypatch):
+    """Cohorts of 0, 1 and 3 clients under distributed DP amplified by Poisson sampling at q = 0.5 over
+    6 clients, floor n_min = 2: the small rounds are skipped (state unchanged, no error), every round is
+    in the ledger, and the outsider epsilon is the released rounds' at delta minus the boundary terms."""
+    from scipy import stats
+
+    from dp.ledger import NoReleaseMechanism
+    from fl_algorithms.engine import sim
+
+    cohorts = iter([[], [4], [1, 2, 5]])
+    monkeypatch.setattr(sim, "make_sampler", lambda *a, **k: type("S", (), {
+        "sample": lambda self, ids: next(cohorts), "record": lambda self, n: sim.SamplingRecord("poisson", n, 0.5)})())
+    ddp = DistributedDPConfig(l2_clip=1.0, noise_multiplier=3.0, expected_clients=6, min_clients=2, bits=20,
+                              sampling_rate=0.5, population=6, delta=0.5)
+    config = RunConfig(rounds=3, clients_per_round=3, sampler="poisson",
+                       secure=SecureAggregationConfig(protocol="secagg+", clip=4.0, max_weight=100, max_clients=8,
+                                                      distributed_dp=ddp))
+    ledger = Ledger(LedgerConfig(delta=0.5))
+    runner = SimulationRunner(algorithm=FedAvg(), trainers={c: toy_trainer(c, seed=0) for c in range(1, 7)},
+                              config=config, ledger=ledger)
+    initial = {k: v.copy() for k, v in runner.algorithm.shared_parameters(runner.state).items()}
+    runner.run_round(1)
+    runner.run_round(2)
+    after_skips = runner.algorithm.shared_parameters(runner.state)
+    assert all(np.array_equal(after_skips[k], initial[k]) for k in initial)
+    rec = runner.run_round(3)
+    assert rec.contributors == [1, 2, 5] and not rec.failed
+    for c in range(1, 7):
+        outsider = [e for e in ledger.entries(c) if e.observer.value == "outsider"]
+        assert sorted(e.rounds for e in outsider) == [(1, 2), (3,)]
+        skip = next(e for e in outsider if isinstance(e.mechanism, NoReleaseMechanism))
+        assert skip.sampling.min_cohort == 2 and skip.count == 2
+    plan = runner.aggregator.ddp_encoder(sum(v.size for v in initial.values())).plan
+    boundary = stats.binom.pmf(1, 5, 0.5)
+    assert ledger.epsilon(6, unit="client", observer="outsider") == pytest.approx(
+        plan.epsilon(observer="outsider", rounds=1, delta=0.5 - 2 * boundary))  # 3 rounds' terms in all
+
+
+def test_amplified_accounting_is_refused_for_group_sums():
+    ddp = DistributedDPConfig(l2_clip=1.0, noise_multiplier=1.0, expected_clients=6, min_clients=2, bits=20,
+                              sampling_rate=0.5, population=6, delta=0.5)
+    config = RunConfig(rounds=1, clients_per_round=3, sampler="poisson",
+                       secure=SecureAggregationConfig(protocol="secagg+", clip=4.0, max_weight=100, max_clients=8,
+                                                      distributed_dp=ddp))
+    runner = SimulationRunner(algorithm=GroupFedAvg(groups={1: 0, 2: 0, 3: 1, 4: 1, 5: 0, 6: 1}),
+                              trainers={c: toy_trainer(c, seed=0) for c in range(1, 7)}, config=config,
+                              ledger=Ledger(LedgerConfig(delta=0.5)))
+    with pytest.raises(ValueError, match="one secure sum over the whole cohort"):
+        for t in range(1, 6):  # until Poisson draws a non-empty cohort
+            runner.run_round(t)
+
+
+def test_central_dp_releases_a_noisy_mean_of_clipped_updates_and_the_ledger_says_who_it_protects():
+    from dp.central import CentralDPConfig
+
+    central = CentralDPConfig(l2_clip=0.5, noise_multiplier=1.0)
+    config = RunConfig(rounds=1, secure=SecureAggregationConfig(protocol="secagg+", clip=4.0, max_weight=100,
+                                                                max_clients=8, min_release_group=2, central_dp=central))
+    ledger = Ledger()
+    runner = SimulationRunner(algorithm=FedAvg(), trainers={c: toy_trainer(c, seed=0) for c in (1, 2, 3)},
+                              config=config, ledger=ledger)
+    before = {k: v.copy() for k, v in runner.algorithm.shared_parameters(runner.state).items()}
+    runner.run_round(1)
+    view = runner.last_view
+    released = view.released["model-update"][0]
+    assert released.mechanism["trusted_aggregator"] is True and released.contributors == frozenset({1, 2, 3})
+    after = runner.algorithm.shared_parameters(runner.state)
+    step = np.concatenate([after[k] - before[k] for k in sorted(after)])
+    # each update clipped to 0.5; the mean moves by noise of std z C / 3 per coordinate
+    assert abs(step.std() - 0.5 / 3) < 0.05 and np.linalg.norm(step) > 0.5
+    for c in (1, 2, 3):
+        assert ledger.epsilon(c, unit="client", observer="server") == float("inf")
+        assert 0 < ledger.epsilon(c, unit="client", observer="outsider") < float("inf")
+    with pytest.raises(ValueError, match="not both"):
+        SecureAggregationConfig(central_dp=central, distributed_dp=DistributedDPConfig(l2_clip=1.0, noise_multiplier=1.0))

@@ -73,7 +73,7 @@ def test_local_uploads_nothing(toy_trainers):
 
 def test_dropouts_and_sampling(toy_trainers):
     trainers = toy_trainers(8)
-    cfg = RunConfig(rounds=3, clients_per_round=6, dropout=0.2, seed=3,
+    cfg = RunConfig(rounds=3, clients_per_round=6, dropout=0.2, seed=3, sampler="seeded",
                     secure=SecureAggregationConfig(protocol="secagg+", clip=4.0, max_weight=100, max_clients=8, min_release_group=2))
     runner = SimulationRunner(algorithm=FedAvg(), trainers=trainers, config=cfg)
     runner.run(progress=False)
@@ -83,7 +83,7 @@ def test_dropouts_and_sampling(toy_trainers):
 
 
 def test_resume_after_crash_continues_from_last_round(toy_trainers, tmp_path):
-    cfg = RunConfig(rounds=4, checkpoint_dir=str(tmp_path), clients_per_round=3, seed=5,
+    cfg = RunConfig(rounds=4, checkpoint_dir=str(tmp_path), clients_per_round=3, seed=5, sampler="seeded",
                     secure=SecureAggregationConfig(protocol="plain", clip=4.0, max_weight=100, max_clients=8, min_release_group=2))
     straight = SimulationRunner(algorithm=FedAvg(), trainers=toy_trainers(4), config=RunConfig(
         **{**cfg.__dict__, "checkpoint_dir": None}))
@@ -112,7 +112,8 @@ def test_draw_cohort_records_the_sampler_that_drew_it():
     from fl_algorithms.engine.sim import draw_cohort
 
     ids = list(range(1, 21))
-    seeded = RunConfig(clients_per_round=5, seed=1)
+    assert RunConfig().sampler == "poisson"  # the default: the only sampler that justifies amplification
+    seeded = RunConfig(clients_per_round=5, seed=1, sampler="seeded")
     a, rec = draw_cohort(seeded, np.random.default_rng(1), ids)
     b, _ = draw_cohort(seeded, np.random.default_rng(1), ids)
     assert a == b and len(a) == 5 and (rec.scheme, rec.rate, rec.amplification_rate) == ("seeded", 0.25, 1.0)

@@ -16,6 +16,14 @@ model, `measure_leakage` runs
 - the ledger's epsilon per (unit, observer), max over clients;
 
 and collects the headline numbers in a `LeakageReport`.
+
+Oracle versus attacker. The token numbers above pick the best detector WITH the ground truth and
+give top-k the true k: an upper bound ('oracle'). Given `shadow` views (updates or cohort means the
+attacker simulated itself from public data, with known token sets), `measure_leakage` also runs
+what an adversary can actually run: a `TokenAttack` calibrated on the shadow views
+(`dp.leakage.calibration`) applied unchanged to the real views, and, on aggregates, the
+differencing attack (`dp.leakage.differencing`), which uses the released values and so feels the
+DP noise. The headline `realistic_advantage` is the max over those; `oracle_advantage` sits beside.
 """
 from __future__ import annotations
 
@@ -27,10 +35,13 @@ from typing import Any
 
 import numpy as np
 
+from dp.leakage.calibration import RowStats, TokenAttack, calibrate_token_attack
+from dp.leakage.differencing import differencing_attack
 from dp.leakage.intersection import attribute_tokens, score_attribution
 from dp.leakage.membership import loss_threshold_attack
 from dp.leakage.recoverability import recoverable_clients
 from dp.leakage.report import LeakageReport
+from dp.leakage.stats import advantage_over_chance, token_advantage
 from dp.leakage.token_recovery import TokenScores, mean_scores, recover_tokens, score_tokens
 from dp.leakage.transcript import Transcript
 from dp.ledger import Ledger
@@ -47,13 +58,6 @@ def _scores(vec: np.ndarray, truth: frozenset[int], *, shape: tuple[int, int]
         got = recover_tokens(vec, shape=shape, method=method, k=len(truth) if method == "top_k" else None)
         out[method] = (got, score_tokens(got, truth, vocab_size=shape[0]))
     return out
-
-
-def token_advantage(f1: float, chance: float | None) -> float:
-    """Token F1 above chance, normalised: 0 = random guessing of as many tokens, 1 = exact recovery.
-    Makes individual and aggregate views comparable (their chance levels differ)."""
-    c = chance or 0.0
-    return (f1 - c) / (1.0 - c) if c < 1 else 0.0
 
 
 def _hmean(a: float, b: float) -> float:
@@ -163,37 +167,154 @@ def json_epsilon(value: float) -> float | str:
     return value if math.isfinite(value) else "inf"
 
 
+SHADOW_KINDS = ("individual", "aggregate", "differencing")
+"""Keys of `measure_leakage(shadow=...)`: shadow individual updates, shadow cohort means (same noise
+mechanism as the real aggregates), shadow differencing estimates (`simulate_differencing_shadow`)."""
+
+ShadowViews = Sequence[tuple["np.ndarray | RowStats", frozenset[int]]]
+
+
+def realistic_token_leakage(transcript: Transcript, *, part: str, truth: Mapping[int, frozenset[int]],
+                            attack: TokenAttack, view: str) -> dict[str, Any]:
+    """A calibrated `TokenAttack` applied unchanged to every real view of one kind.
+
+    `view` 'individual': each client's upload, scored against its token set; 'aggregate': each
+    round's mean, scored against the union of its contributors. Macro averages over views; the
+    advantage is that of the mean F1 over the mean chance F1 (as for the oracle).
+    """
+    if view not in ("individual", "aggregate"):
+        raise ValueError("view is 'individual' or 'aggregate'")
+    scores: list[TokenScores] = []
+    for t in transcript.rounds:
+        if view == "individual":
+            for c, vec in transcript.individuals(t, part).items():
+                scores.append(attack.score(vec, truth[c]))
+        else:
+            rec = transcript.aggregate(t, part)
+            if rec is not None:
+                scores.append(attack.score(rec.mean, frozenset().union(*(truth[c] for c in rec.contributors))))
+    if not scores:
+        raise ValueError(f"the transcript has no {view} views of '{part}'")
+    avg = mean_scores(scores)
+    return {"method": attack.method, "parameter": attack.parameter, "k": attack.k, "calibrated_on": view,
+            "shadow_score": attack.shadow_score, "shadow_f1": attack.shadow_f1, "n_shadow": attack.n_shadow,
+            "views": len(scores), "precision": avg.precision, "recall": avg.recall, "f1": avg.f1,
+            "chance_f1": avg.chance_f1, "advantage": advantage_over_chance(avg.f1, avg.chance_f1)}
+
+
+def oracle_summary(view: Mapping[str, Any]) -> dict[str, Any]:
+    """The best-of-detectors numbers of one `token_leakage` view (chosen with the truth, top-k told
+    the true k): an upper bound on any attacker, reported beside the realistic attack."""
+    return {"method": view["advantage_method"], "advantage": view["advantage"], "best_f1_method": view["best_method"],
+            "precision": view["precision"], "recall": view["recall"], "f1": view["f1"], "chance_f1": view["chance_f1"]}
+
+
+def _check_shadow(shadow: Mapping[str, ShadowViews]) -> None:
+    unknown = set(shadow) - set(SHADOW_KINDS)
+    if unknown:
+        raise ValueError(f"unknown shadow kinds {sorted(unknown)}; use {SHADOW_KINDS}")
+
+
 def measure_leakage(transcript: Transcript, *, embedding_part: str, vector_part: str,
                     truth: Mapping[int, frozenset[int]], shape: tuple[int, int], member_losses: np.ndarray,
                     nonmember_losses: np.ndarray, ledger: Ledger, unit: str,
-                    export: str | Path | None = None) -> dict[str, Any]:
+                    export: str | Path | None = None, shadow: Mapping[str, ShadowViews] | None = None,
+                    true_updates: Mapping[int, np.ndarray] | None = None, ridge: float = 1e-6) -> dict[str, Any]:
     """Every leakage number of one run (see the module docstring).
 
     `embedding_part` is the uploaded V x D embedding the token attacks read, `vector_part` the part
     whose recoverability is tested, `truth` every client's training token set, `unit` the privacy
     unit of the headline epsilon ('client' or 'example', against the server). With `export`, the
     transcript is saved under that stem and reloaded first: measured is exactly what was exported.
+
+    `shadow` (optional) maps kinds in `SHADOW_KINDS` to (view, token set) pairs the attacker
+    simulated: 'individual' calibrates the token attack on individual views (and, failing
+    'differencing', the differencing attacker), 'aggregate' the one on cohort means, 'differencing'
+    the differencing attacker. `true_updates` (optional): each client's true mean update of
+    `embedding_part`, for the differencing cosine; `ridge`: the differencing estimator's ridge.
+
+    Membership: `member_losses` and `nonmember_losses` must come from the SAME clients (each
+    client's data split into trained-on and held-out examples); with non-members from other
+    clients the attack partly measures the client shift instead of membership. Reported: AUC, TPR
+    at 1% and 0.1% FPR (the latter needs about 1000 non-members to mean anything).
+
+    Keys: token_f1, token_chance_f1, token_advantage (the oracle view's; kept for older callers),
+    tokens, recoverability, membership, epsilon, epsilon_unit, report, and token_oracle,
+    oracle_advantage, token_realistic, differencing, realistic_advantage, realistic_attack.
+    Without `shadow`, realistic_advantage and realistic_attack are None and token_realistic and
+    differencing hold {'skipped': reason}; so do they when their shadow kind or the aggregates are missing.
     """
+    if shadow is not None:
+        _check_shadow(shadow)
     if export is not None:
         transcript.save(export)
         transcript = Transcript.load(export)
     tokens = token_leakage(transcript, part=embedding_part, truth=truth, shape=shape)
-    view = tokens[tokens["server_view"]]
+    server_view = tokens["server_view"]
+    view = tokens[server_view]
+    oracle = oracle_summary(view)
+
+    calibrated: dict[str, TokenAttack] = {}
+
+    def attack_for(kind: str) -> TokenAttack:
+        if kind not in calibrated:
+            calibrated[kind] = calibrate_token_attack(shadow[kind], shape=shape)
+        return calibrated[kind]
+
+    realistic: dict[str, Any]
+    if shadow is None:
+        realistic = {"skipped": "no shadow views given (shadow=None)"}
+    elif server_view not in shadow:
+        realistic = {"skipped": f"no shadow views of kind '{server_view}' (the server's view)"}
+    else:
+        realistic = realistic_token_leakage(transcript, part=embedding_part, truth=truth,
+                                            attack=attack_for(server_view), view=server_view)
+
+    differencing: dict[str, Any]
+    source = next((k for k in ("differencing", "individual") if shadow is not None and k in shadow), None)
+    if not transcript.aggregates(embedding_part):
+        differencing = {"skipped": f"the transcript has no aggregates of '{embedding_part}'"}
+    elif shadow is None:
+        differencing = {"skipped": "no shadow views given (shadow=None)"}
+    elif source is None:
+        differencing = {"skipped": "no shadow estimates ('differencing') or individual updates to calibrate on"}
+    else:
+        attack = attack_for(source)  # a bad shadow set is the caller's error: raise, do not skip
+        try:
+            scores = differencing_attack(transcript, part=embedding_part, truth=truth, shape=shape,
+                                         attack=attack, true_updates=true_updates, ridge=ridge)
+            differencing = {**scores.to_dict(), "calibrated_on": source,
+                            "counts_in_headline": server_view == "aggregate"}
+        except ValueError as err:
+            differencing = {"skipped": str(err)}
+
+    candidates = {}
+    if "advantage" in realistic:
+        candidates["token_recovery"] = realistic["advantage"]
+    if differencing.get("counts_in_headline"):
+        candidates["differencing"] = differencing["advantage"]
+    realistic_attack = max(candidates, key=candidates.get) if candidates else None
+    realistic_advantage = candidates[realistic_attack] if realistic_attack else None
+
     rec = recoverable_updates(transcript, sorted(truth), part=vector_part)
     mia = asdict(loss_threshold_attack(member_losses, nonmember_losses))
     eps = ledger_epsilons(ledger)
     report = LeakageReport(
-        server_view="plain" if tokens["server_view"] == "individual" else "secure",
+        server_view="plain" if server_view == "individual" else "secure",
         token_precision=view["precision"], token_recall=view["recall"], token_f1=view["f1"],
         token_chance_f1=view["chance_f1"], intersection_attribution_rate=view["attribution"]["rate"],
+        realistic_advantage=realistic_advantage, oracle_advantage=view["advantage"],
         mia_auc=mia["auc"], mia_tpr_at_1pct_fpr=mia["tpr_at_1pct_fpr"], mia_tpr_at_01pct_fpr=mia["tpr_at_01pct_fpr"],
         recoverable_clients=rec["per_round"], recoverable_fraction=rec["per_round_fraction"],
         epsilon=eps.get(f"{unit}/server"))
     return {"token_f1": view["f1"], "token_chance_f1": view["chance_f1"], "token_advantage": view["advantage"],
             "tokens": tokens, "recoverability": rec, "membership": mia,
             "epsilon": {k: json_epsilon(v) for k, v in eps.items()}, "epsilon_unit": unit,
-            "report": report.to_dict()}
+            "token_oracle": oracle, "oracle_advantage": view["advantage"], "token_realistic": realistic,
+            "differencing": differencing, "realistic_advantage": realistic_advantage,
+            "realistic_attack": realistic_attack, "report": report.to_dict()}
 
 
-__all__ = ["ATTACKS", "token_advantage", "token_leakage", "recoverable_updates", "ledger_epsilons", "json_epsilon",
+__all__ = ["ATTACKS", "SHADOW_KINDS", "token_advantage", "advantage_over_chance", "token_leakage",
+           "realistic_token_leakage", "oracle_summary", "recoverable_updates", "ledger_epsilons", "json_epsilon",
            "measure_leakage"]

@@ -33,6 +33,11 @@ class LeakageReport:
     recoverable_fraction: float | None = None
     epsilon: float | None = None
     """The ledger's epsilon for the run (the accountant's upper bound), or None without DP."""
+    realistic_advantage: float | None = None
+    """Headline token leakage: max advantage over chance of the attacks an adversary can run (token
+    recovery calibrated on shadow views; the differencing attack on aggregates). 0 = guessing."""
+    oracle_advantage: float | None = None
+    """Best-of-detectors advantage chosen with the ground truth, top-k told the true k: an upper bound."""
 
     def __post_init__(self) -> None:
         for name in ("token_precision", "token_recall", "token_f1", "token_chance_f1",
@@ -41,6 +46,10 @@ class LeakageReport:
             v = getattr(self, name)
             if v is not None and not 0.0 <= v <= 1.0:
                 raise ValueError(f"{name} must be in [0, 1], got {v}")
+        for name in ("realistic_advantage", "oracle_advantage"):
+            v = getattr(self, name)  # (F1 - c) / (1 - c): at most 1, negative below chance
+            if v is not None and not (math.isfinite(v) and v <= 1.0 + 1e-9):
+                raise ValueError(f"{name} must be finite and <= 1, got {v}")
         if self.recoverable_clients is not None and self.recoverable_clients < 0:
             raise ValueError("recoverable_clients must be >= 0")
         if self.epsilon is not None and not (self.epsilon >= 0 or math.isinf(self.epsilon)):
@@ -49,7 +58,9 @@ class LeakageReport:
     @classmethod
     def from_results(cls, *, server_view: str = "secure", tokens: TokenScores | None = None,
                      attribution: AttributionScores | None = None, membership: MembershipScores | None = None,
-                     recoverability: Recoverability | None = None, epsilon: float | None = None) -> "LeakageReport":
+                     recoverability: Recoverability | None = None, epsilon: float | None = None,
+                     realistic_advantage: float | None = None,
+                     oracle_advantage: float | None = None) -> "LeakageReport":
         return cls(
             server_view=server_view,
             token_precision=tokens.precision if tokens else None,
@@ -57,6 +68,7 @@ class LeakageReport:
             token_f1=tokens.f1 if tokens else None,
             token_chance_f1=tokens.chance_f1 if tokens else None,
             intersection_attribution_rate=attribution.rate if attribution else None,
+            realistic_advantage=realistic_advantage, oracle_advantage=oracle_advantage,
             mia_auc=membership.auc if membership else None,
             mia_tpr_at_1pct_fpr=membership.tpr_at_1pct_fpr if membership else None,
             mia_tpr_at_01pct_fpr=membership.tpr_at_01pct_fpr if membership else None,
@@ -78,6 +90,7 @@ class LeakageReport:
 
         parts = [f"view={self.server_view}", f"eps={f(self.epsilon, '.2f')}",
                  f"tokenF1={f(self.token_f1)}" + (f"(chance {f(self.token_chance_f1)})" if self.token_chance_f1 is not None else ""),
+                 f"adv realistic={f(self.realistic_advantage)} oracle={f(self.oracle_advantage)}",
                  f"attributed={f(self.intersection_attribution_rate)}",
                  f"MIA AUC={f(self.mia_auc)} TPR@1%FPR={f(self.mia_tpr_at_1pct_fpr)}"]
         if self.recoverable_clients is not None:

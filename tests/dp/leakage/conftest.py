@@ -72,6 +72,14 @@ def ten_client_updates() -> tuple[dict[int, np.ndarray], dict[int, ClientData]]:
     return {c: embedding_update(base, d) for c, d in clients.items()}, clients
 
 
+@pytest.fixture(scope="module")
+def shadow_client_updates() -> list[tuple[np.ndarray, frozenset[int]]]:
+    """12 SHADOW clients (other data, same model and training as `ten_client_updates`): the
+    attacker's own simulation, with token sets it knows, for calibrating realistic attacks."""
+    base = initial_model()
+    return [(embedding_update(base, d), d.token_set) for d in make_clients(12, seed=7).values()]
+
+
 @dataclass(frozen=True)
 class BagToolkit:
     """The helpers above, handed to tests as a fixture (test modules cannot import a conftest)."""

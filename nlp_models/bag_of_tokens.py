@@ -32,7 +32,6 @@ from torch.nn import functional as F
 from torch.utils.data import Dataset
 
 from nlp_models.data.loaders import load_rt_sentiment
-from nlp_models.data.partition import client_splits, natural_partition
 from nlp_models.heads import classification_metrics
 
 EMBEDDING_PART = "embedding"
@@ -147,9 +146,14 @@ class BagTaskConfig:
     """Client SGD learning rate (bag-of-embeddings models need large steps: each row gets 1/len)."""
     batch_size: int = 16
     test_fraction: float = 0.2
+    public_fraction: float = 0.0
+    """Share of the movies set aside whole as `BagTask.public`, held by no client: the public data an
+    attacker may simulate shadow clients from. 0 keeps every movie for the clients."""
     seed: int = 0
 
     def __post_init__(self) -> None:
+        if not 0 <= self.public_fraction < 1:
+            raise ValueError("public_fraction must be in [0, 1)")
         if self.num_clients < 2:
             raise ValueError("need at least two clients")
         if self.init not in INITS:
@@ -182,6 +186,8 @@ class BagTask:
     label_names: tuple[str, ...]
     initial: Mapping[str, np.ndarray]
     """The initial shared parameters, one flat float32 vector per part."""
+    public: Examples | None = None
+    """Snippets of the public movies (BagTaskConfig.public_fraction), held by no client."""
 
     @property
     def embedding_shape(self) -> tuple[int, int]:
@@ -251,26 +257,29 @@ def load_bag_task(config: BagTaskConfig = BagTaskConfig()) -> BagTask:
     """Load, deduplicate, partition by movie, tokenize; build the initial parameters."""
     from nlp_models.backbone import load_tokenizer
 
+    from nlp_models.data.partition import movie_clients
+
     data = load_rt_sentiment(max_examples=config.max_examples, seed=config.seed, dedupe=True)
-    partition = natural_partition(data.groups, num_clients=config.num_clients, seed=config.seed, min_size=2)
     labels = data.label_array()
-    splits = client_splits(partition, ratios=(1 - config.test_fraction, 0.0, config.test_fraction),
-                           seed=config.seed, labels=labels)
+    split = movie_clients(data, num_clients=config.num_clients, test_fraction=config.test_fraction,
+                          public_fraction=config.public_fraction, seed=config.seed)
     tokenizer = load_tokenizer()
     encoded = tokenizer(list(data.texts), add_special_tokens=False, truncation=True,
                         max_length=config.max_length)["input_ids"]
     unk = tokenizer.unk_token_id
     ids = [np.asarray(e if e else [unk], dtype=np.int32) for e in encoded]
-    clients = {}
-    for number, (split, members) in enumerate(zip(splits, partition.clients), start=1):
-        clients[number] = BagClient(
-            train=Examples(tuple(ids[i] for i in split.train), labels[split.train]),
-            test=Examples(tuple(ids[i] for i in split.test), labels[split.test]),
-            movies=len({data.groups[i] for i in members}))
+
+    def examples(rows: np.ndarray) -> Examples:
+        return Examples(tuple(ids[i] for i in rows), labels[rows])
+
+    clients = {number: BagClient(train=examples(s.train), test=examples(s.test), movies=movies)
+               for number, (s, movies) in enumerate(zip(split.clients, split.movies), start=1)}
+    public = examples(split.public) if len(split.public) else None
     vocab = len(tokenizer)
     return BagTask(config=config, clients=clients, vocab_size=vocab, num_labels=data.num_labels,
                    label_names=data.label_names,
-                   initial=initial_parameters(vocab_size=vocab, num_labels=data.num_labels, config=config))
+                   initial=initial_parameters(vocab_size=vocab, num_labels=data.num_labels, config=config),
+                   public=public)
 
 
 __all__ = ["EMBEDDING_PART", "HEAD_PART", "PAD_ID", "SHARED_PARTS", "INITS", "BagOfTokens", "pack",

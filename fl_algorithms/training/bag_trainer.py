@@ -17,15 +17,17 @@ from dp.ledger import Ledger
 from dp.opacus_client import DPSGDConfig, OpacusClient, calibrate_noise_multiplier
 from fl_algorithms.training.dp_trainer import DPTorchTrainer
 from fl_algorithms.training.trainer import OptimizerConfig, SeededTorchTrainer, unflatten_
-from nlp_models.bag_of_tokens import (SHARED_PARTS, BagTask, ExampleDataset, collate, mean_loss, metrics,
-                                      per_example_loss)
+from nlp_models.bag_of_tokens import (SHARED_PARTS, BagClient, BagTask, ExampleDataset, Examples, collate, mean_loss,
+                                      metrics, per_example_loss)
 
 EVAL_BATCH = 256
+SHADOW_ID_BASE = 1_000_000
 
 
-def bag_trainer(task: BagTask, *, client_id: int) -> SeededTorchTrainer:
-    """Client `client_id`: SGD at the task's lr, batch order seeded by (seed, client, runs so far)."""
-    data, cfg = task.clients[client_id], task.config
+def bag_trainer(task: BagTask, *, client_id: int, data: BagClient | None = None) -> SeededTorchTrainer:
+    """Client `client_id` (or a shadow client on `data`): SGD at the task's lr, batch order seeded by
+    (seed, client, runs so far)."""
+    data, cfg = data or task.clients[client_id], task.config
     train, test, bs = data.train, data.test, cfg.batch_size
     trainer = SeededTorchTrainer(
         client_id=client_id, seed=cfg.seed, model=task.new_model(), shared=SHARED_PARTS,
@@ -34,6 +36,24 @@ def bag_trainer(task: BagTask, *, client_id: int) -> SeededTorchTrainer:
         loss_fn=mean_loss, metric_fn=metrics, optimizer=OptimizerConfig(name="sgd", lr=cfg.lr))
     trainer.set_shared(task.initial)
     return trainer
+
+
+def shadow_clients(task: BagTask, *, n_clients: int, examples_per_client: int, seed: int) -> dict[int, BagClient]:
+    """Disjoint random subsets of the public split: the clients an attacker can simulate (it knows their
+    tokens). Ids start at SHADOW_ID_BASE so they never collide with real clients (1..num_clients)."""
+    if task.public is None:
+        raise ValueError("the task has no public split (BagTaskConfig.public_fraction = 0)")
+    if n_clients < 1 or examples_per_client < 1:
+        raise ValueError("need at least one shadow client of at least one example")
+    if n_clients * examples_per_client > len(task.public):
+        raise ValueError(f"{n_clients} x {examples_per_client} shadow examples exceed the {len(task.public)} public ones")
+    order = np.random.default_rng(np.random.SeedSequence([seed, 0x5AD0])).permutation(len(task.public))
+    out = {}
+    for j in range(n_clients):
+        rows = order[j * examples_per_client:(j + 1) * examples_per_client]
+        part = Examples(tuple(task.public.ids[i] for i in rows), task.public.labels[rows])
+        out[SHADOW_ID_BASE + j] = BagClient(train=part, test=part, movies=0)
+    return out
 
 
 def build_trainers(task: BagTask) -> dict[int, SeededTorchTrainer]:
@@ -46,7 +66,8 @@ def _noise_multiplier(target: float, delta: float, batches: int, steps: int) -> 
 
 
 def calibrated_dpsgd_configs(task: BagTask, *, target_epsilon: float, delta: float, max_grad_norm: float,
-                             local_epochs: int, planned_rounds: int) -> dict[int, DPSGDConfig]:
+                             local_epochs: int, planned_rounds: int,
+                             clients: Mapping[int, BagClient] | None = None) -> dict[int, DPSGDConfig]:
     """Per-client DP-SGD configs at `target_epsilon` for a client sampled in all `planned_rounds` rounds.
 
     z is calibrated once per distinct loader length (the z Opacus' client would solve for with
@@ -55,7 +76,7 @@ def calibrated_dpsgd_configs(task: BagTask, *, target_epsilon: float, delta: flo
     """
     bs = task.config.batch_size
     configs = {}
-    for c, data in task.clients.items():
+    for c, data in (task.clients if clients is None else clients).items():
         batches = math.ceil(len(data.train) / bs)
         z = _noise_multiplier(target_epsilon, delta, batches, planned_rounds * local_epochs * batches)
         configs[c] = DPSGDConfig(max_grad_norm=max_grad_norm, noise_multiplier=z, delta=delta, batch_size=bs,
@@ -64,13 +85,14 @@ def calibrated_dpsgd_configs(task: BagTask, *, target_epsilon: float, delta: flo
 
 
 def build_dp_trainers(task: BagTask, *, dp_config: DPSGDConfig | Mapping[int, DPSGDConfig],
-                      ledger: Ledger) -> dict[int, DPTorchTrainer]:
+                      ledger: Ledger, clients: Mapping[int, BagClient] | None = None) -> dict[int, DPTorchTrainer]:
     """Opacus DP-SGD clients (example-level DP; SGD with the task's lr; per-client accountants).
 
-    `dp_config` is one config for all clients or one per client id (`calibrated_dpsgd_configs`).
+    `dp_config` is one config for all clients or one per client id (`calibrated_dpsgd_configs`);
+    `clients` (default the task's) may be shadow clients (`shadow_clients`).
     """
     out = {}
-    for c, data in task.clients.items():
+    for c, data in (task.clients if clients is None else clients).items():
         test = data.test
         config = dp_config[c] if isinstance(dp_config, Mapping) else dp_config
         trainer = DPTorchTrainer(
@@ -102,4 +124,4 @@ def example_losses(task: BagTask, shared: Mapping[str, np.ndarray], *, split: st
     return np.concatenate(out) if out else np.zeros(0)
 
 
-__all__ = ["bag_trainer", "build_trainers", "calibrated_dpsgd_configs", "build_dp_trainers", "example_losses"]
+__all__ = ["bag_trainer", "shadow_clients", "build_trainers", "calibrated_dpsgd_configs", "build_dp_trainers", "example_losses"]

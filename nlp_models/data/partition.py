@@ -237,3 +237,57 @@ def client_datasets(dataset: TextDataset, splits: Sequence[ClientSplit]) -> tupl
         DatasetSplits(dataset.subset(split.train), dataset.subset(split.validation), dataset.subset(split.test))
         for split in splits
     )
+
+
+# ---- a public split of whole groups, then clients -------------------------------------------------
+
+def split_off_public_groups(groups: Sequence[str], *, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """(private, public): sorted example indices, where round(fraction x #groups) whole groups (movies),
+    drawn uniformly by `seed` from the sorted group keys, are public. fraction = 0: nothing is public.
+
+    Groups, not examples, so that no movie (its names, its plot words) is both public and some
+    client's; the public share of the examples is therefore only about `fraction`.
+    """
+    if not 0.0 <= fraction < 1.0:
+        raise ValueError(f"fraction must be in [0, 1), got {fraction}")
+    groups = list(groups)
+    keys = sorted(set(groups))
+    count = int(round(fraction * len(keys)))
+    if fraction > 0 and count < 1:
+        raise ValueError(f"public fraction {fraction} of {len(keys)} groups is no group")
+    # a seed stream of its own (tag 'public'), independent of natural_partition's draw from `seed`
+    rng = np.random.default_rng(np.random.SeedSequence([seed, int.from_bytes(b"public", "big")]))
+    public_keys = {keys[i] for i in rng.permutation(len(keys))[:count]}
+    is_public = np.fromiter((g in public_keys for g in groups), dtype=bool, count=len(groups))
+    return np.flatnonzero(~is_public).astype(np.int64), np.flatnonzero(is_public).astype(np.int64)
+
+
+@dataclass(frozen=True)
+class MovieClients:
+    """Corpus indices of each client's train/test snippets and of the public split."""
+
+    clients: tuple[ClientSplit, ...]
+    """Client k + 1's corpus indices (validation is empty)."""
+    movies: tuple[int, ...]
+    """Movies per client."""
+    public: np.ndarray
+    public_movies: int
+
+
+def movie_clients(dataset: TextDataset, *, num_clients: int, test_fraction: float, public_fraction: float,
+                  seed: int) -> MovieClients:
+    """`load_bag_task`'s clients after setting the public movies aside: whole movies packed into
+    `num_clients` clients (`natural_partition`, min 2 snippets), each split train/test stratified by
+    label (`client_splits`). With public_fraction = 0 this is exactly the bag task's partition."""
+    if dataset.groups is None:
+        raise ValueError("the corpus needs groups (movies) to be partitioned by movie")
+    private, public = split_off_public_groups(dataset.groups, fraction=public_fraction, seed=seed)
+    rest = dataset.subset(private) if len(public) else dataset
+    partition = natural_partition(rest.groups, num_clients=num_clients, seed=seed, min_size=2)
+    splits = client_splits(partition, ratios=(1 - test_fraction, 0.0, test_fraction), seed=seed,
+                           labels=rest.label_array())
+    back = private if len(public) else np.arange(len(dataset), dtype=np.int64)
+    clients = tuple(ClientSplit(back[s.train], back[s.validation], back[s.test]) for s in splits)
+    movies = tuple(len({rest.groups[i] for i in members}) for members in partition.clients)
+    return MovieClients(clients=clients, movies=movies, public=public,
+                        public_movies=len({dataset.groups[i] for i in public}))

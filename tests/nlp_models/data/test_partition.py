@@ -132,3 +132,23 @@ def test_client_splits_refuse_tiny_clients_and_partition_checks_placement():
         Partition((np.array([0, 1]), np.array([1, 2])), 3, "overlap")
     with pytest.raises(PartitionError):
         Partition((np.array([0]),), 2, "missing")
+
+
+@settings(max_examples=30, deadline=None)
+@given(sizes=st.lists(st.integers(4, 8), min_size=6, max_size=12), fraction=st.sampled_from([0.0, 0.2, 0.5]),
+       seed=st.integers(0, 5))
+def test_public_groups_are_whole_and_disjoint_from_every_client(sizes, fraction, seed):
+    from nlp_models.data.dataset import TextDataset
+    from nlp_models.data.partition import movie_clients, split_off_public_groups
+
+    groups = [f"g{g}" for g, n in enumerate(sizes) for _ in range(n)]
+    private, public = split_off_public_groups(groups, fraction=fraction, seed=seed)
+    assert sorted([*private, *public]) == list(range(len(groups)))
+    public_groups = {groups[i] for i in public}
+    assert not public_groups & {groups[i] for i in private}  # a group is public whole, or not at all
+    assert len(public_groups) == round(fraction * len(set(groups)))
+    data = TextDataset(name="t", texts=tuple(f"x{i}" for i in range(len(groups))), labels=tuple(i % 2 for i in range(len(groups))),
+                       label_names=("a", "b"), groups=tuple(groups))
+    split = movie_clients(data, num_clients=2, test_fraction=0.25, public_fraction=fraction, seed=seed)
+    held = {int(i) for c in split.clients for i in (*c.train, *c.test)}
+    assert held.isdisjoint(int(i) for i in split.public) and set(split.public) == set(public)

@@ -1,0 +1,335 @@
+"""The privacy frontier: accuracy against measured leakage, per cohort size, mechanism and epsilon.
+
+One task (`nlp_models.bag_of_tokens`: a bag-of-token-embeddings sentiment classifier on Rotten
+Tomatoes, clients = groups of movies, a public split of movies held by no client), FedAvg with
+plain-SGD clients, Poisson cohorts of expected size `cohort` from `clients` (OS CSPRNG), and the
+settings:
+
+| setting      | upload                                  | server sees                               | unit    |
+|--------------|-----------------------------------------|-------------------------------------------|---------|
+| plain        | the update (protocol 'plain')           | every client's update                     | -       |
+| secagg       | the update, SecAgg+ masked              | the cohort's exact weighted mean          | -       |
+| ddp_epsX     | clipped to C + Skellam noise, SecAgg+   | a noisy mean (client-level DP at X)       | client  |
+| central_epsX | clipped to C, SecAgg+; TRUSTED server   | the exact sum (adds Gaussian noise once)  | client  |
+| dpsgd_epsX   | Opacus DP-SGD update (protocol 'plain') | every client's update (example-level DP)  | example |
+
+Accounting (every number from the run's ledger; `dp.sampling` for what sampling may claim):
+- DDP: calibrated against the SERVER (it knows the cohort: no amplification) for a client that
+  takes part in every round (R participations), so every client's server epsilon is <= X. The noise
+  is calibrated to n_min = a lower quantile of the Poisson cohort size (rounds below it release
+  nothing), and the ring holds an upper quantile.
+- Central DP: the server is trusted, so its epsilon against the server is infinite; calibrated
+  against outsiders who see the released models, amplified by Poisson sampling when the boundary
+  delta of rounds below the floor allows it (else not amplified).
+- DP-SGD: example-level, X for a client in every round, against anyone (it noises each update).
+
+Attacks (`dp.leakage`), run on what the server received (its transcript):
+- realistic: the token-recovery attacker calibrates its detector, threshold and k on SHADOW views it
+  simulates from the public split (same training, same clipping and noise), then attacks the real
+  views; on aggregate views also the differencing attack (released sums over known cohorts). The
+  headline is its advantage over chance, (F1 - chance) / (1 - chance), max over these attacks;
+- oracle: the best detector chosen with the ground truth and the true k (an upper bound);
+- membership inference (LOSS) on the final model: members = participants' training snippets,
+  non-members = the SAME clients' held-out snippets; AUC, TPR at 1% and 0.1% FPR.
+Simplified: shadow views are simulated from the public initial model (round 1); later rounds'
+updates have the same row support structure, but their scale drifts.
+"""
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+from scipy import stats
+
+from dp.central import CentralDPConfig
+from dp.distributed import DistributedDPConfig
+from dp.leakage import Transcript, measure_leakage
+from dp.leakage.differencing import random_cohorts, simulate_differencing_shadow
+from dp.ledger import Ledger, LedgerConfig, NonPrivateMechanism, Observer, PrivacyUnit
+from dp.sampling import boundary_delta
+from fl_algorithms.algorithms.fedavg import FedAvg
+from fl_algorithms.engine.secure_sum import SecureAggregationConfig
+from fl_algorithms.engine.sim import RoundRecord, RunConfig, SimulationRunner
+from fl_algorithms.training.bag_trainer import (bag_trainer, build_dp_trainers, build_trainers,
+                                                calibrated_dpsgd_configs, example_losses, shadow_clients)
+from nlp_models.bag_of_tokens import EMBEDDING_PART, HEAD_PART, BagTask, BagTaskConfig
+
+MECHANISMS = ("ddp", "central", "dpsgd")
+COHORT_TAIL = 1e-3
+"""Poisson cohorts: DDP noise is calibrated to the COHORT_TAIL lower quantile of the cohort size."""
+RING_TAIL = 1e-9
+"""... and its ring sized for the RING_TAIL upper quantile (a larger cohort stops the run)."""
+
+
+@dataclass(frozen=True)
+class Setting:
+    name: str
+    label: str
+    protocol: str
+    mechanism: str = "none"
+    """'none', 'ddp', 'central' or 'dpsgd'."""
+    epsilon: float | None = None
+
+
+@dataclass(frozen=True)
+class FrontierConfig:
+    task: BagTaskConfig = field(default_factory=lambda: BagTaskConfig(num_clients=200, public_fraction=0.1))
+    rounds: int = 20
+    cohort: int = 20
+    """Expected clients per round (Poisson rate cohort / clients)."""
+    sampler: str = "poisson"
+    local_epochs: int = 5
+    epsilons: tuple[float, ...] = (1.0, 2.0, 4.0, 8.0)
+    mechanisms: tuple[str, ...] = MECHANISMS
+    clip: float = 1.0
+    """C: client-level L2 clip of DDP and central DP, per-example clip of DP-SGD."""
+    ddp_bits: int = 20
+    delta: float = 1e-5
+    secure_clip: float = 4.0
+    """Per-coordinate range of the fixed-point encoding (noise-free sums); clipped values are counted."""
+    shadow_clients: int = 40
+    """Shadow clients the attacker simulates from the public split (calibration of its attacks)."""
+    shadow_views: int = 8
+    """Aggregate shadow views (simulated cohort means) it calibrates on."""
+    save_transcripts: bool = False
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.rounds < 1 or self.local_epochs < 1:
+            raise ValueError("rounds and local_epochs must be positive")
+        if not 2 <= self.cohort < self.task.num_clients:
+            raise ValueError("need 2 <= cohort < clients (a cohort is a sample of the population)")
+        if self.sampler not in ("poisson", "seeded", "fixed_size"):
+            raise ValueError("sampler is 'poisson', 'seeded' or 'fixed_size'")
+        if set(self.mechanisms) - set(MECHANISMS):
+            raise ValueError(f"mechanisms are among {MECHANISMS}")
+        if any(not e > 0 for e in self.epsilons):
+            raise ValueError("epsilons must be positive (plain and secagg are the epsilon = inf rows)")
+        if self.task.public_fraction <= 0:
+            raise ValueError("the attacker's shadow clients need a public split (task.public_fraction > 0)")
+
+    @property
+    def rate(self) -> float:
+        return self.cohort / self.task.num_clients
+
+    def settings(self) -> list[Setting]:
+        out = [Setting("plain", "plaintext", "plain"), Setting("secagg", "SecAgg+", "secagg+")]
+        labels = {"ddp": "SecAgg+ + DDP", "central": "SecAgg+ + central DP", "dpsgd": "DP-SGD"}
+        for mech in self.mechanisms:
+            for e in self.epsilons:
+                out.append(Setting(f"{mech}_eps{e:g}", f"{labels[mech]} eps={e:g}",
+                                   "plain" if mech == "dpsgd" else "secagg+", mech, e))
+        return out
+
+    def cohort_range(self) -> tuple[int, int]:
+        """(floor, ceiling) of the cohort size: the quantiles DDP is calibrated and sized for."""
+        n = self.task.num_clients
+        if self.sampler != "poisson":
+            return self.cohort, self.cohort
+        low = int(stats.binom.ppf(COHORT_TAIL, n, self.rate))
+        high = int(stats.binom.isf(RING_TAIL, n, self.rate)) + 1
+        return max(2, low), min(n, high)
+
+    def outsider_rate(self, floor: int) -> float:
+        """The Poisson rate an outsider's accounting may claim with this floor: q when the boundary delta
+        of all rounds is at most delta / 10 (`dp.sampling`), else 1 (no amplification)."""
+        if self.sampler != "poisson":
+            return 1.0
+        b = boundary_delta(population=self.task.num_clients, rate=self.rate, min_cohort=floor)
+        return self.rate if self.rounds * b <= self.delta / 10 else 1.0
+
+
+# ---- one setting -------------------------------------------------------------------------------------
+
+@dataclass
+class RunOutput:
+    setting: Setting
+    history: list[RoundRecord]
+    final: dict[str, np.ndarray]
+    ledger: Ledger
+    transcript: Transcript
+    seconds: float
+    parameters: dict[str, Any]
+
+
+def secure_config(setting: Setting, task: BagTask, cfg: FrontierConfig) -> tuple[SecureAggregationConfig, dict]:
+    """The secure layer of a setting and what it was configured with (for the ledger file)."""
+    n, (floor, ceiling) = task.config.num_clients, cfg.cohort_range()
+    ddp = central = None
+    params: dict[str, Any] = {"mechanism": setting.mechanism, "protocol": setting.protocol}
+    if setting.mechanism == "ddp":
+        q = cfg.outsider_rate(floor)
+        ddp = DistributedDPConfig(l2_clip=cfg.clip, target_epsilon=setting.epsilon, delta=cfg.delta,
+                                  expected_clients=ceiling, min_clients=floor, bits=cfg.ddp_bits, rounds=cfg.rounds,
+                                  sampling_rate=q, population=n if q < 1 else None, target_observer="server")
+        params.update(unit="client", target_observer="server", target_horizon=cfg.rounds, n_min=floor,
+                      expected_clients=ceiling, outsider_rate=q)
+    elif setting.mechanism == "central":
+        q = cfg.outsider_rate(2)
+        central = CentralDPConfig(l2_clip=cfg.clip, target_epsilon=setting.epsilon, delta=cfg.delta, rounds=cfg.rounds,
+                                  sampling_rate=q, population=n if q < 1 else None, min_cohort=2)
+        params.update(unit="client", target_observer="outsider", target_horizon=cfg.rounds, outsider_rate=q)
+    secure = SecureAggregationConfig(protocol=setting.protocol, clip=cfg.secure_clip,
+                                     max_weight=float(max(len(d.train) for d in task.clients.values())),
+                                     max_clients=n, distributed_dp=ddp, central_dp=central,
+                                     min_release_group=2)
+    return secure, params
+
+
+def run_setting(setting: Setting, task: BagTask, cfg: FrontierConfig, *, progress: bool) -> RunOutput:
+    ledger = Ledger(LedgerConfig(delta=cfg.delta))
+    transcript = Transcript(protocol=setting.protocol, dtype="float32", parts=[EMBEDDING_PART, HEAD_PART])
+    secure, params = secure_config(setting, task, cfg)
+    if setting.mechanism == "dpsgd":
+        configs = calibrated_dpsgd_configs(task, target_epsilon=setting.epsilon, delta=cfg.delta,
+                                           max_grad_norm=cfg.clip, local_epochs=cfg.local_epochs,
+                                           planned_rounds=cfg.rounds)
+        trainers = build_dp_trainers(task, dp_config=configs, ledger=ledger)
+        params.update(unit="example", target_observer="anyone", planned_participations=cfg.rounds,
+                      noise_multiplier=sorted({c.noise_multiplier for c in configs.values()}))
+    else:
+        trainers = build_trainers(task)
+    run = RunConfig(rounds=cfg.rounds, clients_per_round=cfg.cohort, seed=cfg.seed, secure=secure, sampler=cfg.sampler)
+    runner = SimulationRunner(algorithm=FedAvg(local_epochs=cfg.local_epochs), trainers=trainers, config=run,
+                              initial=task.initial, ledger=ledger, transcript=transcript)
+
+    def on_round(rec: RoundRecord) -> None:  # noise-free settings: the ledger says so, per participation
+        if setting.mechanism == "none" and rec.contributors:
+            seen = ("plaintext upload: the server reads the client's update" if setting.protocol == "plain"
+                    else "secure sum without noise: the server reads the cohort's exact sum")
+            for observer, reason in ((Observer.SERVER, seen), (Observer.OUTSIDER, "global model released without noise")):
+                ledger.debit_many(rec.contributors, NonPrivateMechanism(reason=reason), unit=PrivacyUnit.CLIENT,
+                                  observer=observer, round_id=rec.round, summary_key="model-update")
+
+    runner.on_round = on_round
+    t0 = time.perf_counter()
+    history = runner.run(progress=progress, desc=setting.name)
+    seconds = time.perf_counter() - t0
+    final = {k: np.asarray(v) for k, v in runner.algorithm.shared_parameters(runner.state).items()}
+    if secure.distributed_dp is not None:
+        params["plan"] = runner.aggregator.ddp_encoder(sum(v.size for v in task.initial.values())).plan.summary()
+    if secure.central_dp is not None:
+        params["noise_multiplier"] = runner.aggregator.central.noise_multiplier
+    return RunOutput(setting, history, final, ledger, transcript, seconds, params)
+
+
+# ---- the attacker's shadow views ---------------------------------------------------------------------
+
+def _flat(params: Mapping[str, np.ndarray]) -> np.ndarray:
+    return np.concatenate([np.asarray(params[k], dtype=np.float64) for k in sorted(params)])
+
+
+def _embedding(update: Mapping[str, np.ndarray]) -> np.ndarray:
+    return np.asarray(update[EMBEDDING_PART], dtype=np.float64)
+
+
+def shadow_updates(task: BagTask, cfg: FrontierConfig, setting: Setting) -> list[tuple[dict[str, np.ndarray], frozenset[int], int]]:
+    """One round of the real recipe on each shadow client, from the public initial model:
+    (update per part, its token set, its example count). DP-SGD shadows run DP-SGD (the attacker
+    knows z); nothing is charged to any real client."""
+    sizes = [len(d.train) for d in task.clients.values()]
+    per = int(np.median(sizes))
+    n = min(cfg.shadow_clients, len(task.public) // per)
+    clients = shadow_clients(task, n_clients=n, examples_per_client=per, seed=cfg.seed)
+    if setting.mechanism == "dpsgd":
+        configs = calibrated_dpsgd_configs(task, target_epsilon=setting.epsilon, delta=cfg.delta, max_grad_norm=cfg.clip,
+                                           local_epochs=cfg.local_epochs, planned_rounds=cfg.rounds, clients=clients)
+        trainers = build_dp_trainers(task, dp_config=configs, ledger=Ledger(), clients=clients)
+    else:
+        trainers = {c: bag_trainer(task, client_id=c, data=d) for c, d in clients.items()}
+    out = []
+    for c, trainer in trainers.items():
+        trainer.train(epochs=cfg.local_epochs, round=1)
+        new = trainer.get_shared()
+        out.append(({k: np.asarray(new[k], dtype=np.float64) - task.initial[k] for k in task.initial},
+                    clients[c].train.tokens(), len(clients[c].train)))
+    return out
+
+
+def _clip(update: Mapping[str, np.ndarray], c: float) -> dict[str, np.ndarray]:
+    norm = float(np.linalg.norm(_flat(update)))
+    scale = min(1.0, c / norm) if norm > 0 else 1.0
+    return {k: v * scale for k, v in update.items()}
+
+
+def mean_noise_std(run: RunOutput, cfg: FrontierConfig) -> float:
+    """Per-coordinate noise std of the released mean of a typical (expected-size) cohort."""
+    p = run.parameters
+    if run.setting.mechanism == "ddp":
+        return p["plan"]["local_stddev"] * math.sqrt(cfg.cohort) / cfg.cohort
+    if run.setting.mechanism == "central":
+        return p["noise_multiplier"] * cfg.clip / cfg.cohort
+    return 0.0
+
+
+def shadow_views(run: RunOutput, task: BagTask, cfg: FrontierConfig, updates, rng: np.random.Generator) -> dict[str, list]:
+    """What the attacker calibrates on, of the same kind as the server's view of this setting."""
+    s = run.setting
+    if s.protocol == "plain":  # individual updates (DP-SGD ones carry their own noise)
+        return {"individual": [(_embedding(u), toks) for u, toks, _ in updates]}
+    clipped = s.mechanism in ("ddp", "central")
+    std = mean_noise_std(run, cfg)
+    agg, k = [], min(cfg.cohort, len(updates))
+    for _ in range(cfg.shadow_views):
+        members = rng.choice(len(updates), size=k, replace=False)
+        if clipped:
+            mean = np.mean([_embedding(_clip(updates[i][0], cfg.clip)) for i in members], axis=0)
+        else:
+            w = np.array([updates[i][2] for i in members], dtype=np.float64)
+            mean = np.sum([w_i * _embedding(updates[i][0]) for w_i, i in zip(w, members)], axis=0) / w.sum()
+        mean = mean + rng.normal(0.0, std, size=mean.shape) if std > 0 else mean
+        agg.append((mean, frozenset().union(*(updates[i][1] for i in members))))
+    base = [((_embedding(_clip(u, cfg.clip)) if clipped else _embedding(u) * n), toks) for u, toks, n in updates]
+    diff = simulate_differencing_shadow(base, cohorts=random_cohorts(range(len(base)), size=k, rounds=cfg.rounds, rng=rng),
+                                        shape=task.embedding_shape, noise_std=std * cfg.cohort, rng=rng)
+    return {"aggregate": agg, "differencing": diff}
+
+
+# ---- measuring one run -------------------------------------------------------------------------------
+
+def measure(run: RunOutput, task: BagTask, cfg: FrontierConfig, *, shadow: Mapping[str, list],
+            export: Any = None) -> dict[str, Any]:
+    participants = sorted(set().union(*(r.contributors for r in run.history)))
+    leakage = measure_leakage(
+        run.transcript, embedding_part=EMBEDDING_PART, vector_part=HEAD_PART, truth=task.token_sets(),
+        shape=task.embedding_shape, ledger=run.ledger, unit="example" if run.setting.mechanism == "dpsgd" else "client",
+        member_losses=example_losses(task, run.final, split="train", clients=participants),
+        nonmember_losses=example_losses(task, run.final, split="test", clients=participants),
+        shadow=shadow, export=export)
+    return {"setting": asdict(run.setting), "accuracy": run.history[-1].mean("accuracy"), **leakage,
+            "accuracy_curve": [r.mean("accuracy") for r in run.history],
+            "cohort_sizes": [len(r.cohort) for r in run.history],
+            "skipped_rounds": sum(1 for r in run.history if not r.contributors),
+            "seconds": run.seconds, "clipped_values": int(sum(r.clipped for r in run.history)),
+            "parameters": run.parameters}
+
+
+def run_frontier(task: BagTask, cfg: FrontierConfig, *, progress: bool = True, out_dir=None,
+                 on_result=None) -> tuple[dict[str, dict[str, Any]], dict[str, RunOutput]]:
+    """Every setting of `cfg` on `task`: (results by setting name, the runs)."""
+    rng = np.random.default_rng(np.random.SeedSequence([cfg.seed, 0xA77AC]))
+    cache: dict[tuple, list] = {}
+    results, runs = {}, {}
+    for setting in cfg.settings():
+        run = run_setting(setting, task, cfg, progress=progress)
+        key = ("dpsgd", setting.epsilon) if setting.mechanism == "dpsgd" else ("sgd",)
+        if key not in cache:
+            cache[key] = shadow_updates(task, cfg, setting)
+        export = None
+        if out_dir is not None and cfg.save_transcripts:
+            export = out_dir / setting.name / "transcript"
+            export.parent.mkdir(parents=True, exist_ok=True)
+        results[setting.name] = measure(run, task, cfg, shadow=shadow_views(run, task, cfg, cache[key], rng),
+                                        export=export)
+        runs[setting.name] = run
+        if on_result is not None:
+            on_result(setting.name, run, results[setting.name])
+    return results, runs
+
+
+__all__ = ["MECHANISMS", "Setting", "FrontierConfig", "RunOutput", "secure_config", "run_setting", "shadow_updates",
+           "shadow_views", "measure", "run_frontier"]

@@ -145,7 +145,7 @@ def plot(rows: list[dict[str, Any]], path: Path) -> Path:
             ax.annotate("inf" if eps is None else f"{eps:g}", (r["realistic_advantage"], r["accuracy"]), fontsize=7,
                         xytext=(3, 3), textcoords="offset points")
         ax.set_title(f"expected cohort {cohort}", fontsize=10)
-        ax.set_xlabel("realistic attacker's advantage over chance (token recovery / differencing)")
+        ax.set_xlabel("realistic attacker's advantage over chance")
         ax.set_ylabel("mean client test accuracy")
         ax.grid(alpha=0.3)
     handles = [plt.Line2D([], [], marker=m, color=colors[k], linestyle="none", label=k) for k, m in markers.items()]

@@ -71,6 +71,15 @@ def calibrate_noise_multiplier(*, target_epsilon: float, delta: float, rounds: i
         target_epsilon, delta))
 
 
+def clip_l2(x: np.ndarray, *, l2_clip: float, weight: float = 1.0) -> np.ndarray:
+    """w x scaled to L2 norm at most `l2_clip` (the client's half of central DP; needs no calibration)."""
+    v = weight * np.asarray(x, dtype=np.float64)
+    if not 0 <= weight <= 1 or not np.all(np.isfinite(v)):
+        raise ValueError("weight must be in [0, 1] and x finite")
+    norm = float(np.linalg.norm(v))
+    return v * (l2_clip / norm) if norm > l2_clip else v
+
+
 class CentralDPAggregator:
     """Client: `clip`. Server (trusted): `release` the noisy mean of the secure sum."""
 
@@ -90,11 +99,7 @@ class CentralDPAggregator:
 
     def clip(self, x: np.ndarray, *, weight: float = 1.0) -> np.ndarray:
         """Client side: w x scaled to L2 norm at most C (then encode and secure-sum it)."""
-        v = weight * np.asarray(x, dtype=np.float64)
-        if not 0 <= weight <= 1 or not np.all(np.isfinite(v)):
-            raise ValueError("weight must be in [0, 1] and x finite")
-        norm = float(np.linalg.norm(v))
-        return v * (self.config.l2_clip / norm) if norm > self.config.l2_clip else v
+        return clip_l2(x, l2_clip=self.config.l2_clip, weight=weight)
 
     def add_noise(self, total: np.ndarray) -> np.ndarray:
         total = np.asarray(total, dtype=np.float64)

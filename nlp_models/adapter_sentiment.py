@@ -44,18 +44,17 @@ from torch.nn.utils.rnn import pad_sequence
 from tqdm.auto import tqdm
 
 from nlp_models.adapters import AdapterConfig, attach_adapters
+from nlp_models.backbone import BACKBONES, load_named_backbone
 from nlp_models.classifiers import SuffixClassifier, make_head
 from nlp_models.cpu import training_attention
 from nlp_models.data.dataset import TextDataset
-from nlp_models.data.partition import (ClientSplit, MovieClients, Partition, client_splits, movie_clients,  # noqa: F401
-                                       natural_partition, split_off_public_groups)
+from nlp_models.data.partition import Partition, client_splits, movie_clients
 from nlp_models.frozen_prefix import CachedBatch, CachedSplit, TopEncoder, build_prefix_cache, prefix_split
 from nlp_models.heads import classification_metrics
 
 ADAPTERS_PART = "adapters"
 HEAD_PART = "head"
 ADAPTER_SET = "adapter"
-BACKBONES = ("minilm", "tiny")
 CACHE_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 OPTIMIZERS = ("adam", "adamw", "sgd")
 SHARD = 1024
@@ -117,9 +116,6 @@ def build_model(backbone: nn.Module, *, num_labels: int, adapter_layers: int, bo
 
 
 # ---- corpus split: public movies, then clients ----------------------------------------------------
-
-# split_off_public_groups / movie_clients: nlp_models.data.partition (shared with the bag task)
-
 
 # ---- the prefix cache ----------------------------------------------------------------------------
 
@@ -295,20 +291,6 @@ def initial_parameters(model: nn.Module) -> dict[str, np.ndarray]:
             for part, names in shared_parts(model).items()}
 
 
-def load_backbone(name: str) -> tuple[nn.Module, Any]:
-    """MiniLM (offline) or the tests' tiny random BERT, frozen, in eval mode, with MiniLM's tokenizer."""
-    from nlp_models.backbone import load_backbone as load_minilm
-    from nlp_models.backbone import load_tokenizer, tiny_bert
-
-    if name == "minilm":
-        backbone, tokenizer = load_minilm()
-    elif name == "tiny":
-        backbone, tokenizer = tiny_bert(layers=3, hidden=32, heads=2, max_positions=512), load_tokenizer()
-    else:
-        raise ValueError(f"backbone must be one of {BACKBONES}, got {name!r}")
-    return backbone.requires_grad_(False).eval(), tokenizer
-
-
 def build_adapter_task(config: AdapterTaskConfig, *, dataset: TextDataset, backbone: nn.Module, tokenizer: Any,
                        progress: bool = True) -> AdapterTask:
     """The task over a given corpus (with movie groups) and frozen backbone: partition, cache, initialise."""
@@ -341,7 +323,7 @@ def load_adapter_task(config: AdapterTaskConfig = AdapterTaskConfig(), *, progre
     t0 = time.perf_counter()
     data = load_rt_sentiment(max_examples=config.max_examples, seed=config.seed, dedupe=True)
     t1 = time.perf_counter()
-    backbone, tokenizer = load_backbone(config.backbone)
+    backbone, tokenizer = load_named_backbone(config.backbone)
     t2 = time.perf_counter()
     task = build_adapter_task(config, dataset=data, backbone=backbone, tokenizer=tokenizer, progress=progress)
     return replace(task, seconds={"data": t1 - t0 + task.seconds["data"], "backbone": t2 - t1,
@@ -387,7 +369,7 @@ def _rows(split: CachedSplit, rows: np.ndarray) -> CachedSplit:
 
 
 __all__ = ["ADAPTERS_PART", "HEAD_PART", "ADAPTER_SET", "BACKBONES", "CACHE_DTYPES", "OPTIMIZERS", "logits",
-           "per_example_loss", "mean_loss", "metrics", "shared_parts", "build_model", "split_off_public_groups",
-           "MovieClients", "movie_clients", "RowCache", "cache_prefix", "AdapterTaskConfig", "AdapterClient",
-           "PublicSplit", "AdapterTask", "config_model", "initial_parameters", "load_backbone", "build_adapter_task",
+           "per_example_loss", "mean_loss", "metrics", "shared_parts", "build_model",
+           "RowCache", "cache_prefix", "AdapterTaskConfig", "AdapterClient",
+           "PublicSplit", "AdapterTask", "config_model", "initial_parameters", "build_adapter_task",
            "load_adapter_task", "shadow_clients"]

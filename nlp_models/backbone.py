@@ -81,3 +81,18 @@ def tiny_bert(
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         return BertModel(config, add_pooling_layer=False)
+
+
+BACKBONES = ("minilm", "tiny")
+
+
+def load_named_backbone(name: str) -> tuple[torch.nn.Module, PreTrainedTokenizerBase]:
+    """MiniLM (the packaged weights) or the tests' tiny random BERT (3 layers), frozen and in eval mode,
+    with MiniLM's tokenizer."""
+    if name == "minilm":
+        backbone, tokenizer = load_backbone()
+    elif name == "tiny":
+        backbone, tokenizer = tiny_bert(layers=3, hidden=32, heads=2, max_positions=512), load_tokenizer()
+    else:
+        raise ValueError(f"backbone must be one of {', '.join(BACKBONES)}, got {name!r}")
+    return backbone.requires_grad_(False).eval(), tokenizer

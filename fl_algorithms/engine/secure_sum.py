@@ -407,7 +407,9 @@ class SecureAggregator:
             raise ValueError("cluster-indexed parts under central DP are not supported")
         x = np.concatenate([upload.masked[name].unwrap(_SECURE_LAYER) for name, _, _ in layout.parts]) \
             if layout.parts else np.zeros(0)
-        x = self.central.clip(x)
+        from dp.central import clip_l2
+
+        x = clip_l2(x, l2_clip=self.config.central_dp.l2_clip)  # clients clip; only the server calibrates noise
         out, start = {}, 0
         for name, n, _ in layout.parts:
             out[name] = x[start:start + n]

@@ -34,6 +34,7 @@ from fl_algorithms.api import Algorithm
 from fl_algorithms.experiments.task import Task, check_options, int_option, settings_option
 from fl_algorithms.training.adapter_trainer import (BASELINE_MODEL, FEDMCP_MODEL, LOCAL_MODEL, AdapterTrainer,
                                                     FullFineTuneTrainer, MethodModel, TrainConfig)
+from nlp_models.backbone import BACKBONES, load_named_backbone  # noqa: F401  (re-exported)
 from nlp_models.cpu import fast_bf16
 from nlp_models.data.cross_task import CLIENT_TASKS, ClientData, build_client_data, load_client_splits
 from nlp_models.data.dataset import DatasetSplits
@@ -43,7 +44,6 @@ from nlp_models.frozen_prefix import CachedSplit, prefix_split
 METHODS = ("fedmcp", "fedavg_peft", "local", "fedrep", "fedavg_full")
 DEFAULT_METHODS = ("fedmcp", "fedavg_peft", "local", "fedrep")
 """FedAvg (Full FT) trains and uploads every backbone weight: left out unless asked for."""
-BACKBONES = ("minilm", "tiny")
 SPECS: Mapping[str, MethodModel] = {"fedmcp": FEDMCP_MODEL, "fedavg_peft": BASELINE_MODEL,
                                     "fedrep": BASELINE_MODEL, "local": LOCAL_MODEL}
 """Which adapter sets each adapter method's clients have, train and share."""
@@ -142,21 +142,6 @@ def check_method(method: str, settings: FedMCPSettings) -> None:
         raise ValueError(f"unknown method {method!r}; choose from {', '.join(METHODS)}")
     if settings.dp and method == "fedavg_full":
         raise ValueError("--dp applies DP-SGD to adapters only; drop fedavg_full (or --with-full-ft)")
-
-
-def load_named_backbone(name: str) -> tuple[torch.nn.Module, Any]:
-    """MiniLM (or the tests' tiny random BERT) with its tokenizer, frozen and in eval mode."""
-    from nlp_models.backbone import load_backbone, load_tokenizer, tiny_bert
-
-    if name == "minilm":
-        backbone, tokenizer = load_backbone()
-    elif name == "tiny":
-        backbone, tokenizer = tiny_bert(layers=3, hidden=32, heads=2, max_positions=512), load_tokenizer()
-    else:
-        raise ValueError(f"backbone must be one of {', '.join(BACKBONES)}, got {name!r}")
-    backbone.requires_grad_(False)
-    backbone.eval()
-    return backbone, tokenizer
 
 
 @dataclass(frozen=True)

@@ -6,16 +6,14 @@ training tokens: the attacker's best case, which the leakage measurements are ab
 """
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Mapping
-from functools import lru_cache
 
 import numpy as np
 import torch
 
 from dp.ledger import Ledger
-from dp.opacus_client import DPSGDConfig, OpacusClient, calibrate_noise_multiplier
-from fl_algorithms.training.dp_trainer import DPTorchTrainer
+from dp.opacus_client import DPSGDConfig, OpacusClient
+from fl_algorithms.training.dp_trainer import DPTorchTrainer, calibrated_dpsgd_configs_for
 from fl_algorithms.training.trainer import OptimizerConfig, SeededTorchTrainer, unflatten_
 from nlp_models.bag_of_tokens import (SHARED_PARTS, BagClient, BagTask, ExampleDataset, Examples, collate, mean_loss,
                                       metrics, per_example_loss)
@@ -60,28 +58,16 @@ def build_trainers(task: BagTask) -> dict[int, SeededTorchTrainer]:
     return {c: bag_trainer(task, client_id=c) for c in task.clients}
 
 
-@lru_cache(maxsize=64)
-def _noise_multiplier(target: float, delta: float, batches: int, steps: int) -> float:
-    return calibrate_noise_multiplier(target_epsilon=target, delta=delta, sample_rate=1.0 / batches, steps=steps)
-
-
 def calibrated_dpsgd_configs(task: BagTask, *, target_epsilon: float, delta: float, max_grad_norm: float,
                              local_epochs: int, planned_rounds: int,
                              clients: Mapping[int, BagClient] | None = None) -> dict[int, DPSGDConfig]:
-    """Per-client DP-SGD configs at `target_epsilon` for a client sampled in all `planned_rounds` rounds.
-
-    z is calibrated once per distinct loader length (the z Opacus' client would solve for with
-    target_epsilon: planned_rounds x local epochs x batches steps at sample rate 1 / batches).
-    Ghost clipping: per-sample gradients of a V x D embedding would be costly.
-    """
-    bs = task.config.batch_size
-    configs = {}
-    for c, data in (task.clients if clients is None else clients).items():
-        batches = math.ceil(len(data.train) / bs)
-        z = _noise_multiplier(target_epsilon, delta, batches, planned_rounds * local_epochs * batches)
-        configs[c] = DPSGDConfig(max_grad_norm=max_grad_norm, noise_multiplier=z, delta=delta, batch_size=bs,
-                                 local_epochs=local_epochs, planned_rounds=planned_rounds, grad_sample_mode="ghost")
-    return configs
+    """Per-client DP-SGD configs at `target_epsilon` for a client in all `planned_rounds` rounds
+    (`dp_trainer.calibrated_dpsgd_configs_for`; `clients` default the task's). Ghost clipping:
+    per-sample gradients of a V x D embedding would be costly."""
+    return calibrated_dpsgd_configs_for({c: len(d.train) for c, d in (task.clients if clients is None else clients).items()},
+                                        batch_size=task.config.batch_size, target_epsilon=target_epsilon, delta=delta,
+                                        max_grad_norm=max_grad_norm, local_epochs=local_epochs,
+                                        planned_rounds=planned_rounds, grad_sample_mode="ghost")
 
 
 def build_dp_trainers(task: BagTask, *, dp_config: DPSGDConfig | Mapping[int, DPSGDConfig],

@@ -6,14 +6,16 @@ every round debits the run's ledger and reports the client's example-level epsil
 from __future__ import annotations
 
 import logging
+import math
 import warnings
 from collections.abc import Callable, Mapping
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
 from torch.utils.data import Dataset
 
-from dp.opacus_client import LossFn, OpacusClient
+from dp.opacus_client import DPSGDConfig, LossFn, OpacusClient, calibrate_noise_multiplier
 from fl_algorithms.training.trainer import TorchTrainer
 
 
@@ -57,3 +59,24 @@ def quiet_dp_libraries() -> None:
     warnings.filterwarnings("ignore", message=".*[Ss]ecure RNG.*")
     warnings.filterwarnings("ignore", message="Full backward hook is firing")
     logging.getLogger("absl").setLevel(logging.ERROR)
+
+
+@lru_cache(maxsize=64)
+def _noise_multiplier(target: float, delta: float, batches: int, steps: int) -> float:
+    return calibrate_noise_multiplier(target_epsilon=target, delta=delta, sample_rate=1.0 / batches, steps=steps)
+
+
+def calibrated_dpsgd_configs_for(train_sizes: Mapping[int, int], *, batch_size: int, target_epsilon: float,
+                                 delta: float, max_grad_norm: float, local_epochs: int, planned_rounds: int,
+                                 grad_sample_mode: str) -> dict[int, DPSGDConfig]:
+    """Per-client DP-SGD configs at `target_epsilon` for a client sampled in all `planned_rounds` rounds,
+    given each client's training-set size: z is calibrated once per distinct loader length (the z
+    Opacus' client would solve for: planned_rounds x local epochs x batches steps at rate 1 / batches)."""
+    configs = {}
+    for c, size in train_sizes.items():
+        batches = math.ceil(size / batch_size)
+        z = _noise_multiplier(target_epsilon, delta, batches, planned_rounds * local_epochs * batches)
+        configs[c] = DPSGDConfig(max_grad_norm=max_grad_norm, noise_multiplier=z, delta=delta, batch_size=batch_size,
+                                 local_epochs=local_epochs, planned_rounds=planned_rounds,
+                                 grad_sample_mode=grad_sample_mode)
+    return configs

@@ -5,9 +5,10 @@ import pytest
 import torch
 
 from nlp_models.adapter_sentiment import (ADAPTERS_PART, HEAD_PART, AdapterTaskConfig, build_adapter_task,
-                                          movie_clients, shadow_clients, shared_parts, split_off_public_groups)
+                                          shadow_clients, shared_parts)
 from nlp_models.backbone import tiny_bert
 from nlp_models.data.dataset import TextDataset
+from nlp_models.data.partition import movie_clients, split_off_public_groups
 from nlp_models.data.partition import client_splits, natural_partition
 from nlp_models.frozen_prefix import build_prefix_cache
 

@@ -3,7 +3,8 @@
 Labelled separately from distributed DP because its threat model is weaker: the secure sum
 reveals the *noiseless* sum of clipped vectors to the server, which then adds N(0, z^2 C^2 I) once
 (DP-FedAvg, McMahan et al. arXiv 1710.06963; pfl's `CentrallyAppliedPrivacyMechanism`). Against
-outsiders who see only released models this is a Poisson-subsampled Gaussian; against the server
+outsiders who see only released models this is a subsampled Gaussian (Poisson, or without
+replacement for fixed-size cohorts, `dp.sampling`); against the server
 it is no protection at all, and the ledger records exactly that (a NonPrivate entry for observer
 'server', epsilon = inf).
 """
@@ -32,43 +33,82 @@ class CentralDPConfig:
     delta: float = 1e-5
     rounds: int = 1
     sampling_rate: float = 1.0
-    """Expected cohort / population: amplification against outsiders (Poisson cohorts only)."""
+    """Cohort / population: amplification against outsiders (expected cohort for Poisson)."""
     population: int | None = None
-    """Clients the Poisson cohorts are drawn from (needed when sampling_rate < 1: boundary delta)."""
+    """Clients the cohorts are drawn from (needed when sampling_rate < 1)."""
     min_cohort: int = 2
     """Fewest contributors a released sum has (the secure layer's floor); smaller cohorts are skipped."""
+    sampler: str = "poisson"
+    """How cohorts are drawn when sampling_rate < 1: 'poisson' (add/remove-one, Poisson amplification)
+    or 'fixed_size' (population x sampling_rate clients without replacement: replace-one, the
+    without-replacement bound, `dp.sampling`)."""
 
     def __post_init__(self) -> None:
         if not self.l2_clip > 0:
             raise ValueError("l2_clip must be positive")
-        if self.sampling_rate < 1 and (self.population is None or self.population < 2):
-            raise ValueError("sampling_rate < 1 needs the population (>= 2) the cohorts are drawn from")
-        if type(self.min_cohort) is not int or self.min_cohort < 1:
-            raise ValueError("min_cohort is a positive int")
-
-    @property
-    def boundary_delta(self) -> float:
-        """Per-round delta of skipped Poisson cohorts against outsiders (0 without amplification)."""
-        if self.sampling_rate >= 1:
-            return 0.0
-        return boundary_delta(population=self.population, rate=self.sampling_rate, min_cohort=self.min_cohort)
         if (self.noise_multiplier is None) == (self.target_epsilon is None):
             raise ValueError("give exactly one of noise_multiplier and target_epsilon")
         if not 0 < self.sampling_rate <= 1 or self.rounds < 1:
             raise ValueError("need 0 < sampling_rate <= 1 and rounds >= 1")
+        if self.sampling_rate < 1 and (self.population is None or self.population < 2):
+            raise ValueError("sampling_rate < 1 needs the population (>= 2) the cohorts are drawn from")
+        if type(self.min_cohort) is not int or self.min_cohort < 1:
+            raise ValueError("min_cohort is a positive int")
+        if self.sampler not in ("poisson", "fixed_size"):
+            raise ValueError("sampler is 'poisson' or 'fixed_size'")
+        if self.sampler == "fixed_size" and self.sampling_rate < 1:
+            size = self.sampling_rate * self.population
+            if abs(size - round(size)) > 1e-9 * self.population or round(size) < 1:
+                raise ValueError(f"a fixed-size cohort is a whole number of clients: {self.sampling_rate} x "
+                                 f"{self.population} = {size}")
+
+    @property
+    def sample_size(self) -> int | None:
+        """Clients per round of the fixed-size sampler (None for Poisson or no sampling)."""
+        if self.sampler != "fixed_size" or self.sampling_rate >= 1:
+            return None
+        return round(self.sampling_rate * self.population)
+
+    @property
+    def boundary_delta(self) -> float:
+        """Per-round delta of skipped Poisson cohorts against outsiders (0 without amplification, and
+        for fixed-size cohorts, which never fall below the floor)."""
+        if self.sampling_rate >= 1 or self.sampler == "fixed_size":
+            return 0.0
+        return boundary_delta(population=self.population, rate=self.sampling_rate, min_cohort=self.min_cohort)
+
+    def outsider_mechanism(self, z: float) -> GaussianMechanism:
+        """One round against outsiders at add/remove multiplier z (noise std z C): Poisson-sampled at q;
+        or, for fixed-size cohorts, replace-one (sensitivity 2C, multiplier z/2) sampled without replacement."""
+        if self.sample_size is not None:
+            return GaussianMechanism(noise_multiplier=z / 2, sensitivity=2 * self.l2_clip, neighbouring="replace_one",
+                                     population=self.population, sample_size=self.sample_size)
+        return GaussianMechanism(noise_multiplier=z, sampling_rate=self.sampling_rate, sensitivity=self.l2_clip)
+
+
+def calibrate_noise_multiplier(*, target_epsilon: float, delta: float, rounds: int, sampling_rate: float,
+                               population: int | None = None, sample_size: int | None = None) -> float:
+    """Smallest z meeting the target, by dp_accounting's calibration with its RDP accountant (replace-one
+    and without replacement when `sample_size` of `population` are drawn, where the multiplier is z/2)."""
+    if sample_size is not None:
+        def event(z: float) -> dp_accounting.DpEvent:
+            inner = dp_accounting.GaussianDpEvent(z / 2)
+            return dp_accounting.SelfComposedDpEvent(
+                dp_accounting.SampledWithoutReplacementDpEvent(population, sample_size, inner), rounds)
+
+        relation = dp_accounting.NeighboringRelation.REPLACE_ONE
+        return float(dp_accounting.calibrate_dp_mechanism(  # z > 0: its without-replacement bound divides by z
+            lambda: rdp.RdpAccountant(neighboring_relation=relation), event, target_epsilon, delta,
+            bracket_interval=dp_accounting.LowerEndpointAndGuess(1e-3, 1.0)))
+    return float(dp_accounting.calibrate_dp_mechanism(
+        rdp.RdpAccountant,
+        lambda z: dp_accounting.SelfComposedDpEvent(_round_event(z, sampling_rate), rounds),
+        target_epsilon, delta))
 
 
 def _round_event(z: float, q: float) -> dp_accounting.DpEvent:
     event = dp_accounting.GaussianDpEvent(z)  # z may be 0 while dp_accounting brackets the solution
     return event if q == 1 else dp_accounting.PoissonSampledDpEvent(q, event)
-
-
-def calibrate_noise_multiplier(*, target_epsilon: float, delta: float, rounds: int, sampling_rate: float) -> float:
-    """Smallest z meeting the target, by dp_accounting's calibration with its RDP accountant."""
-    return float(dp_accounting.calibrate_dp_mechanism(
-        rdp.RdpAccountant,
-        lambda z: dp_accounting.SelfComposedDpEvent(_round_event(z, sampling_rate), rounds),
-        target_epsilon, delta))
 
 
 def clip_l2(x: np.ndarray, *, l2_clip: float, weight: float = 1.0) -> np.ndarray:
@@ -91,7 +131,7 @@ class CentralDPAggregator:
                              "raise the expected cohort or account without amplification")
         self.noise_multiplier = config.noise_multiplier or calibrate_noise_multiplier(
             target_epsilon=config.target_epsilon, delta=remaining, rounds=config.rounds,
-            sampling_rate=config.sampling_rate)
+            sampling_rate=config.sampling_rate, population=config.population, sample_size=config.sample_size)
 
     @property
     def noise_stddev(self) -> float:
@@ -118,8 +158,7 @@ class CentralDPAggregator:
         outsiders = participants if q == 1 else sorted(set(int(c) for c in population))
         if q < 1 and len(outsiders) != self.config.population:
             raise ValueError(f"a population of {len(outsiders)} clients, but the config says {self.config.population}")
-        mech = GaussianMechanism(noise_multiplier=self.noise_multiplier, sampling_rate=q,
-                                 sensitivity=self.config.l2_clip)
+        mech = self.config.outsider_mechanism(self.noise_multiplier)
         charges += ledger.debit_many(outsiders, mech, unit=PrivacyUnit.CLIENT, observer=Observer.OUTSIDER,
                                      round_id=round_id, summary_key=summary_key, sampling=sampling)
         return charges

@@ -20,17 +20,24 @@ released or not, adds `SamplingRecord.boundary_delta` to delta (`dp.sampling`). 
 is reported at delta minus the sum of those terms over its entries (count x term); when they use
 up delta, the epsilon is infinite.
 
-Neighbouring relation: sampled events are accounted add/remove-one (the only relation
-dp_accounting supports for Poisson sampling). An un-sampled Gaussian calibrated to a replace-one
-sensitivity has a noise multiplier at most its add/remove one, so it is composed as is
-(conservative).
+Neighbouring relation. A label is accounted add/remove-one unless it holds a Gaussian sampled
+WITHOUT replacement (a fixed-size cohort: dp_accounting's `SampledWithoutReplacementDpEvent`, whose
+bound, Wang-Balle-Kasiviswanathan 2019 Thm 27, is for replace-one neighbours only); such a label is
+accounted replace-one, and the report says so (`neighbouring` per label). In an add/remove label, an
+un-sampled Gaussian calibrated to a replace-one sensitivity has a noise multiplier at most its
+add/remove one, so it is composed as is (conservative). In a replace-one label every other entry is
+converted soundly (a replace is a remove and an add, so sensitivities at most double): an un-sampled
+add/remove Gaussian at z counts as z/2, Skellam and discrete Gaussian entries with doubled
+sensitivities; a Poisson-sampled entry has no replace-one bound, so a label cannot mix Poisson and
+fixed-size sampling (refused at debit, nothing recorded). Replace-one labels are composed by RDP
+(dp_accounting's PLD accountant has no without-replacement event).
 """
 from __future__ import annotations
 
 import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from enum import Enum
 from functools import lru_cache
 from pathlib import Path
@@ -41,7 +48,7 @@ import numpy as np
 from dp_accounting import pld, rdp
 
 from dp.accounting import ORDERS, discrete_gaussian_curve, epsilon_from_rdp, skellam_curve
-from dp.sampling import SamplingRecord, check_amplification
+from dp.sampling import SamplingRecord, check_amplification, check_without_replacement
 
 LEDGER_FORMAT = "fedsecure-nlp/privacy-ledger/v1"
 
@@ -82,6 +89,11 @@ class GaussianMechanism:
     sensitivity: float | None = None
     """L2 sensitivity the noise was calibrated to (informational; accounting uses the multiplier)."""
     neighbouring: str = "add_remove"
+    population: int | None = None
+    """With `sample_size`: the mechanism runs on a fixed-size sample drawn without replacement from
+    this many records (replace-one neighbouring; the multiplier is relative to the replace-one
+    sensitivity)."""
+    sample_size: int | None = None
     name: ClassVar[str] = "gaussian"
 
     def __post_init__(self) -> None:
@@ -92,15 +104,32 @@ class GaussianMechanism:
             raise ValueError("neighbouring is 'add_remove' or 'replace_one'")
         if self.neighbouring == "replace_one" and self.sampling_rate < 1:
             raise ValueError("Poisson-sampled events are accounted add/remove-one only")
+        if (self.population is None) != (self.sample_size is None):
+            raise ValueError("sampling without replacement needs both population and sample_size")
+        if self.sample_size is not None:
+            if type(self.population) is not int or type(self.sample_size) is not int \
+                    or not 1 <= self.sample_size <= self.population:
+                raise ValueError("need ints 1 <= sample_size <= population")
+            if self.neighbouring != "replace_one" or self.sampling_rate < 1:
+                raise ValueError("sampling without replacement is accounted replace-one, without Poisson sampling")
+
+    @property
+    def without_replacement(self) -> bool:
+        return self.sample_size is not None and self.sample_size < self.population
 
     def dp_event(self) -> dp_accounting.DpEvent:
         event = dp_accounting.GaussianDpEvent(self.noise_multiplier)
         if self.sampling_rate < 1:
             event = dp_accounting.PoissonSampledDpEvent(self.sampling_rate, event)
+        elif self.without_replacement:
+            event = dp_accounting.SampledWithoutReplacementDpEvent(self.population, self.sample_size, event)
         return event
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, **asdict(self)}
+        d = asdict(self)
+        if self.sample_size is None:  # the format of ledgers without fixed-size sampling is unchanged
+            del d["population"], d["sample_size"]
+        return {"name": self.name, **d}
 
 
 @dataclass(frozen=True)
@@ -217,10 +246,44 @@ def boundary_delta_of(entries: Iterable["LedgerEntry"]) -> float:
 
 # ---- composition ------------------------------------------------------------------------------
 
+ADD_REMOVE, REPLACE_ONE = "add_remove", "replace_one"
+
+
+def _without_replacement(m: Mechanism) -> bool:
+    return bool(getattr(m, "without_replacement", False))
+
+
+def neighbouring_of(mechanisms: Iterable[Mechanism]) -> str:
+    """The relation a label is accounted under: replace-one if any entry is sampled without
+    replacement (ValueError if another is Poisson-sampled: no bound covers the mix), else add/remove."""
+    ms = [m for m in mechanisms if not isinstance(m, NoReleaseMechanism)]
+    if not any(_without_replacement(m) for m in ms):
+        return ADD_REMOVE
+    poisson = [m for m in ms if getattr(m, "sampling_rate", 1.0) < 1]
+    if poisson:
+        raise ValueError(f"a label cannot compose fixed-size (replace-one) and Poisson-sampled entries: {poisson[0]!r}")
+    return REPLACE_ONE
+
+
+def as_replace_one(m: Mechanism) -> Mechanism:
+    """The same release accounted replace-one: a replace is a remove and an add, so an add/remove
+    sensitivity at most doubles (module doc)."""
+    if isinstance(m, GaussianMechanism):
+        if m.neighbouring == REPLACE_ONE:
+            return m
+        return replace(m, noise_multiplier=m.noise_multiplier / 2, neighbouring=REPLACE_ONE,
+                       sensitivity=None if m.sensitivity is None else 2 * m.sensitivity)
+    if isinstance(m, (SkellamMechanism, DiscreteGaussianMechanism)):
+        return replace(m, l1_sensitivity=2 * m.l1_sensitivity, l2_sensitivity=2 * m.l2_sensitivity)
+    return m
+
+
 @lru_cache(maxsize=4096)
-def _rdp_curve(mechanism: Mechanism, orders: tuple[float, ...]) -> np.ndarray:
+def _rdp_curve(mechanism: Mechanism, orders: tuple[float, ...], relation: str = ADD_REMOVE) -> np.ndarray:
     if _is_event_mechanism(mechanism):
-        acc = rdp.RdpAccountant(list(orders))
+        rel = (dp_accounting.NeighboringRelation.REPLACE_ONE if relation == REPLACE_ONE
+               else dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE)
+        acc = rdp.RdpAccountant(list(orders), neighboring_relation=rel)
         acc.compose(mechanism.dp_event())
         return acc.rdp
     return mechanism.rdp(orders)
@@ -230,13 +293,14 @@ def _event(parts: Sequence[tuple[Mechanism, int]]) -> dp_accounting.DpEvent:
     return dp_accounting.ComposedDpEvent([dp_accounting.SelfComposedDpEvent(m.dp_event(), c) for m, c in parts])
 
 
-def _rdp_epsilon(parts: Sequence[tuple[Mechanism, int]], *, delta: float, orders: tuple[float, ...]) -> float:
+def _rdp_epsilon(parts: Sequence[tuple[Mechanism, int]], *, delta: float, orders: tuple[float, ...],
+                 relation: str = ADD_REMOVE) -> float:
     """Sum of count x curve over the parts, converted by dp_accounting. For Gaussian events this is
     exactly what RdpAccountant does for SelfComposed/Composed events (RDP adds up), with each
     single-event curve computed once by dp_accounting and cached."""
     total = np.zeros(len(orders))
     for m, c in parts:
-        total = total + c * _rdp_curve(m, orders)
+        total = total + c * _rdp_curve(m, orders, relation)
     return epsilon_from_rdp(total, delta=delta, orders=orders)
 
 
@@ -255,10 +319,13 @@ def compose_epsilon(parts: Sequence[tuple[Mechanism, int]], *, delta: float, acc
     if any(isinstance(m, NonPrivateMechanism) for m, _ in parts):
         return math.inf
     orders = tuple(orders)
+    if accountant not in ("rdp", "pld"):
+        raise ValueError("accountant is 'rdp' or 'pld'")
+    if neighbouring_of(m for m, _ in parts) == REPLACE_ONE:
+        return _rdp_epsilon([(as_replace_one(m), c) for m, c in parts], delta=delta, orders=orders,
+                            relation=REPLACE_ONE)
     if accountant == "rdp":
         return _rdp_epsilon(parts, delta=delta, orders=orders)
-    if accountant != "pld":
-        raise ValueError("accountant is 'rdp' or 'pld'")
     events = [(m, c) for m, c in parts if _is_event_mechanism(m)]
     others = [(m, c) for m, c in parts if not _is_event_mechanism(m)]
     if not others:
@@ -345,10 +412,10 @@ class Ledger:
         release that has already happened (a client's own noisy value the server received): the
         ledger must show it whatever the budget, which is enforced where the noise is drawn.
         `sampling` records the sampler; a mechanism accounted with sampling_rate < 1 is refused
-        (AmplificationNotJustified, nothing recorded) unless it is Poisson sampling at that rate."""
+        (AmplificationNotJustified, nothing recorded) unless it is Poisson sampling at that rate, and one
+        sampled without replacement unless the cohort was drawn by the fixed-size sampler of that size."""
         unit, observer = PrivacyUnit(unit), Observer(observer)
-        check_amplification(getattr(mechanism, "sampling_rate", 1.0), sampling,
-                            what=f"{mechanism.name} ({summary_key or 'unnamed'}, {observer.value})")
+        _check_sampling(mechanism, sampling, what=f"{mechanism.name} ({summary_key or 'unnamed'}, {observer.value})")
         if not isinstance(client_id, (int, np.integer)) or isinstance(client_id, bool):
             raise TypeError("client ids are ints")
         if count < 1:
@@ -367,6 +434,7 @@ class Ledger:
             old = account.entries[index]
             new = LedgerEntry(mechanism, unit, observer, summary_key, old.count + count, old.rounds + rounds, sampling)
             candidate = [*account.entries[:index], new, *account.entries[index + 1:]]
+        neighbouring_of(e.mechanism for e in candidate if (e.unit, e.observer) == (unit, observer))
         if enforce_budget:
             self._check_budget(client_id, candidate, unit, observer)
         if index is None:
@@ -451,7 +519,10 @@ class Ledger:
                 entries.append(d)
             totals = {f"{u.value}/{o.value}": _json_float(self.epsilon(cid, unit=u, observer=o))
                       for u, o in self.labels(cid)}
-            clients[str(cid)] = {"entries": entries, "epsilon": totals,
+            relations = {f"{u.value}/{o.value}": neighbouring_of(e.mechanism for e in self.entries(cid)
+                                                                 if (e.unit, e.observer) == (u, o))
+                         for u, o in self.labels(cid)}
+            clients[str(cid)] = {"entries": entries, "epsilon": totals, "neighbouring": relations,
                                  "models": {str(r): h for r, h in sorted(self._accounts[cid].models.items())}}
         return {"format": LEDGER_FORMAT, "delta": delta, "accountant": self.config.accountant, "clients": clients}
 
@@ -499,6 +570,14 @@ class Ledger:
         return ledger
 
 
+def _check_sampling(mechanism: Mechanism, sampling: SamplingRecord | None, *, what: str) -> None:
+    """AmplificationNotJustified unless the recorded sampler gives the amplification `mechanism` claims."""
+    check_amplification(getattr(mechanism, "sampling_rate", 1.0), sampling, what=what)
+    if _without_replacement(mechanism):
+        check_without_replacement(population=mechanism.population, sample_size=mechanism.sample_size,
+                                  record=sampling, what=what)
+
+
 def _entry_dict(e: LedgerEntry) -> dict[str, Any]:
     return {"mechanism": e.mechanism.to_dict(), "unit": e.unit.value, "observer": e.observer.value,
             "summary_key": e.summary_key, "count": e.count, "rounds": list(e.rounds),
@@ -509,7 +588,7 @@ def _entry_from_dict(e: Mapping[str, Any]) -> LedgerEntry:
     """An entry from its saved form; the sampler must still justify any amplification it claims."""
     sampling = SamplingRecord.from_dict(e["sampling"]) if e.get("sampling") is not None else None
     mechanism = mechanism_from_dict(e["mechanism"])
-    check_amplification(getattr(mechanism, "sampling_rate", 1.0), sampling, what=f"a saved {mechanism.name} entry")
+    _check_sampling(mechanism, sampling, what=f"a saved {mechanism.name} entry")
     return LedgerEntry(mechanism, PrivacyUnit(e["unit"]), Observer(e["observer"]), str(e["summary_key"]),
                        int(e["count"]), tuple(int(r) for r in e["rounds"]), sampling)
 

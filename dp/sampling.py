@@ -8,16 +8,20 @@ observer cannot predict. Hence:
   It justifies Poisson amplification at q: `PoissonSampledDpEvent` in dp_accounting, the
   Zhu-Wang bound for Skellam and discrete Gaussian (`dp.accounting`). The default.
 * `FixedSizeSampler(size)`: `size` clients without replacement, from the OS CSPRNG. The Poisson
-  theorem does not cover it. A sampling-without-replacement bound exists for Gaussians under
-  replace-one neighbouring (dp_accounting's `SampledWithoutReplacementDpEvent`), but this ledger
-  composes add/remove-one events, so it is recorded as giving **no** amplification for now.
+  theorem does not cover it; the sampling-without-replacement bound does, for Gaussians under
+  replace-one neighbouring (dp_accounting's `SampledWithoutReplacementDpEvent`, Wang-Balle-
+  Kasiviswanathan 2019 Thm 27): a `GaussianMechanism` with `population` and `sample_size` is
+  accepted against this sampler only (`check_without_replacement`), and its label is accounted
+  replace-one (`dp.ledger`). Skellam and discrete Gaussian have no such bound here: no amplification.
+  A fixed-size cohort never falls below a floor at or under its size, so it adds no boundary delta.
 * `SeededSampler(size, seed)`: a numpy generator seeded from the config, reproducible for
   simulation studies. Anyone who knows the seed knows every cohort: no amplification.
 * `EveryoneSampler()`: every client, every round (q = 1).
 
 Each sampler produces a `SamplingRecord` (scheme, population, rate, min_cohort), which the ledger
 keeps on every outsider entry; the ledger refuses a mechanism whose `sampling_rate` is below 1
-unless the record is Poisson at that same rate (`check_amplification`).
+unless the record is Poisson at that same rate (`check_amplification`), and one sampled without
+replacement unless the record is the fixed-size sampler of that size (`check_without_replacement`).
 
 Rounds that release nothing. A secure sum is never opened over fewer than a floor m of clients
 (the disclosure guard, or the n_min that distributed DP noise is calibrated for), and a Poisson
@@ -126,6 +130,20 @@ def check_amplification(mechanism_rate: float, record: SamplingRecord | None, *,
     if not math.isclose(record.rate, mechanism_rate, rel_tol=1e-9):
         raise AmplificationNotJustified(f"{what} claims q={mechanism_rate:g} but the Poisson sampler ran at "
                                         f"q={record.rate:g}")
+
+
+def check_without_replacement(*, population: int, sample_size: int, record: SamplingRecord | None,
+                              what: str = "the mechanism") -> None:
+    """AmplificationNotJustified unless a mechanism accounted as `sample_size` of `population` drawn
+    without replacement was sampled by the fixed-size CSPRNG sampler with exactly those numbers."""
+    claim = f"{what} claims sampling without replacement ({sample_size} of {population})"
+    if record is None:
+        raise AmplificationNotJustified(f"{claim} but no sampler was recorded")
+    if record.scheme != "fixed_size":
+        raise AmplificationNotJustified(f"{claim}, but the cohort was drawn by the '{record.scheme}' sampler")
+    if record.population != population or round(record.rate * record.population) != sample_size:
+        raise AmplificationNotJustified(f"{claim}, but the sampler drew {round(record.rate * record.population)} "
+                                        f"of {record.population}")
 
 
 class CohortSampler(Protocol):

@@ -1,7 +1,8 @@
 """Accuracy against measured leakage at realistic cohorts: plaintext, SecAgg+, distributed DP, central DP, DP-SGD.
 
     python examples/privacy_frontier.py --quick     # 100 clients, Poisson cohorts of 20, eps 8: < 10 min on 2 cores
-    python examples/privacy_frontier.py             # 200 clients, cohorts 5/20/50, eps 1/2/4/8, 3 seeds (GPU-sized)
+    python examples/privacy_frontier.py             # 200 clients, cohorts 5/20/50, eps 1/2/4/8, 3 seeds (hours)
+    python examples/privacy_frontier.py --model adapter   # MiniLM adapters (26k shared values; ~30 s a round on CPU)
 
 What is run, measured and accounted is in `fl_algorithms.experiments.frontier`. Outputs under
 results/privacy_frontier/<run>/: table.md and table.csv (mean and 95% Student-t interval over seeds),
@@ -26,6 +27,7 @@ from dp.leakage.stats import mean_ci
 from fl_algorithms.experiments.frontier import MECHANISMS, FrontierConfig, run_frontier
 from fl_algorithms.training.dp_trainer import quiet_dp_libraries
 from nlp_models._offline import ensure_offline
+from nlp_models.adapter_sentiment import AdapterTaskConfig, load_adapter_task
 from nlp_models.bag_of_tokens import BagTaskConfig, load_bag_task
 
 DEFAULT_OUT = Path(__file__).resolve().parents[1] / "results" / "privacy_frontier"
@@ -35,6 +37,10 @@ LEDGERS_FORMAT = "fedsecure-nlp/privacy-frontier-ledgers/v2"
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="100 clients, cohort 20, 8 rounds, eps 8, one seed")
+    p.add_argument("--model", choices=("bag", "adapter"), default="bag",
+                   help="bag-of-embeddings (token attacks apply) or MiniLM adapters (membership attack only)")
+    p.add_argument("--backbone", choices=("minilm", "tiny"), default="minilm",
+                   help="the adapter model's encoder ('tiny': a random 3-layer BERT, for tests)")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
     p.add_argument("--run-name", default=None)
     p.add_argument("--clients", type=int, default=None)
@@ -56,7 +62,11 @@ def configs(args: argparse.Namespace) -> list[FrontierConfig]:
     clients = args.clients or (100 if q else 200)
     out = []
     for seed in args.seeds or ([0] if q else [0, 1, 2]):
-        task = BagTaskConfig(num_clients=clients, max_examples=args.max_examples, public_fraction=0.1, seed=seed)
+        if args.model == "bag":
+            task = BagTaskConfig(num_clients=clients, max_examples=args.max_examples, public_fraction=0.1, seed=seed)
+        else:
+            task = AdapterTaskConfig(num_clients=clients, max_examples=args.max_examples, public_fraction=0.1,
+                                     seed=seed, backbone=args.backbone)
         for cohort in args.cohorts or ([20] if q else [5, 20, 50]):
             out.append(FrontierConfig(task=task, rounds=args.rounds or (8 if q else 20), cohort=cohort,
                                       sampler=args.sampler, local_epochs=args.local_epochs,
@@ -83,6 +93,7 @@ def summarise(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         for key, get in (("accuracy", lambda x: x["accuracy"]),
                          ("realistic_advantage", lambda x: x["realistic_advantage"]),
                          ("oracle_advantage", lambda x: x["oracle_advantage"]),
+                         ("mia_advantage", lambda x: x["membership"]["calibrated"]["advantage"]),
                          ("mia_auc", lambda x: x["membership"]["auc"]),
                          ("mia_tpr_1pct", lambda x: x["membership"]["tpr_at_1pct_fpr"]),
                          ("mia_tpr_01pct", lambda x: x["membership"]["tpr_at_01pct_fpr"])):
@@ -102,12 +113,13 @@ def _pm(row: dict[str, Any], key: str, fmt: str = ".3f") -> str:
 
 
 def markdown(rows: list[dict[str, Any]]) -> str:
-    head = ("| cohort | setting | acc | realistic adv | oracle adv | MIA AUC | TPR@1% | TPR@0.1% | eps server | "
-            "eps outsider | unit | seeds |")
-    lines = [head, "|" + "---|" * 12]
+    head = ("| cohort | setting | acc | realistic adv | oracle adv | MIA adv | MIA AUC | TPR@1% | TPR@0.1% | "
+            "eps server | eps outsider | unit | seeds |")
+    lines = [head, "|" + "---|" * 13]
     for r in rows:
         lines.append(f"| {r['cohort']} | {r['label']} | {_pm(r, 'accuracy')} | {_pm(r, 'realistic_advantage')} | "
-                     f"{_pm(r, 'oracle_advantage')} | {_pm(r, 'mia_auc')} | {r['mia_tpr_1pct']:.3f} | "
+                     f"{_pm(r, 'oracle_advantage')} | {_pm(r, 'mia_advantage')} | {_pm(r, 'mia_auc')} | "
+                     f"{r['mia_tpr_1pct']:.3f} | "
                      f"{r['mia_tpr_01pct']:.3f} | {r['eps_server']:.2f} | {r['eps_outsider']:.2f} | {r['unit']} | "
                      f"{r['seeds']} |")
     return "\n".join(lines)
@@ -115,7 +127,7 @@ def markdown(rows: list[dict[str, Any]]) -> str:
 
 def csv_text(rows: list[dict[str, Any]]) -> str:
     cols = ["cohort", "setting", "unit", "epsilon_target", "seeds", "accuracy", "realistic_advantage", "oracle_advantage",
-            "mia_auc", "mia_tpr_1pct", "mia_tpr_01pct", "eps_server", "eps_outsider", "skipped_rounds"]
+            "mia_advantage", "mia_auc", "mia_tpr_1pct", "mia_tpr_01pct", "eps_server", "eps_outsider", "skipped_rounds"]
     out = [",".join(cols)]
     for r in rows:
         out.append(",".join("" if r[c] is None else str(r[c]) for c in cols))
@@ -167,7 +179,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     quiet_dp_libraries()
     torch.set_num_threads(1)
-    run_name = args.run_name or time.strftime("%Y%m%d-%H%M%S") + ("-quick" if args.quick else "")
+    run_name = args.run_name or (time.strftime("%Y%m%d-%H%M%S") + ("-quick" if args.quick else "")
+                                 + ("" if args.model == "bag" else f"-{args.model}"))
     out = Path(args.out) / run_name
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
@@ -175,8 +188,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     runs, ledgers, tasks = [], {}, {}
     ledger_path, results_path = out / "ledger.json", out / "results.json"
     for cfg in tqdm(configs(args), desc="cohorts x seeds", disable=not progress):
-        if cfg.task not in tasks:
-            tasks = {cfg.task: load_bag_task(cfg.task)}  # one task in memory at a time
+        if cfg.task not in tasks:  # one task in memory at a time
+            tasks = {cfg.task: load_bag_task(cfg.task) if args.model == "bag"
+                     else load_adapter_task(cfg.task, progress=progress)}
         tag = f"cohort{cfg.cohort}-seed{cfg.seed}"
 
         def keep(name, run, _result, tag=tag):  # written as each run ends: nothing lost on a crash
@@ -184,7 +198,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             _write_json(ledger_path, {"format": LEDGERS_FORMAT, "runs": ledgers})
 
         results, _ = run_frontier(tasks[cfg.task], cfg, progress=progress, out_dir=out / tag, on_result=keep)
-        runs.append({"cohort": cfg.cohort, "seed": cfg.seed, "config": repr(cfg), "results": results,
+        runs.append({"model": args.model, "cohort": cfg.cohort, "seed": cfg.seed, "config": repr(cfg), "results": results,
                      "task": tasks[cfg.task].summary()})
         _write_json(results_path, {"runs": runs})
     rows = summarise(runs)

@@ -18,8 +18,8 @@ from dp.leakage.differencing import (ContributionEstimator, DifferencingScores, 
                                      estimate_contributions, fit_contributions, random_cohorts,
                                      simulate_differencing_shadow)
 from dp.leakage.intersection import Attribution, AttributionScores, attribute_tokens, score_attribution
-from dp.leakage.membership import (MembershipScores, loss_threshold_attack, per_example_losses, score_attack,
-                                   zlib_ratio_scores)
+from dp.leakage.membership import (MembershipScores, calibrated_loss_attack, loss_threshold_attack,
+                                   per_example_losses, score_attack, zlib_ratio_scores)
 from dp.leakage.pipeline import (ATTACKS, SHADOW_KINDS, json_epsilon, ledger_epsilons, measure_leakage,
                                  oracle_summary, realistic_token_leakage, recoverable_updates, token_advantage,
                                  token_leakage)
@@ -37,7 +37,7 @@ __all__ = [
     "TokenScores", "recover_tokens", "score_tokens", "chance_f1", "mean_scores", "row_norms",
     "recover_from_transcript", "gaussian_sum",
     "Attribution", "AttributionScores", "attribute_tokens", "score_attribution",
-    "MembershipScores", "loss_threshold_attack", "score_attack", "zlib_ratio_scores", "per_example_losses",
+    "MembershipScores", "loss_threshold_attack", "calibrated_loss_attack", "score_attack", "zlib_ratio_scores", "per_example_losses",
     "Recoverability", "ReconstructionScores", "recoverable_clients", "exposure_curve", "membership_matrix",
     "reconstruct", "reconstruction_cosine", "recoverable_from_transcript",
     "LeakageReport",

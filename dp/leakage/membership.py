@@ -64,6 +64,27 @@ def loss_threshold_attack(member_losses: Any, nonmember_losses: Any) -> Membersh
     return score_attack(-_finite(member_losses, "member losses"), -_finite(nonmember_losses, "non-member losses"))
 
 
+def calibrated_loss_attack(member_losses: Any, nonmember_losses: Any, *, reference_losses: Any,
+                           target_fpr: float = 0.05) -> dict[str, float]:
+    """The LOSS attack as an adversary runs it: the threshold is the `target_fpr` quantile of losses on
+    REFERENCE examples the attacker knows were never trained on (a public split), chosen without the
+    test's ground truth; "member" when the loss is below it. Returns its TPR and FPR on the real
+    members and non-members, its advantage TPR - FPR (Yeom et al.'s membership advantage; chance 0),
+    and `oracle_advantage`, the best TPR - FPR over all thresholds (chosen with the ground truth: an
+    upper bound). A reference split from another distribution than the clients' moves the threshold:
+    that is the attacker's real difficulty, not corrected here."""
+    if not 0 < target_fpr < 1:
+        raise ValueError("target_fpr must be in (0, 1)")
+    m = _finite(member_losses, "member losses")
+    n = _finite(nonmember_losses, "non-member losses")
+    threshold = float(np.quantile(_finite(reference_losses, "reference losses"), target_fpr))
+    tpr, fpr = float(np.mean(m < threshold)), float(np.mean(n < threshold))
+    y = np.concatenate([np.ones(m.size), np.zeros(n.size)])
+    roc_fpr, roc_tpr, _ = roc_curve(y, -np.concatenate([m, n]))
+    return {"threshold": threshold, "target_fpr": target_fpr, "tpr": tpr, "fpr": fpr, "advantage": tpr - fpr,
+            "oracle_advantage": float(np.max(roc_tpr - roc_fpr))}
+
+
 def zlib_ratio_scores(losses: Any, texts: Sequence[str]) -> np.ndarray:
     """Membership score -loss / zlib_bits(text): discounts texts that are easy for any model."""
     loss = _finite(losses, "losses")
@@ -100,5 +121,6 @@ def losses_by_group(losses: Iterable[float], is_member: Iterable[bool]) -> tuple
     return loss[mask], loss[~mask]
 
 
-__all__ = ["MembershipScores", "score_attack", "loss_threshold_attack", "tpr_at_fpr", "zlib_ratio_scores",
+__all__ = ["MembershipScores", "score_attack", "loss_threshold_attack", "calibrated_loss_attack", "tpr_at_fpr",
+           "zlib_ratio_scores",
            "per_example_losses", "losses_by_group"]

@@ -266,7 +266,8 @@ class SecureAggregator:
 
     @property
     def amplification_rate(self) -> float:
-        """The Poisson rate the run's DP mechanism claims against outsiders (1: none, or no DP)."""
+        """The sampling rate the run's DP mechanism claims against outsiders (1: none, or no DP); Poisson,
+        or without replacement for central DP configured with the fixed-size sampler."""
         dp_config = self.config.distributed_dp or self.config.central_dp
         return dp_config.sampling_rate if dp_config is not None else 1.0
 
@@ -277,7 +278,8 @@ class SecureAggregator:
         gets a zero-cost NoRelease entry (one per run and sum, counting the rounds; why each round released
         nothing is in its RoundRecord). Without amplification nothing is recorded."""
         q = self.amplification_rate
-        if q >= 1 or self.ledger is None:
+        fixed_size = getattr(self.config.central_dp, "sampler", "poisson") == "fixed_size"
+        if q >= 1 or self.ledger is None or fixed_size:  # a fixed-size cohort adds no boundary delta
             return []
         from dp.ledger import NoReleaseMechanism, Observer, PrivacyUnit
 

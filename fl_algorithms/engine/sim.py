@@ -43,7 +43,8 @@ class RunConfig:
     """How cohorts are drawn (`dp.sampling`): 'poisson' (the default: each client with probability
     clients_per_round / population, from the OS CSPRNG, so the cohort size varies and nobody can
     replay the cohorts from the config; the only sampler that justifies an outsider's amplified
-    epsilon), 'fixed_size' (OS CSPRNG, no amplification claimed), 'seeded' (reproducible from
+    epsilon), 'fixed_size' (OS CSPRNG: the without-replacement bound, replace-one, for central DP's
+    Gaussian against outsiders; no amplification for distributed DP), 'seeded' (reproducible from
     `seed`, for simulation studies that compare runs cohort for cohort; no amplification, and a
     deployment refuses it). Ignored when clients_per_round is None (everyone)."""
     dropout: float = 0.0
@@ -61,6 +62,21 @@ class RunConfig:
             raise ValueError("clients_per_round must be at least 1 (or None for everyone)")
         if self.sampler not in ("seeded", "poisson", "fixed_size"):
             raise ValueError(f"sampler is 'seeded', 'poisson' or 'fixed_size', got {self.sampler!r}")
+        self._check_amplification()
+
+    def _check_amplification(self) -> None:
+        """Refuse, before any training, a DP config that claims amplification this sampler cannot give
+        (the ledger would refuse the first release: `dp.sampling`)."""
+        dp_config = self.secure.central_dp or self.secure.distributed_dp
+        if dp_config is None or dp_config.sampling_rate >= 1:
+            return
+        wanted = getattr(dp_config, "sampler", "poisson")
+        size = getattr(dp_config, "sample_size", None)
+        if self.sampler != wanted or (wanted == "fixed_size" and self.clients_per_round != size):
+            raise ValueError(f"the DP config claims amplification by the '{wanted}' sampler"
+                             + (f" of {size} clients" if wanted == "fixed_size" else "")
+                             + f", but the run samples '{self.sampler}' cohorts of {self.clients_per_round}: "
+                             "configure the same sampler, or account at sampling_rate=1")
 
 
 def sample_cohort(rng: np.random.Generator, clients: Iterable[int], size: int | None) -> list[int]:

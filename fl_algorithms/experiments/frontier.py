@@ -1,9 +1,11 @@
 """The privacy frontier: accuracy against measured leakage, per cohort size, mechanism and epsilon.
 
-One task (`nlp_models.bag_of_tokens`: a bag-of-token-embeddings sentiment classifier on Rotten
-Tomatoes, clients = groups of movies, a public split of movies held by no client), FedAvg with
-plain-SGD clients, Poisson cohorts of expected size `cohort` from `clients` (OS CSPRNG), and the
-settings:
+Rotten Tomatoes sentiment, clients = groups of movies, a public split of movies held by no client,
+with one of two models (`model_kit`): the bag-of-token-embeddings classifier
+(`nlp_models.bag_of_tokens`, 488k shared values: its embedding update reveals token sets), or
+MiniLM with bottleneck adapters in its top layer and a head (`nlp_models.adapter_sentiment`, 26k
+shared values: the adapter-sized regime). FedAvg with plain-SGD clients, Poisson cohorts of
+expected size `cohort` from `clients` (OS CSPRNG), and the settings:
 
 | setting      | upload                                  | server sees                               | unit    |
 |--------------|-----------------------------------------|-------------------------------------------|---------|
@@ -20,7 +22,9 @@ Accounting (every number from the run's ledger; `dp.sampling` for what sampling 
   nothing), and the ring holds an upper quantile.
 - Central DP: the server is trusted, so its epsilon against the server is infinite; calibrated
   against outsiders who see the released models, amplified by Poisson sampling when the boundary
-  delta of rounds below the floor allows it (else not amplified).
+  delta of rounds below the floor allows it (else not amplified); with `sampler='fixed_size'`, by
+  the sampling-without-replacement bound, which is replace-one (sensitivity 2C, `dp.sampling`).
+  DDP against outsiders is not amplified by fixed-size cohorts (no such bound for Skellam here).
 - DP-SGD: example-level, X for a client in every round, against anyone (it noises each update).
 
 Attacks (`dp.leakage`), run on what the server received (its transcript):
@@ -30,7 +34,11 @@ Attacks (`dp.leakage`), run on what the server received (its transcript):
   headline is its advantage over chance, (F1 - chance) / (1 - chance), max over these attacks;
 - oracle: the best detector chosen with the ground truth and the true k (an upper bound);
 - membership inference (LOSS) on the final model: members = participants' training snippets,
-  non-members = the SAME clients' held-out snippets; AUC, TPR at 1% and 0.1% FPR.
+  non-members = the SAME clients' held-out snippets; AUC, TPR at 1% and 0.1% FPR; and the
+  calibrated attacker, whose threshold is the 5% quantile of its losses on the public split (known
+  non-members), with TPR - FPR as its advantage (and the best threshold's as the oracle's).
+- the adapter model's upload has no token rows: token recovery and differencing do not apply, and
+  its realistic attacker is the calibrated membership attack (its headline advantage).
 Simplified: shadow views are simulated from the public initial model (round 1); later rounds'
 updates have the same row support structure, but their scale drifts.
 """
@@ -38,7 +46,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -54,11 +62,46 @@ from dp.sampling import boundary_delta
 from fl_algorithms.algorithms.fedavg import FedAvg
 from fl_algorithms.engine.secure_sum import SecureAggregationConfig
 from fl_algorithms.engine.sim import RoundRecord, RunConfig, SimulationRunner
-from fl_algorithms.training.bag_trainer import (bag_trainer, build_dp_trainers, build_trainers,
-                                                calibrated_dpsgd_configs, example_losses, shadow_clients)
+from dp.leakage.membership import calibrated_loss_attack, loss_threshold_attack
+from dp.leakage.pipeline import json_epsilon, ledger_epsilons
+from fl_algorithms.training import bag_trainer as bag
+from fl_algorithms.training.bag_trainer import bag_trainer, shadow_clients
 from nlp_models.bag_of_tokens import EMBEDDING_PART, HEAD_PART, BagTask, BagTaskConfig
 
 MECHANISMS = ("ddp", "central", "dpsgd")
+MIA_TARGET_FPR = 0.05
+"""The realistic membership attacker's threshold: this quantile of its losses on the public split."""
+
+
+@dataclass(frozen=True)
+class ModelKit:
+    """What the frontier needs of a task's model: its clients, DP-SGD clients and losses; whether
+    its upload has token rows (the bag's embedding) that the token and differencing attacks read."""
+
+    name: str
+    parts: tuple[str, ...]
+    build_trainers: Callable[..., dict]
+    calibrated_dpsgd_configs: Callable[..., dict]
+    build_dp_trainers: Callable[..., dict]
+    example_losses: Callable[..., np.ndarray]
+    public_losses: Callable[..., np.ndarray]
+    token_attacks: bool
+
+
+def model_kit(task: Any) -> ModelKit:
+    """The kit of a loaded task: `BagTask` (nlp_models.bag_of_tokens) or `AdapterTask`
+    (nlp_models.adapter_sentiment)."""
+    if isinstance(task, BagTask):
+        return ModelKit("bag", (EMBEDDING_PART, HEAD_PART), bag.build_trainers, bag.calibrated_dpsgd_configs,
+                        bag.build_dp_trainers, bag.example_losses, bag.public_losses, token_attacks=True)
+    from fl_algorithms.training import adapter_sentiment_trainer as adapter
+    from nlp_models.adapter_sentiment import AdapterTask
+
+    if isinstance(task, AdapterTask):
+        return ModelKit("adapter", tuple(sorted(task.initial)), adapter.build_trainers, adapter.calibrated_dpsgd_configs,
+                        adapter.build_dp_trainers, adapter.example_losses, adapter.public_losses, token_attacks=False)
+    raise TypeError(f"no frontier model for {type(task).__name__}")
+
 COHORT_TAIL = 1e-3
 """Poisson cohorts: DDP noise is calibrated to the COHORT_TAIL lower quantile of the cohort size."""
 RING_TAIL = 1e-9
@@ -77,7 +120,9 @@ class Setting:
 
 @dataclass(frozen=True)
 class FrontierConfig:
-    task: BagTaskConfig = field(default_factory=lambda: BagTaskConfig(num_clients=200, public_fraction=0.1))
+    task: Any = field(default_factory=lambda: BagTaskConfig(num_clients=200, public_fraction=0.1))
+    """BagTaskConfig (bag-of-embeddings) or AdapterTaskConfig (MiniLM adapters): both have num_clients,
+    public_fraction and seed."""
     rounds: int = 20
     cohort: int = 20
     """Expected clients per round (Poisson rate cohort / clients)."""
@@ -156,7 +201,7 @@ class RunOutput:
     parameters: dict[str, Any]
 
 
-def secure_config(setting: Setting, task: BagTask, cfg: FrontierConfig) -> tuple[SecureAggregationConfig, dict]:
+def secure_config(setting: Setting, task: Any, cfg: FrontierConfig) -> tuple[SecureAggregationConfig, dict]:
     """The secure layer of a setting and what it was configured with (for the ledger file)."""
     n, (floor, ceiling) = task.config.num_clients, cfg.cohort_range()
     ddp = central = None
@@ -169,10 +214,13 @@ def secure_config(setting: Setting, task: BagTask, cfg: FrontierConfig) -> tuple
         params.update(unit="client", target_observer="server", target_horizon=cfg.rounds, n_min=floor,
                       expected_clients=ceiling, outsider_rate=q)
     elif setting.mechanism == "central":
-        q = cfg.outsider_rate(2)
+        fixed = cfg.sampler == "fixed_size"  # the without-replacement bound (replace-one), no boundary delta
+        q = cfg.rate if fixed else cfg.outsider_rate(2)
         central = CentralDPConfig(l2_clip=cfg.clip, target_epsilon=setting.epsilon, delta=cfg.delta, rounds=cfg.rounds,
-                                  sampling_rate=q, population=n if q < 1 else None, min_cohort=2)
-        params.update(unit="client", target_observer="outsider", target_horizon=cfg.rounds, outsider_rate=q)
+                                  sampling_rate=q, population=n if q < 1 else None, min_cohort=2,
+                                  sampler="fixed_size" if fixed else "poisson")
+        params.update(unit="client", target_observer="outsider", target_horizon=cfg.rounds, outsider_rate=q,
+                      outsider_sampling="without_replacement" if fixed and q < 1 else "poisson" if q < 1 else "none")
     secure = SecureAggregationConfig(protocol=setting.protocol, clip=cfg.secure_clip,
                                      max_weight=float(max(len(d.train) for d in task.clients.values())),
                                      max_clients=n, distributed_dp=ddp, central_dp=central,
@@ -180,19 +228,20 @@ def secure_config(setting: Setting, task: BagTask, cfg: FrontierConfig) -> tuple
     return secure, params
 
 
-def run_setting(setting: Setting, task: BagTask, cfg: FrontierConfig, *, progress: bool) -> RunOutput:
+def run_setting(setting: Setting, task: Any, cfg: FrontierConfig, *, progress: bool) -> RunOutput:
+    kit = model_kit(task)
     ledger = Ledger(LedgerConfig(delta=cfg.delta))
-    transcript = Transcript(protocol=setting.protocol, dtype="float32", parts=[EMBEDDING_PART, HEAD_PART])
+    transcript = Transcript(protocol=setting.protocol, dtype="float32", parts=list(kit.parts))
     secure, params = secure_config(setting, task, cfg)
     if setting.mechanism == "dpsgd":
-        configs = calibrated_dpsgd_configs(task, target_epsilon=setting.epsilon, delta=cfg.delta,
-                                           max_grad_norm=cfg.clip, local_epochs=cfg.local_epochs,
-                                           planned_rounds=cfg.rounds)
-        trainers = build_dp_trainers(task, dp_config=configs, ledger=ledger)
+        configs = kit.calibrated_dpsgd_configs(task, target_epsilon=setting.epsilon, delta=cfg.delta,
+                                               max_grad_norm=cfg.clip, local_epochs=cfg.local_epochs,
+                                               planned_rounds=cfg.rounds)
+        trainers = kit.build_dp_trainers(task, dp_config=configs, ledger=ledger)
         params.update(unit="example", target_observer="anyone", planned_participations=cfg.rounds,
                       noise_multiplier=sorted({c.noise_multiplier for c in configs.values()}))
     else:
-        trainers = build_trainers(task)
+        trainers = kit.build_trainers(task)
     run = RunConfig(rounds=cfg.rounds, clients_per_round=cfg.cohort, seed=cfg.seed, secure=secure, sampler=cfg.sampler)
     runner = SimulationRunner(algorithm=FedAvg(local_epochs=cfg.local_epochs), trainers=trainers, config=run,
                               initial=task.initial, ledger=ledger, transcript=transcript)
@@ -236,9 +285,10 @@ def shadow_updates(task: BagTask, cfg: FrontierConfig, setting: Setting) -> list
     n = min(cfg.shadow_clients, len(task.public) // per)
     clients = shadow_clients(task, n_clients=n, examples_per_client=per, seed=cfg.seed)
     if setting.mechanism == "dpsgd":
-        configs = calibrated_dpsgd_configs(task, target_epsilon=setting.epsilon, delta=cfg.delta, max_grad_norm=cfg.clip,
-                                           local_epochs=cfg.local_epochs, planned_rounds=cfg.rounds, clients=clients)
-        trainers = build_dp_trainers(task, dp_config=configs, ledger=Ledger(), clients=clients)
+        configs = bag.calibrated_dpsgd_configs(task, target_epsilon=setting.epsilon, delta=cfg.delta,
+                                               max_grad_norm=cfg.clip, local_epochs=cfg.local_epochs,
+                                               planned_rounds=cfg.rounds, clients=clients)
+        trainers = bag.build_dp_trainers(task, dp_config=configs, ledger=Ledger(), clients=clients)
     else:
         trainers = {c: bag_trainer(task, client_id=c, data=d) for c, d in clients.items()}
     out = []
@@ -291,15 +341,44 @@ def shadow_views(run: RunOutput, task: BagTask, cfg: FrontierConfig, updates, rn
 
 # ---- measuring one run -------------------------------------------------------------------------------
 
-def measure(run: RunOutput, task: BagTask, cfg: FrontierConfig, *, shadow: Mapping[str, list],
+def membership(kit: ModelKit, task: Any, final: Mapping[str, np.ndarray], members: np.ndarray,
+               nonmembers: np.ndarray) -> dict[str, Any]:
+    """LOSS membership inference on the final model (AUC, TPR at low FPR) and the calibrated attacker
+    (threshold from the public split, `calibrated_loss_attack`) with its oracle bound."""
+    calibrated = calibrated_loss_attack(members, nonmembers, reference_losses=kit.public_losses(task, final),
+                                        target_fpr=MIA_TARGET_FPR)
+    return {**asdict(loss_threshold_attack(members, nonmembers)), "calibrated": calibrated,
+            "n_reference": int(len(task.public))}
+
+
+def measure(run: RunOutput, task: Any, cfg: FrontierConfig, *, shadow: Mapping[str, list] | None,
             export: Any = None) -> dict[str, Any]:
+    """Every number of one run. Bag model: token recovery and differencing (realistic and oracle) plus
+    membership. Adapter model: its upload has no token rows, so the realistic attacker is the
+    calibrated membership attack, its oracle the best-threshold one (`membership`)."""
+    kit = model_kit(task)
     participants = sorted(set().union(*(r.contributors for r in run.history)))
-    leakage = measure_leakage(
-        run.transcript, embedding_part=EMBEDDING_PART, vector_part=HEAD_PART, truth=task.token_sets(),
-        shape=task.embedding_shape, ledger=run.ledger, unit="example" if run.setting.mechanism == "dpsgd" else "client",
-        member_losses=example_losses(task, run.final, split="train", clients=participants),
-        nonmember_losses=example_losses(task, run.final, split="test", clients=participants),
-        shadow=shadow, export=export)
+    unit = "example" if run.setting.mechanism == "dpsgd" else "client"
+    # members = participants' training examples, non-members = the SAME clients' held-out ones
+    members = kit.example_losses(task, run.final, split="train", clients=participants)
+    nonmembers = kit.example_losses(task, run.final, split="test", clients=participants)
+    mia = membership(kit, task, run.final, members, nonmembers)
+    if kit.token_attacks:
+        leakage = measure_leakage(
+            run.transcript, embedding_part=EMBEDDING_PART, vector_part=HEAD_PART, truth=task.token_sets(),
+            shape=task.embedding_shape, ledger=run.ledger, unit=unit, member_losses=members,
+            nonmember_losses=nonmembers, shadow=shadow, export=export)
+        leakage["membership"] = {**leakage["membership"], "calibrated": mia["calibrated"],
+                                 "n_reference": mia["n_reference"]}
+    else:
+        if export is not None:
+            run.transcript.save(export)
+        eps = ledger_epsilons(run.ledger)
+        leakage = {"membership": mia, "realistic_advantage": mia["calibrated"]["advantage"],
+                   "oracle_advantage": mia["calibrated"]["oracle_advantage"],
+                   "realistic_attack": "membership_loss_calibrated",
+                   "epsilon": {k: json_epsilon(v) for k, v in eps.items()}, "epsilon_unit": unit,
+                   "tokens": {"skipped": "the adapter upload has no token rows"}}
     return {"setting": asdict(run.setting), "accuracy": run.history[-1].mean("accuracy"), **leakage,
             "accuracy_curve": [r.mean("accuracy") for r in run.history],
             "cohort_sizes": [len(r.cohort) for r in run.history],
@@ -308,23 +387,24 @@ def measure(run: RunOutput, task: BagTask, cfg: FrontierConfig, *, shadow: Mappi
             "parameters": run.parameters}
 
 
-def run_frontier(task: BagTask, cfg: FrontierConfig, *, progress: bool = True, out_dir=None,
+def run_frontier(task: Any, cfg: FrontierConfig, *, progress: bool = True, out_dir=None,
                  on_result=None) -> tuple[dict[str, dict[str, Any]], dict[str, RunOutput]]:
     """Every setting of `cfg` on `task`: (results by setting name, the runs)."""
     rng = np.random.default_rng(np.random.SeedSequence([cfg.seed, 0xA77AC]))
+    tokens = model_kit(task).token_attacks
     cache: dict[tuple, list] = {}
     results, runs = {}, {}
     for setting in cfg.settings():
         run = run_setting(setting, task, cfg, progress=progress)
         key = ("dpsgd", setting.epsilon) if setting.mechanism == "dpsgd" else ("sgd",)
-        if key not in cache:
+        if tokens and key not in cache:
             cache[key] = shadow_updates(task, cfg, setting)
         export = None
         if out_dir is not None and cfg.save_transcripts:
             export = out_dir / setting.name / "transcript"
             export.parent.mkdir(parents=True, exist_ok=True)
-        results[setting.name] = measure(run, task, cfg, shadow=shadow_views(run, task, cfg, cache[key], rng),
-                                        export=export)
+        shadow = shadow_views(run, task, cfg, cache[key], rng) if tokens else None
+        results[setting.name] = measure(run, task, cfg, shadow=shadow, export=export)
         runs[setting.name] = run
         if on_result is not None:
             on_result(setting.name, run, results[setting.name])

@@ -117,6 +117,17 @@ def example_losses(task: AdapterTask, shared: Mapping[str, np.ndarray], *, split
     return np.concatenate(out) if out else np.zeros(0)
 
 
+def public_losses(task: AdapterTask, shared: Mapping[str, np.ndarray]) -> np.ndarray:
+    """Per-example losses on the public movies (`task.public`: snippets no client holds): the known
+    non-members a realistic membership attacker calibrates its threshold on."""
+    public = task.public.examples
+    if not len(public):
+        raise ValueError("the task has no public split (AdapterTaskConfig.public_fraction = 0)")
+    holder = AdapterClient(train=public, test=public, movies=task.public.movies, train_index=task.public.index,
+                           test_index=task.public.index)
+    return example_losses(task, shared, split="train", population={0: holder})
+
+
 def shadow_trainers(task: AdapterTask, *, n_clients: int, examples_per_client: int,
                     seed: int) -> dict[int, SeededTorchTrainer]:
     """Trainers (ids 1..n) over `shadow_clients(task, ...)`: disjoint random subsets of the public
@@ -130,4 +141,4 @@ def shadow_trainers(task: AdapterTask, *, n_clients: int, examples_per_client: i
 
 
 __all__ = ["EVAL_BATCH", "optimizer_config", "sentiment_trainer", "build_trainers", "calibrated_dpsgd_configs",
-           "build_dp_trainers", "example_losses", "shadow_trainers"]
+           "build_dp_trainers", "example_losses", "public_losses", "shadow_trainers"]

@@ -93,9 +93,11 @@ def build_dp_trainers(task: BagTask, *, dp_config: DPSGDConfig | Mapping[int, DP
 
 
 def example_losses(task: BagTask, shared: Mapping[str, np.ndarray], *, split: str,
-                   clients: Iterable[int] | None = None) -> np.ndarray:
+                   clients: Iterable[int] | None = None, population: Mapping[int, BagClient] | None = None) -> np.ndarray:
     """Per-example loss of the model with parameters `shared` on the `split` examples of `clients`
-    (default all): the scores of the LOSS membership-inference attack."""
+    (default all) of `population` (default the task's clients): the scores of the LOSS
+    membership-inference attack."""
+    population = task.clients if population is None else population
     model = task.new_model()
     named = dict(model.named_parameters())
     for part, names in SHARED_PARTS.items():
@@ -103,11 +105,20 @@ def example_losses(task: BagTask, shared: Mapping[str, np.ndarray], *, split: st
     model.eval()
     out = []
     with torch.inference_mode():
-        for c in sorted(task.clients if clients is None else set(clients)):
-            examples = getattr(task.clients[c], split)
+        for c in sorted(population if clients is None else set(clients)):
+            examples = getattr(population[c], split)
             for b in examples.batches(512):
                 out.append(per_example_loss(model, b).double().numpy())
     return np.concatenate(out) if out else np.zeros(0)
 
 
-__all__ = ["bag_trainer", "shadow_clients", "build_trainers", "calibrated_dpsgd_configs", "build_dp_trainers", "example_losses"]
+def public_losses(task: BagTask, shared: Mapping[str, np.ndarray]) -> np.ndarray:
+    """Per-example losses on the public split (`task.public`: examples no client holds): the known
+    non-members a realistic membership attacker calibrates its threshold on."""
+    if task.public is None or not len(task.public):
+        raise ValueError("the task has no public split (BagTaskConfig.public_fraction = 0)")
+    return example_losses(task, shared, split="train", population={0: BagClient(task.public, task.public, 0)})
+
+
+__all__ = ["bag_trainer", "shadow_clients", "build_trainers", "calibrated_dpsgd_configs", "build_dp_trainers",
+           "example_losses", "public_losses"]

@@ -46,3 +46,34 @@ def test_release_is_labelled_non_private_against_the_server():
     assert ledger.epsilon(1, unit="client", observer="outsider") == pytest.approx(
         ledger.epsilon(8, unit="client", observer="outsider"))
     assert 0 < ledger.epsilon(8, unit="client", observer="outsider") < math.inf
+
+
+def test_fixed_size_cohorts_calibrate_and_charge_the_without_replacement_bound():
+    config = CentralDPConfig(l2_clip=1.0, target_epsilon=4.0, rounds=50, sampling_rate=0.1, population=200,
+                             sampler="fixed_size", delta=1e-5)
+    agg = CentralDPAggregator(config)
+    assert config.sample_size == 20 and config.boundary_delta == 0.0
+    acc = rdp.RdpAccountant(neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_ONE)
+    acc.compose(dp_accounting.SelfComposedDpEvent(dp_accounting.SampledWithoutReplacementDpEvent(
+        200, 20, dp_accounting.GaussianDpEvent(agg.noise_multiplier / 2)), 50))  # replace-one: sensitivity 2C
+    assert acc.get_epsilon(1e-5) == pytest.approx(4.0, abs=0.02)
+    unamplified = CentralDPAggregator(CentralDPConfig(l2_clip=1.0, target_epsilon=4.0, rounds=50))
+    assert agg.noise_multiplier < unamplified.noise_multiplier
+    ledger, cohort, record = Ledger(), list(range(1, 21)), SamplingRecord("fixed_size", 200, 0.1)
+    with pytest.raises(AmplificationNotJustified):  # a Poisson draw does not justify this bound
+        agg.charge_round(Ledger(), round_id=0, participants=cohort, population=range(1, 201),
+                         sampling=SamplingRecord("poisson", 200, 0.1))
+    for t in range(50):
+        agg.charge_round(ledger, round_id=t, participants=cohort, population=range(1, 201), sampling=record)
+    for c in (1, 150):
+        assert ledger.epsilon(c, unit="client", observer="outsider") == pytest.approx(4.0, abs=0.02)
+    assert ledger.epsilon(1, unit="client", observer="server") == math.inf
+
+
+def test_invalid_central_configs_are_refused():
+    for bad in (dict(), dict(noise_multiplier=1.0, target_epsilon=1.0),
+                dict(noise_multiplier=1.0, sampling_rate=0.1), dict(noise_multiplier=1.0, sampler="seeded"),
+                dict(noise_multiplier=1.0, sampling_rate=0.1, population=205, sampler="fixed_size"),
+                dict(noise_multiplier=1.0, l2_clip=0.0)):
+        with pytest.raises(ValueError):
+            CentralDPConfig(**{"l2_clip": 1.0, **bad})

@@ -219,3 +219,78 @@ def test_rounds_below_the_floor_add_their_boundary_delta_and_nothing_else():
     acc = rdp.RdpAccountant()
     acc.compose(GaussianMechanism(noise_multiplier=1.5).dp_event())
     assert seeded.epsilon(7, unit="client", observer="outsider") == pytest.approx(acc.get_epsilon(1e-2))
+
+
+def _wor_epsilon(population, size, z, count, delta=DELTA):
+    acc = rdp.RdpAccountant(neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_ONE)
+    acc.compose(dp_accounting.SelfComposedDpEvent(dp_accounting.SampledWithoutReplacementDpEvent(
+        population, size, dp_accounting.GaussianDpEvent(z)), count))
+    return acc.get_epsilon(delta)
+
+
+def fixed_size(size: int, population: int) -> SamplingRecord:
+    return SamplingRecord("fixed_size", population, size / population)
+
+
+@settings(max_examples=10, deadline=None)
+@given(z=st.floats(0.6, 3.0), size=st.integers(2, 60), count=st.integers(1, 50))
+def test_fixed_size_cohorts_are_accounted_replace_one_without_replacement(z, size, count):
+    mech = GaussianMechanism(noise_multiplier=z, neighbouring="replace_one", population=200, sample_size=size)
+    ledger = Ledger()
+    ledger.debit(1, mech, unit="client", observer="outsider", count=count, sampling=fixed_size(size, 200))
+    eps = ledger.epsilon(1, unit="client", observer="outsider")
+    assert eps == pytest.approx(_wor_epsilon(200, size, z, count), rel=1e-9)
+    unsampled = Ledger()
+    unsampled.debit(1, GaussianMechanism(noise_multiplier=z, neighbouring="replace_one"), unit="client",
+                    observer="outsider", count=count)
+    assert eps < unsampled.epsilon(1, unit="client", observer="outsider")  # the sample amplifies
+    assert ledger.report()["clients"]["1"]["neighbouring"] == {"client/outsider": "replace_one"}
+
+
+def test_sampling_without_replacement_needs_the_fixed_size_sampler_of_that_size():
+    from dp.sampling import AmplificationNotJustified
+
+    mech = GaussianMechanism(noise_multiplier=1.0, neighbouring="replace_one", population=200, sample_size=20)
+    ledger = Ledger()
+    for record in (None, SamplingRecord("poisson", 200, 0.1), SamplingRecord("seeded", 200, 0.1),
+                   fixed_size(25, 200), fixed_size(20, 201)):
+        with pytest.raises(AmplificationNotJustified):
+            ledger.debit(1, mech, unit="client", observer="outsider", sampling=record)
+    assert ledger.entries(1) == ()
+    ledger.debit(1, mech, unit="client", observer="outsider", sampling=fixed_size(20, 200))
+    state = json.loads(json.dumps(ledger.state_dict()))
+    assert state["clients"]["1"]["entries"][0]["mechanism"]["sample_size"] == 20
+    assert Ledger.from_state_dict(state).report() == ledger.report()
+    state["clients"]["1"]["entries"][0]["sampling"] = {"scheme": "poisson", "population": 200, "rate": 0.1}
+    with pytest.raises(AmplificationNotJustified, match="without replacement"):  # a tampered ledger file
+        Ledger.from_state_dict(state)
+    for bad in (dict(population=200), dict(population=200, sample_size=20),  # add/remove: not this bound
+                dict(population=10, sample_size=20, neighbouring="replace_one")):
+        with pytest.raises(ValueError):
+            GaussianMechanism(noise_multiplier=1.0, **bad)
+
+
+def test_a_replace_one_label_converts_other_entries_soundly_and_refuses_poisson_ones():
+    wor = GaussianMechanism(noise_multiplier=1.5, neighbouring="replace_one", population=100, sample_size=10)
+    ledger = Ledger()
+    ledger.debit(1, wor, unit="client", observer="outsider", count=30, sampling=fixed_size(10, 100))
+    ledger.debit(1, GaussianMechanism(noise_multiplier=4.0), unit="client", observer="outsider", count=5)
+    sk = SkellamMechanism(l1_sensitivity=3e4, l2_sensitivity=100.0, variance=400.0**2)
+    ledger.debit(1, sk, unit="client", observer="outsider", count=3)
+    from dp.accounting import ORDERS
+    acc = rdp.RdpAccountant(list(ORDERS), neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_ONE)
+    acc.compose(dp_accounting.SelfComposedDpEvent(dp_accounting.SampledWithoutReplacementDpEvent(
+        100, 10, dp_accounting.GaussianDpEvent(1.5)), 30))
+    acc.compose(dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(2.0), 5))  # z/2: sensitivity x2
+    total = acc.rdp + 3 * skellam_curve(l1=6e4, l2=200.0, variance=400.0**2)  # sensitivities doubled
+    assert ledger.epsilon(1, unit="client", observer="outsider") == pytest.approx(
+        epsilon_from_rdp(total, delta=DELTA, orders=ORDERS), rel=1e-9)
+    before = ledger.report()
+    with pytest.raises(ValueError, match="cannot compose"):
+        ledger.debit(1, GaussianMechanism(noise_multiplier=1.0, sampling_rate=0.1), unit="client",
+                     observer="outsider", sampling=poisson(0.1, 100))
+    assert ledger.report() == before
+    # other labels are unaffected: the same Poisson entry against the server is add/remove as before
+    ledger.debit(1, GaussianMechanism(noise_multiplier=1.0, sampling_rate=0.1), unit="client", observer="server",
+                 sampling=poisson(0.1, 100))
+    assert ledger.report()["clients"]["1"]["neighbouring"]["client/server"] == "add_remove"

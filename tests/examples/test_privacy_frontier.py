@@ -65,8 +65,11 @@ def test_plaintext_leaks_to_the_realistic_attacker_and_dp_hides_it(sweep):
         assert res["plain"]["tokens"]["server_view"] == "individual"
         assert res["secagg"]["tokens"]["server_view"] == "aggregate" and "individual" not in res["secagg"]["tokens"]
         assert res["secagg"]["differencing"].get("skipped") is None
-        # membership inference: members and non-members from the same (participating) clients
+        # membership inference: members and non-members from the same (participating) clients, and the
+        # calibrated attacker's threshold from the public split
         assert res["plain"]["membership"]["n_members"] > 0 and res["plain"]["membership"]["n_nonmembers"] > 0
+        cal = res["plain"]["membership"]["calibrated"]
+        assert cal["advantage"] == pytest.approx(cal["tpr"] - cal["fpr"]) and cal["target_fpr"] == 0.05
 
 
 def test_ledgers_record_the_sampler_and_epsilons_respect_their_targets(sweep):
@@ -101,6 +104,12 @@ def _recompute(entry: dict) -> float:
     if m["name"] == "no_release":
         return 0.0
     q = m["sampling_rate"]
+    if m.get("sample_size") is not None:  # a fixed-size cohort: replace-one, without replacement, no boundary
+        assert s["scheme"] == "fixed_size" and round(s["rate"] * s["population"]) == m["sample_size"]
+        acc = rdp.RdpAccountant(neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_ONE)
+        acc.compose(dp_accounting.SelfComposedDpEvent(dp_accounting.SampledWithoutReplacementDpEvent(
+            m["population"], m["sample_size"], dp_accounting.GaussianDpEvent(m["noise_multiplier"])), count))
+        return acc.get_epsilon(entry["delta"])
     boundary = 0.0
     if q < 1 and s["min_cohort"] > 0:
         assert s["scheme"] == "poisson" and s["rate"] == q
@@ -133,3 +142,55 @@ def test_every_epsilon_in_every_ledger_is_recomputed_from_its_recorded_mechanism
                 assert _recompute(e) == pytest.approx(got, rel=1e-6), (key, cid, e["mechanism"])
                 checked += 1
     assert checked > 100
+
+
+def test_fixed_size_cohorts_amplify_central_dp_by_the_without_replacement_bound(tmp_path):
+    import contextlib
+    import io
+
+    args = ["--clients", "30", "--cohorts", "8", "--rounds", "2", "--local-epochs", "1", "--max-examples", "1200",
+            "--epsilons", "8", "--seeds", "0", "--mechanisms", "central", "--sampler", "fixed_size", "--no-progress",
+            "--out", str(tmp_path), "--run-name", "fixed"]
+    with contextlib.redirect_stdout(io.StringIO()):
+        summary = frontier.main(args)
+    assert summary["last_line"].startswith("frontier cohort=8 sampler=fixed_size ")
+    doc = json.loads((tmp_path / "fixed" / "ledger.json").read_text())
+    entry = doc["runs"]["cohort8-seed0/central_eps8"]
+    assert entry["parameters"]["outsider_sampling"] == "without_replacement"
+    for account in entry["ledger"]["clients"].values():
+        assert account["neighbouring"]["client/outsider"] == "replace_one"
+        [outsider] = [e for e in account["entries"] if e["observer"] == "outsider"]
+        assert (outsider["mechanism"]["population"], outsider["mechanism"]["sample_size"]) == (30, 8)
+        assert outsider["epsilon"] == pytest.approx(_recompute(outsider), rel=1e-6)
+        assert 0 < outsider["epsilon"] <= 8 * (1 + 1e-6)
+
+
+def test_adapter_model_is_attacked_by_the_calibrated_membership_attacker(tmp_path):
+    import contextlib
+    import io
+
+    args = ["--model", "adapter", "--backbone", "tiny", "--clients", "16", "--cohorts", "6", "--rounds", "2",
+            "--local-epochs", "1", "--max-examples", "1200", "--epsilons", "8", "--seeds", "0", "--no-progress",
+            "--out", str(tmp_path), "--run-name", "adapter"]
+    with contextlib.redirect_stdout(io.StringIO()):
+        summary = frontier.main(args)
+    assert LAST.match(summary["last_line"]), summary["last_line"]
+    [run] = summary["runs"]
+    assert run["model"] == "adapter" and set(run["results"]) == {"plain", "secagg", "ddp_eps8", "central_eps8",
+                                                                  "dpsgd_eps8"}
+    for name, res in run["results"].items():
+        cal = res["membership"]["calibrated"]
+        assert res["realistic_attack"] == "membership_loss_calibrated" and "skipped" in res["tokens"], name
+        assert res["realistic_advantage"] == cal["advantage"] == pytest.approx(cal["tpr"] - cal["fpr"])
+        assert -1 <= cal["advantage"] <= cal["oracle_advantage"] + 1e-12 <= 1 + 1e-12
+        assert res["membership"]["n_members"] > 0 and res["membership"]["n_reference"] > 0
+    assert "MIA adv" in (tmp_path / "adapter" / "table.md").read_text()
+    doc = json.loads((tmp_path / "adapter" / "ledger.json").read_text())
+    for key, entry in doc["runs"].items():
+        for account in entry["ledger"]["clients"].values():
+            for e in account["entries"]:
+                got = float("inf") if e["epsilon"] == "inf" else e["epsilon"]
+                assert _recompute(e) == pytest.approx(got, rel=1e-6), (key, e["mechanism"])
+    rows = {r["setting"]: r for r in summary["rows"]}
+    assert 0 < rows["ddp_eps8"]["eps_server"] <= 8 * (1 + 1e-6)
+    assert 0 < rows["central_eps8"]["eps_outsider"] <= 8 * (1 + 1e-6)

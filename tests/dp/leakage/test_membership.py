@@ -3,8 +3,8 @@ import pytest
 import torch
 from torch import nn
 
-from dp.leakage.membership import (loss_threshold_attack, losses_by_group, per_example_losses, score_attack,
-                                   tpr_at_fpr, zlib_ratio_scores)
+from dp.leakage.membership import (calibrated_loss_attack, loss_threshold_attack, losses_by_group,
+                                   per_example_losses, score_attack, tpr_at_fpr, zlib_ratio_scores)
 
 D, K, N = 16, 10, 120
 
@@ -93,3 +93,27 @@ def test_validation_and_grouping():
         score_attack([], [1.0])
     m, n = losses_by_group([0.1, 0.2, 0.3], [True, False, True])
     assert m.tolist() == [0.1, 0.3] and n.tolist() == [0.2]
+
+
+def test_calibrated_loss_attack_picks_its_threshold_from_reference_data_only():
+    rng = np.random.default_rng(0)
+    members, nonmembers, reference = rng.exponential(0.3, 4000), rng.exponential(1.0, 4000), rng.exponential(1.0, 4000)
+    out = calibrated_loss_attack(members, nonmembers, reference_losses=reference, target_fpr=0.05)
+    assert out["fpr"] == pytest.approx(0.05, abs=0.015)  # reference ~ non-members: the FPR is what was aimed at
+    # exponential losses: P[member loss < t] with t the 5% quantile of Exp(1)
+    t = -np.log(0.95)
+    assert out["threshold"] == pytest.approx(t, rel=0.15)
+    assert out["tpr"] == pytest.approx(1 - np.exp(-t / 0.3), abs=0.03)
+    assert out["advantage"] == pytest.approx(out["tpr"] - out["fpr"])
+    assert out["advantage"] <= out["oracle_advantage"] + 1e-12 and out["oracle_advantage"] > 0.3
+    # the same members and non-members: the advantage does not depend on which is which beyond the threshold
+    swapped = calibrated_loss_attack(nonmembers, nonmembers, reference_losses=reference)
+    assert abs(swapped["advantage"]) < 1e-12 and swapped["oracle_advantage"] < 0.1
+    # a reference from another distribution moves the threshold: the attacker's real difficulty
+    shifted = calibrated_loss_attack(members, nonmembers, reference_losses=reference * 10)
+    assert shifted["fpr"] > 0.3
+    for bad in (dict(target_fpr=0.0), dict(target_fpr=1.0)):
+        with pytest.raises(ValueError):
+            calibrated_loss_attack(members, nonmembers, reference_losses=reference, **bad)
+    with pytest.raises(ValueError):
+        calibrated_loss_attack(members, nonmembers, reference_losses=[])

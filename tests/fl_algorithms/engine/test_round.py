@@ -376,3 +376,26 @@ def test_central_dp_releases_a_noisy_mean_of_clipped_updates_and_the_ledger_says
         assert 0 < ledger.epsilon(c, unit="client", observer="outsider") < float("inf")
     with pytest.raises(ValueError, match="not both"):
         SecureAggregationConfig(central_dp=central, distributed_dp=DistributedDPConfig(l2_clip=1.0, noise_multiplier=1.0))
+
+
+def test_central_dp_over_fixed_size_cohorts_is_charged_without_replacement_and_samplers_must_agree():
+    from dp.central import CentralDPConfig
+
+    central = CentralDPConfig(l2_clip=0.5, noise_multiplier=1.0, sampling_rate=0.5, population=6, sampler="fixed_size")
+    secure = SecureAggregationConfig(protocol="secagg+", clip=4.0, max_weight=100, max_clients=8, min_release_group=2,
+                                     central_dp=central)
+    for sampler, size in (("poisson", 3), ("seeded", 3), ("fixed_size", 2)):  # refused before any training
+        with pytest.raises(ValueError, match="claims amplification"):
+            RunConfig(rounds=1, clients_per_round=size, sampler=sampler, secure=secure)
+    ledger = Ledger()
+    runner = SimulationRunner(algorithm=FedAvg(), trainers={c: toy_trainer(c, seed=0) for c in range(1, 7)},
+                              config=RunConfig(rounds=2, clients_per_round=3, sampler="fixed_size", secure=secure),
+                              ledger=ledger)
+    runner.run_round(1)
+    runner.run_round(2)
+    for c in range(1, 7):  # every client of the population is charged the sampled mechanism, twice
+        [entry] = [e for e in ledger.entries(c) if e.observer.value == "outsider"]
+        assert entry.count == 2 and entry.sampling.scheme == "fixed_size"
+        assert (entry.mechanism.population, entry.mechanism.sample_size) == (6, 3)
+        assert entry.mechanism.noise_multiplier == 0.5 and entry.mechanism.sensitivity == 1.0  # z/2 at 2C
+    assert ledger.report()["clients"]["1"]["neighbouring"]["client/outsider"] == "replace_one"

@@ -46,7 +46,9 @@ Setup and choices (and where they depart from FedNLP):
   "client lr x local steps", how far one local run moves a coordinate; it overshot). Each method
   thus runs at its own validation-chosen setting; nothing was chosen on test accuracy.
 - Cohort: a random subset of clients each round (4 of 8 in --quick, 10 of 20 by default), as in
-  FedNLP's cross-device setting; every method sees the same cohorts. --quick uses one torch thread:
+  FedNLP's cross-device setting; every method sees the same cohorts (the seeded sampler: no DP
+  runs here, so no amplification is claimed; `--runtime deploy` draws fixed-size cohorts from the
+  OS CSPRNG instead, so its cohorts differ from the simulation's). --quick uses one torch thread:
   on a shared 2-core machine two threads were 3-4x slower than one (OpenMP threads wait on each
   other when a co-tenant holds a core); --threads 2 is faster on an idle machine.
 """
@@ -98,6 +100,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--device", choices=DEVICES, default="cpu", help="torch device of every client (default cpu)")
     p.add_argument("--runtime", choices=("sim", "deploy"), default=None,
                    help="sim: in memory; deploy: real client processes over tcp on loopback (default sim)")
+    p.add_argument("--sampler", choices=("seeded", "fixed_size", "poisson"), default=None,
+                   help="cohort sampler (default seeded in sim: the same cohorts for every method; fixed_size in deploy)")
     p.add_argument("--backbone", choices=BACKBONES, default=None,
                    help="minilm (default) or tiny: a random 2-layer BERT for smoke runs")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its checkpoints, with its settings")
@@ -125,6 +129,16 @@ class Plan:
     seeds: tuple[int, ...] = (0,)
     runtime: str = "sim"
     backbone: str = "minilm"
+    sampler: str = "seeded"
+    """'seeded' (simulation: every method of a seed sees the same cohorts; no DP here, so nothing is
+    amplified), or 'fixed_size' / 'poisson' from the OS CSPRNG ('fixed_size' is the deploy default:
+    a deployment refuses seeded cohorts, so its cohorts differ from the simulation's)."""
+
+    def __post_init__(self) -> None:
+        if self.sampler not in ("seeded", "fixed_size", "poisson"):
+            raise ValueError(f"--sampler is seeded, fixed_size or poisson, got {self.sampler!r}")
+        if self.runtime == "deploy" and self.sampler == "seeded":
+            raise ValueError("--runtime deploy draws cohorts from the OS CSPRNG: --sampler fixed_size or poisson")
 
     @property
     def methods(self) -> tuple[str, ...]:
@@ -169,6 +183,8 @@ def parse_settings(argv: Sequence[str] | None = None) -> tuple[argparse.Namespac
             base = {**(QUICK if args.quick else {}), **chosen}
             if "clients_per_round" not in base and base.get("clients", Settings.clients) <= Settings.clients_per_round:
                 base["clients_per_round"] = None  # the default cohort would be everyone anyway
+            if planned.get("runtime") == "deploy" and "sampler" not in planned:
+                planned["sampler"] = "fixed_size"
             plan = Plan(**planned)
             settings = Settings(**base, seed=plan.seeds[0])
             for s in plan.seeds:
@@ -194,7 +210,7 @@ def run_method(method: str, clients: FedNLPClients, plan: Plan, run: RunDirector
     protocol = "plain" if method == PLAIN_TWIN else plan.protocol
     where = f"seed-{settings.seed}/{method}"
     config = RunConfig(rounds=settings.rounds, clients_per_round=settings.clients_per_round, seed=settings.seed,
-                       secure=secure_config(settings, protocol=protocol, max_weight=max(sizes)),
+                       sampler=plan.sampler, secure=secure_config(settings, protocol=protocol, max_weight=max(sizes)),
                        checkpoint_dir=str(run.path / "checkpoints" / where))
     task = Task(algorithm=make_algorithm(name, settings), make_trainer=clients.make_trainer, initial=clients.initial)
     algorithm, snapshots = task.algorithm, {}
@@ -336,7 +352,7 @@ def print_report(summary: Mapping[str, Any], settings: Settings, plan: Plan, *, 
                  layers: int, first_round: np.ndarray | None) -> None:
     n_shared = summary["shared_parameters"]
     print(f"\nFedNLP text classification: {title}, {settings.rounds} rounds, {settings.max_length} tokens, "
-          f"seeds {','.join(map(str, plan.seeds))}, runtime {plan.runtime}")
+          f"seeds {','.join(map(str, plan.seeds))}, runtime {plan.runtime}, sampler {plan.sampler}")
     print(f"model: {model_label}, frozen; adapters (bottleneck {settings.bottleneck}) "
           f"only in the top {settings.adapter_layers} of {layers} layers + linear head "
           f"(simplification: FedNLP fine-tunes the whole model)")

@@ -115,6 +115,8 @@ def test_resume_after_a_crash_finishes_the_run_like_an_uninterrupted_one(tmp_pat
     (["--seeds", "-1"], "seeds must be non-negative"),
     (["--protocol", "rot13"], "--protocol"),
     (["--runtime", "cloud"], "--runtime"),
+    (["--runtime", "deploy", "--sampler", "seeded"], "OS CSPRNG"),
+    (["--sampler", "dice"], "--sampler"),
     (["--device", "tpu"], "--device"),
 ])
 def test_bad_arguments_fail_with_a_clear_message(argv, message, capsys):
@@ -143,6 +145,8 @@ def test_resume_errors(tmp_path, capsys):
 def test_quick_preset_and_defaults():
     _, quick, plan = fednlp.parse_settings(["--quick"])
     assert plan.methods == ("fedavg", "fedprox", "fedopt", "fedavg_plain") and plan.runtime == "sim"
+    assert plan.sampler == "seeded"  # every method of a seed sees the same cohorts
+    assert fednlp.parse_settings(["--quick", "--runtime", "deploy"])[2].sampler == "fixed_size"
     assert (quick.max_docs, quick.clients, quick.clients_per_round, quick.max_length) == (600, 8, 4, 64)
     assert quick.adapter_layers == 2 and quick.alpha == 0.5
     _, small, _ = fednlp.parse_settings(["--clients", "5"])
@@ -231,3 +235,14 @@ def test_own_data_flags_need_data_and_an_existing_path(tmp_path, capsys):
         with pytest.raises(SystemExit) as exc:
             fednlp.parse_settings(argv)
         assert exc.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_every_method_of_a_seed_sees_the_same_cohorts(tmp_path):
+    argv = ["--backbone", "tiny", "--max-docs", "80", "--clients", "4", "--clients-per-round", "2",
+            "--min-client-docs", "10", "--min-release-group", "2", "--rounds", "2", "--max-length", "32",
+            "--adapter-layers", "1", "--batch-size", "8", "--threads", "1", "--no-progress"]
+    fednlp.main(argv + ["--algorithms", "fedavg,fedprox", "--out", str(tmp_path), "--run-name", "c"])
+    runs = json.loads((tmp_path / "c" / "results.json").read_text())["runs"]
+    cohorts = {m: [r["cohort"] for r in runs[m]] for m in ("fedavg", "fedprox", "fedavg_plain")}
+    assert all(len(c) == 2 for c in cohorts["fedavg"])
+    assert cohorts["fedavg"] == cohorts["fedprox"] == cohorts["fedavg_plain"]

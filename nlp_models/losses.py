@@ -43,7 +43,8 @@ def linear_cka(x: torch.Tensor, y: torch.Tensor, *, eps: float = 1e-12) -> torch
     """
     if x.shape[0] != y.shape[0]:
         raise ValueError(f"X and Y need the same number of rows, got {x.shape[0]} and {y.shape[0]}")
-    k, l = centered_gram(x.float()), centered_gram(y.float())
+    dtype = torch.promote_types(torch.promote_types(x.dtype, y.dtype), torch.float32)  # float64 stays (gradcheck)
+    k, l = centered_gram(x.to(dtype)), centered_gram(y.to(dtype))
     cross = hsic(k, l)
     scale = torch.sqrt((hsic(k, k) * hsic(l, l)).clamp_min(eps))
     return cross / scale

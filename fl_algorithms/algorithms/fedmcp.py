@@ -139,6 +139,27 @@ class FedMCPObjective:
     def __call__(self, model: AdapterModel, batch: Any) -> LossTerms:
         return fedmcp_objective(model, batch, gamma=self.gamma, mu=self.mu)
 
+    def gradient_norms(self, model: AdapterModel, batch: Any, params: list[torch.Tensor]) -> dict[str, float]:
+        """||grad L_a||, ||grad L_b|| and ||grad mu L_c|| w.r.t. `params` (the global adapter) on one batch,
+        and their ratio mu L_c : L_a: how much the contrastive term can move A_g against the supervised one.
+        Computed at mu = 1 when self.mu is 0, so an ablation still shows what L_c would do (reported scaled
+        by self.mu: 0)."""
+        y = model.labels(batch)
+        x = model.represent(batch, mixing=GLOBAL_ONLY)
+        loss_a = F.cross_entropy(model.classify(HEAD_FULL, model.represent(batch, mixing=FULL_MODEL)), y)
+        loss_b = F.cross_entropy(model.classify(HEAD_GLOBAL, x), y)
+        with torch.no_grad():
+            averaged = model.represent(batch, mixing=REFERENCE_ONLY)
+        loss_c = contrastive_loss(x, model.represent(batch, mixing=PRIVATE_ONLY), averaged)
+
+        def norm(loss: torch.Tensor) -> float:
+            grads = torch.autograd.grad(loss, params, retain_graph=True, allow_unused=True)
+            return float(torch.sqrt(sum((g.double() ** 2).sum() for g in grads if g is not None)))
+
+        a, b, c = norm(loss_a), norm(loss_b), norm(loss_c)
+        return {"grad_norm_a": a, "grad_norm_b": b, "grad_norm_mu_c": self.mu * c, "loss_c_probe": float(loss_c.detach()),
+                "grad_ratio_mu_c_to_a": self.mu * c / a if a > 0 else float("nan")}
+
 
 class FedMCP(FedAvg):
     """Server: FedAvg of the global adapter only. Client: Algorithm 1's LocalUpdate with Eq. 8."""

@@ -29,7 +29,8 @@ from fl_algorithms.algorithms.fedmcp import (FULL_MODEL, GLOBAL, GLOBAL_PART, HE
                                              REFERENCE, LossTerms)
 from fl_algorithms.training.loop import run_epochs, seeded, tagged_seed
 from fl_algorithms.training.trainer import flatten, unflatten_
-from nlp_models.adapters import attach_adapters, flatten_set, load_set_, set_parameters, set_trainable_sets
+from nlp_models.adapters import (AdapterConfig, attach_adapters, flatten_set, load_set_, set_parameters,
+                                 set_trainable_sets)
 from nlp_models.classifiers import AdapterClassifier, FullModel, HeadsAndLabels, make_head
 from nlp_models.data.cross_task import ClientData
 from nlp_models.frozen_prefix import CachedSplit, TopEncoder
@@ -48,12 +49,18 @@ class TrainConfig:
     """Dropout inside the frozen adapted layers (off by default; the classifier heads keep theirs)."""
     bf16: bool = False
     """bfloat16 autocast in the encoder layers (off under DP: Opacus' per-sample gradients stay float32)."""
+    adapter_init_std: float = 1e-2
+    """Std of every adapter's up-projection at initialisation: near identity, not exactly (Houlsby et
+    al. 2019 use 1e-2). At 0 every adapter set starts as the exact identity, so FedMCP's global,
+    private and averaged representations coincide, CKA sits at its maximum and L_c has no gradient."""
 
     def __post_init__(self) -> None:
         if self.batch_size < 1 or self.eval_batch_size < 1:
             raise ValueError("batch sizes must be positive")
         if not self.lr > 0:
             raise ValueError("lr must be positive")
+        if not 0 <= self.adapter_init_std < 1:
+            raise ValueError("adapter_init_std must be in [0, 1)")
 
 
 @dataclass(frozen=True)
@@ -113,7 +120,8 @@ class AdapterTrainer:
         self.client_id = data.client_id
         self.num_examples = len(data.splits["train"])
         top = TopEncoder(backbone, split=data.split_layer, dropout=config.backbone_dropout)
-        attach_adapters(top, {name: bottleneck for name in spec.sets}, seed=seed)
+        adapter = AdapterConfig(bottleneck=bottleneck, up_init_std=config.adapter_init_std)
+        attach_adapters(top, {name: adapter for name in spec.sets}, seed=seed)
         hidden = top.config.hidden_size
         heads = {name: make_head(hidden, data.num_labels, mlp_hidden=head_hidden,
                                  seed=tagged_seed(seed, data.client_id, name)) for name in spec.heads}
@@ -185,9 +193,29 @@ class AdapterTrainer:
         return self.fit(epochs=epochs, objective=self.default_objective(), round=round)
 
     def fit(self, *, epochs: int, objective: Any, round: int | None = None) -> dict[str, float]:
-        """All trainable adapters and heads, ``epochs`` passes over the training split."""
-        return self._run(objective, epochs=epochs, sets=self.spec.trainable, heads=tuple(self.model.heads), tag="fit",
-                         round=round)
+        """All trainable adapters and heads, ``epochs`` passes over the training split. An objective with
+        ``gradient_norms`` (FedMCP's) is first probed on the round's starting model (`probe`)."""
+        probe = self.probe(objective) if hasattr(objective, "gradient_norms") and self.dp_client is None else {}
+        metrics = self._run(objective, epochs=epochs, sets=self.spec.trainable, heads=tuple(self.model.heads),
+                            tag="fit", round=round)
+        return {**metrics, **probe}
+
+    def probe(self, objective: Any) -> dict[str, float]:
+        """The objective's gradient norms per term, w.r.t. the shared adapter sets, on the first
+        `batch_size` training examples in stored order, in eval mode (no dropout, no RNG drawn, so the
+        training that follows is unchanged) and without an optimiser step."""
+        train = self.data.splits["train"]
+        params = [p for sets in self.spec.shared.values() for s in sets for p in set_parameters(self.model.top, s)]
+        if not params or len(train) < 2:
+            return {}
+        was_training = self.model.training
+        self.model.eval()
+        self._freeze_all_but(sets=self.spec.trainable, heads=tuple(self.model.heads))
+        try:
+            return objective.gradient_norms(self.model, train.batch(torch.arange(min(self.config.batch_size, len(train)))),
+                                            params)
+        finally:
+            self.model.train(was_training)
 
     def train_body(self, *, epochs: int, round: int | None = None) -> dict[str, float]:
         """FedRep's representation step: adapters trainable, heads frozen."""

@@ -96,3 +96,12 @@ def test_hsic_and_gram_validate_shapes():
         hsic(torch.zeros(3, 3), torch.zeros(2, 2))
     assert np.isclose(float(hsic(centered_gram(_batch(0)), centered_gram(_batch(0)))),
                       float((centered_gram(_batch(0)) ** 2).sum() / 11 ** 2))
+
+
+def test_linear_cka_gradient_matches_finite_differences():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(6, 5, generator=g, dtype=torch.float64, requires_grad=True)
+    y = torch.randn(6, 4, generator=g, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(linear_cka, (x, y), eps=1e-6, atol=1e-7)
+    near = (x.detach() + 1e-2 * torch.randn(6, 5, generator=g, dtype=torch.float64)).requires_grad_(True)
+    assert torch.autograd.gradcheck(linear_cka, (x, near), eps=1e-6, atol=1e-7)  # near-identical inputs too

@@ -88,3 +88,33 @@ def test_full_fine_tuning_uploads_and_trains_the_whole_backbone(tiny_client):
     with pytest.raises(ValueError, match="DP-SGD"):
         FullFineTuneTrainer(data=client, backbone=shared, head_hidden=None, seed=0,
                             config=TrainConfig(dp=object()))
+
+
+def _one_step(tiny_client, *, std: float, mu: float):
+    from fl_algorithms.algorithms.fedmcp import GLOBAL_PART, REFERENCE, FedMCPObjective
+
+    backbone, client = tiny_client
+    trainer = AdapterTrainer(data=client, backbone=backbone, spec=FEDMCP_MODEL, bottleneck=4, head_hidden=8,
+                             config=TrainConfig(batch_size=64, adapter_init_std=std), seed=0)  # one batch: one step
+    start = trainer.get_shared()[GLOBAL_PART]
+    trainer.load_adapter_set(REFERENCE, start)  # as FedMCP.client_update does: Z is the round's average
+    metrics = trainer.fit(epochs=1, objective=FedMCPObjective(gamma=0.5, mu=mu))
+    return start, trainer.get_shared()[GLOBAL_PART], metrics
+
+
+def test_the_contrastive_term_moves_the_global_adapter_once_adapters_start_near_identity(tiny_client):
+    start, with_c, metrics = _one_step(tiny_client, std=1e-2, mu=0.05)
+    _, without_c, metrics0 = _one_step(tiny_client, std=1e-2, mu=0.0)
+    assert not np.allclose(start, with_c)
+    # mu changes the step, but barely: the frozen backbone dominates X, Y and Z, so CKA(X, Y) is within
+    # ~1e-6 of its maximum and L_c's gradient is ~1e-6 of L_a's (the probe says so; Adam's first step is
+    # lr * sign(g), so only coordinates whose sign L_c flips move)
+    assert not np.array_equal(with_c, without_c)
+    assert 0 < metrics["grad_ratio_mu_c_to_a"] < 1e-3 and metrics["grad_norm_mu_c"] > 0
+    assert metrics0["grad_norm_mu_c"] == 0.0 and metrics0["grad_norm_a"] == pytest.approx(metrics["grad_norm_a"])
+    # the failure mode the near-identity init removes: exact identities make X = Y = Z, CKA sits at its
+    # maximum and L_c has no gradient, so mu does not change the first step
+    _, exact_c, exact = _one_step(tiny_client, std=0.0, mu=0.05)
+    _, exact_0, _ = _one_step(tiny_client, std=0.0, mu=0.0)
+    np.testing.assert_allclose(exact_c, exact_0, atol=1e-7)
+    assert exact["grad_norm_mu_c"] < 1e-6 * exact["grad_norm_a"]

@@ -173,8 +173,11 @@ def parse_settings(argv: Sequence[str] | None = None) -> tuple[argparse.Namespac
                 saved = RunDirectory.open(Path(args.resume)).read_config()
             except (FileNotFoundError, ValueError) as error:
                 parser.error(f"--resume {args.resume}: {error}")
+            # a run saved before --sampler existed continues with Poisson cohorts (the engine's default when
+            # it was saved; still older runs had seeded ones, which a deployment would refuse)
+            saved_plan = {"sampler": "poisson", **saved["plan"]}
             settings, plan = Settings(**saved["settings"]), Plan(**{k: tuple(v) if isinstance(v, list) else v
-                                                                    for k, v in saved["plan"].items()})
+                                                                    for k, v in saved_plan.items()})
             clash = {k: v for k, v in chosen.items() if getattr(settings, k) != v}
             clash.update({k: v for k, v in planned.items() if getattr(plan, k) != v})
             if clash:

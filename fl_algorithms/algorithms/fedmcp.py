@@ -111,21 +111,31 @@ def contrastive_loss(global_rep: torch.Tensor, private_rep: torch.Tensor, averag
     return linear_cka(global_rep, private_rep) - linear_cka(global_rep, averaged_rep)
 
 
-def fedmcp_objective(model: AdapterModel, batch: Any, *, gamma: float, mu: float) -> LossTerms:
-    """Eq. 8 on one batch: (1-gamma) L_a + gamma L_b per example, plus mu L_c for the batch."""
+def fedmcp_terms(model: AdapterModel, batch: Any, *, contrastive: bool
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """L_a and L_b per example (Eqs. 3-4) and, when `contrastive`, the batch's L_c (Eq. 5)."""
     y = model.labels(batch)
     z1 = model.represent(batch, mixing=FULL_MODEL)
     x = model.represent(batch, mixing=GLOBAL_ONLY)
     loss_a = F.cross_entropy(model.classify(HEAD_FULL, z1), y, reduction="none")     # Eq. 3
     loss_b = F.cross_entropy(model.classify(HEAD_GLOBAL, x), y, reduction="none")    # Eq. 4
-    per_example = (1.0 - gamma) * loss_a + gamma * loss_b
-    parts = {"loss_a": float(loss_a.detach().mean()), "loss_b": float(loss_b.detach().mean())}
-    if mu == 0.0 or y.shape[0] < 2:  # CKA needs two examples; mu = 0 (DP) skips both extra passes
-        return LossTerms(per_example, None, parts)
+    if not contrastive:
+        return loss_a, loss_b, None
     private = model.represent(batch, mixing=PRIVATE_ONLY)
     with torch.no_grad():
         averaged = model.represent(batch, mixing=REFERENCE_ONLY)
-    loss_c = contrastive_loss(x, private, averaged)                                  # Eq. 5
+    return loss_a, loss_b, contrastive_loss(x, private, averaged)                  # Eq. 5
+
+
+def fedmcp_objective(model: AdapterModel, batch: Any, *, gamma: float, mu: float) -> LossTerms:
+    """Eq. 8 on one batch: (1-gamma) L_a + gamma L_b per example, plus mu L_c for the batch."""
+    # CKA needs two examples; mu = 0 (DP) skips both extra passes
+    contrastive = mu != 0.0 and model.labels(batch).shape[0] >= 2
+    loss_a, loss_b, loss_c = fedmcp_terms(model, batch, contrastive=contrastive)
+    per_example = (1.0 - gamma) * loss_a + gamma * loss_b
+    parts = {"loss_a": float(loss_a.detach().mean()), "loss_b": float(loss_b.detach().mean())}
+    if loss_c is None:
+        return LossTerms(per_example, None, parts)
     parts["loss_c"] = float(loss_c.detach())
     return LossTerms(per_example, mu * loss_c, parts)
 
@@ -144,13 +154,8 @@ class FedMCPObjective:
         and their ratio mu L_c : L_a: how much the contrastive term can move A_g against the supervised one.
         Computed at mu = 1 when self.mu is 0, so an ablation still shows what L_c would do (reported scaled
         by self.mu: 0)."""
-        y = model.labels(batch)
-        x = model.represent(batch, mixing=GLOBAL_ONLY)
-        loss_a = F.cross_entropy(model.classify(HEAD_FULL, model.represent(batch, mixing=FULL_MODEL)), y)
-        loss_b = F.cross_entropy(model.classify(HEAD_GLOBAL, x), y)
-        with torch.no_grad():
-            averaged = model.represent(batch, mixing=REFERENCE_ONLY)
-        loss_c = contrastive_loss(x, model.represent(batch, mixing=PRIVATE_ONLY), averaged)
+        loss_a, loss_b, loss_c = fedmcp_terms(model, batch, contrastive=True)
+        loss_a, loss_b = loss_a.mean(), loss_b.mean()
 
         def norm(loss: torch.Tensor) -> float:
             grads = torch.autograd.grad(loss, params, retain_graph=True, allow_unused=True)

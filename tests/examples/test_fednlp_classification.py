@@ -246,3 +246,13 @@ def test_every_method_of_a_seed_sees_the_same_cohorts(tmp_path):
     cohorts = {m: [r["cohort"] for r in runs[m]] for m in ("fedavg", "fedprox", "fedavg_plain")}
     assert all(len(c) == 2 for c in cohorts["fedavg"])
     assert cohorts["fedavg"] == cohorts["fedprox"] == cohorts["fedavg_plain"]
+
+
+def test_a_run_saved_before_the_sampler_option_resumes_with_poisson_cohorts(tmp_path):
+    fednlp.main(TINY + ["--rounds", "1", "--algorithms", "fedavg", "--out", str(tmp_path), "--run-name", "old"])
+    config = tmp_path / "old" / "config.toml"
+    text = config.read_text()
+    assert 'sampler = "seeded"' in text
+    config.write_text(text.replace('sampler = "seeded"\n', ""))
+    _, _, plan = fednlp.parse_settings(["--resume", str(tmp_path / "old")])
+    assert plan.sampler == "poisson"

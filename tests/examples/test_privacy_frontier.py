@@ -25,16 +25,22 @@ TINY = ["--clients", "30", "--cohorts", "8", "--rounds", "2", "--local-epochs", 
         "--epsilons", "8", "--seeds", "0", "1", "--no-progress"]
 
 
-@pytest.fixture(scope="module")
-def sweep(tmp_path_factory):
-    out = tmp_path_factory.mktemp("frontier")
+def _run(args: list[str]) -> tuple[dict, list[str]]:
+    """The example's main, its stdout captured: (summary, printed lines)."""
     import contextlib
     import io
 
     buffer = io.StringIO()
     with contextlib.redirect_stdout(buffer):
-        summary = frontier.main(TINY + ["--out", str(out), "--run-name", "run"])
-    return summary, buffer.getvalue().strip().splitlines(), out / "run"
+        summary = frontier.main(args)
+    return summary, buffer.getvalue().strip().splitlines()
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory):
+    out = tmp_path_factory.mktemp("frontier")
+    summary, lines = _run(TINY + ["--out", str(out), "--run-name", "run"])
+    return summary, lines, out / "run"
 
 
 def test_last_line_has_the_issue_format_and_points_at_the_ledger(sweep):
@@ -145,14 +151,10 @@ def test_every_epsilon_in_every_ledger_is_recomputed_from_its_recorded_mechanism
 
 
 def test_fixed_size_cohorts_amplify_central_dp_by_the_without_replacement_bound(tmp_path):
-    import contextlib
-    import io
-
     args = ["--clients", "30", "--cohorts", "8", "--rounds", "2", "--local-epochs", "1", "--max-examples", "1200",
             "--epsilons", "8", "--seeds", "0", "--mechanisms", "central", "--sampler", "fixed_size", "--no-progress",
             "--out", str(tmp_path), "--run-name", "fixed"]
-    with contextlib.redirect_stdout(io.StringIO()):
-        summary = frontier.main(args)
+    summary, _ = _run(args)
     assert summary["last_line"].startswith("frontier cohort=8 sampler=fixed_size ")
     doc = json.loads((tmp_path / "fixed" / "ledger.json").read_text())
     entry = doc["runs"]["cohort8-seed0/central_eps8"]
@@ -166,14 +168,10 @@ def test_fixed_size_cohorts_amplify_central_dp_by_the_without_replacement_bound(
 
 
 def test_adapter_model_is_attacked_by_the_calibrated_membership_attacker(tmp_path):
-    import contextlib
-    import io
-
     args = ["--model", "adapter", "--backbone", "tiny", "--clients", "16", "--cohorts", "6", "--rounds", "2",
             "--local-epochs", "1", "--max-examples", "1200", "--epsilons", "8", "--seeds", "0", "--no-progress",
             "--out", str(tmp_path), "--run-name", "adapter"]
-    with contextlib.redirect_stdout(io.StringIO()):
-        summary = frontier.main(args)
+    summary, _ = _run(args)
     assert LAST.match(summary["last_line"]), summary["last_line"]
     [run] = summary["runs"]
     assert run["model"] == "adapter" and set(run["results"]) == {"plain", "secagg", "ddp_eps8", "central_eps8",

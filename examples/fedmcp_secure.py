@@ -1,13 +1,13 @@
 """FedMCP against its baselines on real offline data, with SecAgg+ on and the privacy cost stated.
 
     python examples/fedmcp_secure.py                      # defaults: < 10 min on 2 CPU cores
-    python examples/fedmcp_secure.py --full --seeds 0,1,2 # the paper's 25 rounds, clients capped to the smallest
+    python examples/fedmcp_secure.py --full --seeds 0,1,2 # the paper's 25 rounds, training sets capped to the smallest
     python examples/fedmcp_secure.py --dp                 # Opacus DP-SGD on the adapters, epsilon per client
     python examples/fedmcp_secure.py --runtime deploy     # server here, each client its own process over tcp
     python examples/fedmcp_secure.py --resume results/fedmcp/<run>   # finish an interrupted run
 
 Options every example shares: --algorithms fedmcp,fedavg_peft,local,fedrep (alias --methods; add
-fedavg_full or --with-full-ft)  --protocol secagg+ (any secure protocol of `python -m fl_algorithms
+fedavg_full or --with-full-ft, fedlr, moon, ditto, and the ablations fedmcp_no_cl, fedmcp_no_bl)  --protocol secagg+ (any secure protocol of `python -m fl_algorithms
 --list`)  --seeds 0,1,2 (a comma list of seeds: mean and std over them; one value is one seed)
 --device auto|cpu|cuda  --runtime sim|deploy (deploy: this process is the server and every client is
 its own `python -m fl_algorithms.deploy_cli client` process, all over tcp on loopback; each client
@@ -15,7 +15,8 @@ caches only its own examples, see fl_algorithms.tasks.fedmcp).
 
 Setting (FedMCP, Zhao et al. 2024, Sec. V): cross-task, cross-silo; four clients, each its own task
 (Rotten Tomatoes sentiment, Rotten Tomatoes plot vs review, BBC topic, 2016 debates party), every
-corpus capped to the smallest client and split 6:2:2. Frozen MiniLM-L6 backbone with bottleneck-16
+corpus split 6:2:2 afresh for each seed, the training splits capped alike (to the smallest client's
+with --full, as the paper) and every client tested on its corpus's whole 20% test split. Frozen MiniLM-L6 backbone with bottleneck-16
 GeLU adapters; Adam, lr 5e-4, one local epoch per round, batch 16 (see below). Methods in one run and one table:
 Local, FedAvg (PEFT: both adapters aggregated), FedRep, FedMCP with SecAgg+, and FedMCP again in
 plaintext to show what secure aggregation costs in accuracy (``secure_vs_plain_diff``).
@@ -27,15 +28,20 @@ Simplifications, with reasons:
   paper: the paper's structure is kept inside the adapted layers, and the frozen bottom layers are
   computed once per example and shared by every method, round and seed (a 10-minute CPU budget
   cannot backpropagate through all six layers for five methods). ``--full`` uses all six layers.
-* Defaults are small (300 examples per client before the split, 64 tokens, 5 rounds); ``--full``
-  gives 25 rounds, clients capped to the smallest corpus (802), 128 tokens and batch 64.
+* Defaults are small (180 training examples per client, 64 tokens, 5 rounds); ``--full`` gives 25
+  rounds, training sets capped to the smallest client's (481), 128 tokens and batch 64. Test sets
+  are never capped by default (--test-cap exists for smoke runs).
 * Batch 16 instead of the paper's 64 by default: with 180 training examples per client (the paper's
   clients hold ~2,400) batch 64 leaves 3 optimizer steps per round. ``--batch-size 64`` restores it.
 * The frozen layers run without dropout (like the cached prefix below them; it drew a quarter of each
   CPU step in random numbers; ``--backbone-dropout`` restores it), and their matmuls use bfloat16
   autocast where the CPU multiplies bfloat16 natively (``--precision fp32`` to turn off).
-* Reported accuracy is the clients' test accuracy after the last round.
-* Seeds vary the adapter/head initialisation, batch order and dropout; the data split is fixed.
+* Reported accuracy is the clients' test accuracy after the last round; the learning curve
+  (accuracy.png, metrics.jsonl's ``mean_validation_accuracy``) is validation accuracy per round, so
+  the large test splits are evaluated once per run rather than every round.
+* Seeds vary the data split, the adapter/head initialisation, batch order and dropout; the table's
+  ± is the std over seeds, and FedMCP's difference to each method is paired by seed with a 95%
+  Student-t interval.
 * Under ``--dp`` FedMCP runs without its contrastive term (mu = 0): CKA couples the examples of a
   batch, so DP-SGD's per-example clipping would not bound an example's influence.
 * ``--runtime deploy``: every client process loads the four packaged corpora (the cap is the
@@ -47,16 +53,17 @@ Output: the Table I layout (per-client accuracy, average, trainable and communic
 in secure aggregation. The run directory holds config.toml (settings and plan; --resume reuses
 them), metrics.jsonl/.csv (one line per method, seed and round, written as each round completes),
 results.json, accuracy.png, per-method checkpoints and, under deploy, each client's log in logs/.
-The last printed line is ``avg_acc fedmcp=.. fedavg_peft=.. local=.. fedrep=.. secure_vs_plain_diff=..``.
+The last two printed lines are ``ablation full=.. no_cl=.. no_bl=.. min_test_per_client=N`` (FedMCP's
+Table II: w/o L_c is mu = 0, w/o L_b is gamma = 0; n/a unless --algorithms includes fedmcp_no_cl and
+fedmcp_no_bl) and ``avg_acc fedmcp=.. fedavg_peft=.. local=.. fedrep=.. secure_vs_plain_diff=..``.
 """
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import time
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -65,6 +72,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from dp.leakage.stats import mean_ci
 from fl_algorithms.engine.round import RoundRecord
 from fl_algorithms.engine.secure_sum import SecureAggregationConfig
 from fl_algorithms.engine.sim import RunConfig, SimulationRunner
@@ -81,8 +89,11 @@ from secagg.protocols import registry
 PLAIN_TWIN = "fedmcp_plain"
 """FedMCP rerun with a plaintext sum, added to the run when FedMCP runs (unless --no-plain-check)."""
 TITLES = {"fedavg_full": "FedAvg (Full FT)", "local": "Local", "fedavg_peft": "FedAvg (PEFT)", "fedrep": "FedRep",
-          "fedmcp": "FedMCP", PLAIN_TWIN: "FedMCP (plaintext agg.)"}
-TABLE_ORDER = ("fedavg_full", "local", "fedavg_peft", "fedrep", "fedmcp", PLAIN_TWIN)
+          "fedlr": "FedLR (LoRA)", "moon": "MOON", "ditto": "Ditto",
+          "fedmcp": "FedMCP", "fedmcp_no_cl": "FedMCP w/o L_c", "fedmcp_no_bl": "FedMCP w/o L_b",
+          PLAIN_TWIN: "FedMCP (plaintext agg.)"}
+TABLE_ORDER = ("fedavg_full", "local", "fedavg_peft", "fedlr", "fedrep", "moon", "ditto", "fedmcp", "fedmcp_no_cl",
+               "fedmcp_no_bl", PLAIN_TWIN)
 RUNTIMES = ("sim", "deploy")
 TASK_SPEC = "fl_algorithms.tasks.fedmcp:build"
 DEFAULT_OUT = Path("results/fedmcp")
@@ -135,13 +146,16 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--protocol", choices=[n for n in registry.names() if n != "plain"],
                    help="secure aggregation protocol (default secagg+)")
     p.add_argument("--seeds", type=comma_list(int, what="seed"), help="comma list of seeds (default 0): mean and std over them")
-    p.add_argument("--device", choices=DEVICES, default="cpu", help="torch device of the clients (default cpu)")
+    p.add_argument("--device", choices=DEVICES, default="auto",
+                   help="torch device of the clients (default auto: CUDA when a GPU is visible)")
     p.add_argument("--runtime", choices=RUNTIMES,
                    help="sim: in memory (default); deploy: real client processes over tcp on loopback")
     p.add_argument("--backbone", choices=BACKBONES, help="minilm (default) or tiny: a random 3-layer BERT for smoke runs")
     p.add_argument("--tiny-backbone", dest="backbone", action="store_const", const="tiny", help=argparse.SUPPRESS)
     p.add_argument("--rounds", type=int)
-    p.add_argument("--cap", type=int, help="examples per client before the 6:2:2 split (0: the smallest client's size)")
+    p.add_argument("--train-cap", type=int, help="training examples per client after the 6:2:2 split "
+                   "(default 180; 0: the smallest client's training split, as the paper)")
+    p.add_argument("--test-cap", type=int, help="cap the test splits (smoke runs only; default: each corpus's whole 20%%)")
     p.add_argument("--max-length", type=int)
     p.add_argument("--adapter-layers", type=int, help="adapters in the top N encoder layers (default 2 of 6)")
     p.add_argument("--bottleneck", type=int)
@@ -151,6 +165,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--gamma", type=float)
     p.add_argument("--mu", type=float)
     p.add_argument("--fedrep-head-epochs", type=int)
+    p.add_argument("--moon-mu", type=float, help="MOON's contrastive weight (default 1)")
+    p.add_argument("--moon-tau", type=float, help="MOON's temperature (default 0.5)")
+    p.add_argument("--ditto-lambda", type=float, help="Ditto's proximal weight (default 0.1)")
     p.add_argument("--no-plain-check", action="store_true", help="skip FedMCP's plaintext-aggregation rerun")
     p.add_argument("--dp", action="store_true", default=None, help="Opacus DP-SGD on the adapters; epsilon per client")
     p.add_argument("--dp-noise", type=float)
@@ -160,7 +177,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--backbone-dropout", action="store_true", default=None,
                    help="keep dropout in the frozen adapted layers")
     p.add_argument("--precision", choices=("auto", "bf16", "fp32"),
-                   help="bf16 autocast in the encoder layers (auto: where the CPU multiplies bf16 natively)")
+                   help="bf16 autocast in the encoder layers (auto: where the device multiplies bf16 natively)")
     p.add_argument("--out", help=f"parent directory of run directories (default {DEFAULT_OUT})")
     p.add_argument("--run-name", help="run directory name (default: a timestamp)")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR with its saved settings")
@@ -174,8 +191,8 @@ def _given_settings(args: argparse.Namespace) -> dict[str, Any]:
     values: dict[str, Any] = dict(FULL_PRESET) if args.full else {}
     values.update({f.name: getattr(args, f.name) for f in fields(FedMCPSettings)
                    if getattr(args, f.name, None) is not None})
-    if args.cap == 0:
-        values["cap"] = None
+    if args.train_cap == 0:
+        values["train_cap"] = None
     if args.head_hidden == 0:
         values["head_hidden"] = None
     return values
@@ -195,22 +212,13 @@ def _given_plan(args: argparse.Namespace) -> dict[str, Any]:
     return values
 
 
-def _convert_legacy_config(path: Path) -> None:
-    """A run directory from before config.toml (its options in config.json): write its config.toml."""
-    raw = json.loads((path / "config.json").read_text())
-    names = {f.name for f in fields(FedMCPSettings)} - {"backbone"}
-    settings = FedMCPSettings(**{k: v for k, v in raw.items() if k in names},
-                              backbone="tiny" if raw.get("tiny_backbone") else "minilm")
-    plan = Plan(algorithms=tuple(raw["methods"]), protocol=raw["protocol"], seeds=tuple(range(int(raw["seeds"]))),
-                plain_check=bool(raw["plain_check"]))
-    RunDirectory(path).write_config({"settings": settings, "plan": plan})
-
-
 def read_saved(path: Path) -> tuple[FedMCPSettings, Plan]:
     """The settings and plan saved in run directory `path`."""
-    if not (path / "config.toml").is_file() and (path / "config.json").is_file():
-        _convert_legacy_config(path)
-    saved = RunDirectory.open(path).read_config()
+    legacy = not (path / "config.toml").is_file() and (path / "config.json").is_file()
+    saved = None if legacy else RunDirectory.open(path).read_config()
+    if legacy or "cap" in saved["settings"]:
+        raise ValueError("this run predates per-seed splits with whole test sets (its 'cap' was applied before "
+                         "the split): it cannot be resumed exactly; start a new run")
     plan = {k: tuple(v) if isinstance(v, list) else v for k, v in saved["plan"].items()}
     return FedMCPSettings(**saved["settings"]), Plan(**plan)
 
@@ -292,13 +300,15 @@ def run_method(method: str, seed: int, clients: FedMCPClients, plan: Plan, run: 
                                      max_clients=clients.num_clients,
                                      # FedMCP's benchmark has 4 clients in all: every sum is over all of them
                                      min_release_group=min(5, clients.num_clients))
-    config = RunConfig(rounds=clients.settings.rounds, seed=seed, secure=secure,
+    # the learning curve on the (small) validation splits every round, the whole test splits in the last round
+    config = RunConfig(rounds=clients.settings.rounds, seed=seed, secure=secure, curve_split="validation",
                        checkpoint_dir=str(run.checkpoint_dir / where))
     task = clients.task(name, seed=seed)
 
     def log(rec: RoundRecord) -> None:
         if (seed, method, rec.round) not in logged:
-            run.log_round({"seed": seed, "method": method, **asdict(rec), "mean_accuracy": rec.mean("accuracy")})
+            run.log_round({"seed": seed, "method": method, **asdict(rec), "mean_accuracy": rec.mean("accuracy"),
+                           "mean_validation_accuracy": rec.mean("validation_accuracy")})
             logged.add((seed, method, rec.round))
 
     timer: dict[str, float] = defaultdict(float)
@@ -349,7 +359,8 @@ def summarise(runs: dict[str, list[MethodRun]], clients: Sequence[ClientInfo], *
                       for c in clients}
         averages = [100 * float(np.mean([r.history[-1].metrics[c.client_id]["accuracy"] for c in clients]))
                     for r in seed_runs]
-        curve = np.mean([[100 * rec.mean("accuracy") for rec in r.history] for r in seed_runs], axis=0)
+        by_seed = {str(r.seed): a for r, a in zip(seed_runs, averages)}
+        curve = np.mean([[100 * rec.mean("validation_accuracy") for rec in r.history] for r in seed_runs], axis=0)
         first = seed_runs[0]
         seconds = sum(rec.seconds for r in seed_runs for rec in r.history)
         secure = sum(rec.secure_seconds for r in seed_runs for rec in r.history)
@@ -362,6 +373,7 @@ def summarise(runs: dict[str, list[MethodRun]], clients: Sequence[ClientInfo], *
             "title": TITLES[method],
             "per_client": {k: {"mean": m, "std": s} for k, (m, s) in per_client.items()},
             "average": dict(zip(("mean", "std"), _mean_std(averages))),
+            "average_by_seed": by_seed,
             "curve": [float(v) for v in curve],
             "trainable_params": first.trainable,
             "shared_params": first.shared,
@@ -442,9 +454,44 @@ def format_table(summary: dict[str, Any], clients: Sequence[ClientInfo], *, seed
     return "\n".join(lines)
 
 
+def paired_differences(summary: dict[str, Any], *, level: float = 0.95) -> dict[str, dict[str, float]]:
+    """FedMCP minus each other method in average accuracy, paired by seed (same split, same initial
+    adapters): the mean difference and its Student-t interval over the common seeds (nan with one seed)."""
+    if "fedmcp" not in summary:
+        return {}
+    ours = summary["fedmcp"]["average_by_seed"]
+    out = {}
+    for method in (m for m in TABLE_ORDER if m in summary and m != "fedmcp"):
+        theirs = summary[method]["average_by_seed"]
+        common = sorted(set(ours) & set(theirs), key=int)
+        if common:
+            mean, low, high = mean_ci([ours[s] - theirs[s] for s in common], level=level)
+            out[method] = {"mean": mean, "low": low, "high": high, "seeds": len(common)}
+    return out
+
+
+def format_paired(paired: dict[str, dict[str, float]], summary: dict[str, Any]) -> str:
+    if not paired:
+        return ""
+    cells = []
+    for method, d in paired.items():
+        interval = "n/a with one seed" if np.isnan(d["low"]) else f"[{d['low']:+.2f}, {d['high']:+.2f}]"
+        cells.append(f"{summary[method]['title']} {d['mean']:+.2f} {interval}")
+    n = max(d["seeds"] for d in paired.values())
+    return f"FedMCP minus each method, average accuracy paired by seed (95% t-interval, {n} seeds): " + "; ".join(cells)
+
+
+def ablation_line(summary: dict[str, Any], clients: Sequence[ClientInfo]) -> str:
+    """FedMCP's Table II in one line, with the smallest client's test-set size (one example's weight)."""
+    def value(method: str) -> str:
+        return f"{summary[method]['average']['mean']:.2f}" if method in summary else "n/a"
+    return (f"ablation full={value('fedmcp')} no_cl={value('fedmcp_no_cl')} no_bl={value('fedmcp_no_bl')} "
+            f"min_test_per_client={min(c.sizes['test'] for c in clients)}")
+
+
 def final_line(summary: dict[str, Any]) -> str:
     parts = []
-    for method in ("fedmcp", "fedavg_peft", "local", "fedrep", "fedavg_full"):
+    for method in ("fedmcp", "fedavg_peft", "local", "fedrep", "fedavg_full", "fedlr", "moon", "ditto"):
         if method in summary:
             parts.append(f"{method}={summary[method]['average']['mean']:.2f}")
     diff = "n/a"
@@ -466,7 +513,7 @@ def plot_curves(summary: dict[str, Any], path: Path) -> Path:
                     linestyle="--" if method == "fedmcp_plain" else "-")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("round")
-    ax.set_ylabel("average test accuracy (%)")
+    ax.set_ylabel("average validation accuracy (%)")
     ax.set_title("Cross-task clients, SecAgg+ aggregation")
     ax.grid(alpha=0.3)
     ax.legend()
@@ -487,7 +534,7 @@ def timing_report(summary: dict[str, Any], prefix_seconds: float, wall: float, *
             lines.append(f"  {method:<13} {s['seconds']:6.1f} s of rounds: secure agg {s['secure_seconds']:.1f}, "
                          f"clients and transport {s['seconds'] - s['secure_seconds']:.1f}")
         return "\n".join(lines)
-    lines = [f"time: {wall:.1f} s total; frozen-prefix cache {prefix_seconds:.1f} s (once, shared by all runs); "
+    lines = [f"time: {wall:.1f} s total; frozen-prefix cache {prefix_seconds:.1f} s (once per seed, shared by its methods); "
              "per method over all its seeds (work done by this invocation; a resumed method shows only its rest):"]
     for method in TABLE_ORDER:
         if method not in summary:
@@ -519,12 +566,13 @@ def open_run(args: argparse.Namespace, settings: FedMCPSettings, plan: Plan) -> 
     return run
 
 
-def cache_clients(clients: FedMCPClients, *, progress: bool) -> float:
-    """Simulation: every client's splits cached below the adapted layers once, for all runs; seconds taken."""
+def cache_clients(clients: FedMCPClients, *, seed: int, progress: bool) -> float:
+    """Simulation: every client's splits of `seed` cached below the adapted layers once, for all methods
+    of that seed; seconds taken."""
     start = time.perf_counter()
-    bar = tqdm(total=clients.num_clients, desc="frozen prefix", disable=not progress, leave=False)
+    bar = tqdm(total=clients.num_clients, desc=f"frozen prefix (seed {seed})", disable=not progress, leave=False)
     for info in clients.info:
-        clients.client_data(info.client_id)
+        clients.client_data(info.client_id, seed=seed)
         bar.update(1)
     bar.close()
     return time.perf_counter() - start
@@ -538,6 +586,10 @@ def print_report(document: dict[str, Any], settings: FedMCPSettings, plan: Plan,
           f"{' (FedMCP also in plaintext)' if PLAIN_TWIN in document['methods'] else ''}; Comm. relative to "
           f"uploading the {document['backbone_params'] / 1e6:.1f} M backbone parameters")
     print(document["table"])
+    if document["left_out"]:
+        print(f"not run (add with --algorithms): {', '.join(TITLES[m] for m in document['left_out'])}")
+    if document["paired_text"]:
+        print(document["paired_text"])
     if settings.dp:
         print("epsilon: example-level, per client, at delta "
               f"{settings.dp_delta:g} (Opacus RDP accountant kept across rounds; as each client last reported it)")
@@ -547,6 +599,7 @@ def print_report(document: dict[str, Any], settings: FedMCPSettings, plan: Plan,
     if verbose:
         print(document["timing"])
     print(f"results: {run.path / 'results.json'}  plot: {run.path / 'accuracy.png'}")
+    print(document["ablation_line"])
     print(document["final_line"])
 
 
@@ -566,14 +619,13 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         raise SystemExit(f"error: {error}") from None
     run = open_run(args, settings, plan)
     print(f"run directory: {run.path}  (runtime {plan.runtime}, device {clients.device.type}, torch threads {threads}, "
-          f"load {os.getloadavg()[0]:.1f}, {'bf16 autocast' if settings.bf16 else 'fp32'} encoder)")
+          f"load {os.getloadavg()[0]:.1f}, {'bf16 autocast' if settings.bf16_on(clients.device) else 'fp32'} encoder)")
     depth = backbone.config.num_hidden_layers
-    prefix_seconds = cache_clients(clients, progress=progress) if plan.runtime == "sim" else 0.0
     sizes = ", ".join(f"{c.title} {c.sizes['train']}/{c.sizes['validation']}/{c.sizes['test']}" for c in clients.info)
     print(f"clients (train/val/test): {sizes}; adapters in the top {settings.adapter_layers} of {depth} layers")
     if plan.runtime == "deploy":
-        print(f"deploy: this process is the server; each client is its own `python -m fl_algorithms.deploy_cli "
-              f"client` process (tcp on loopback) that caches only its own examples")
+        print("deploy: this process is the server; each client is its own `python -m fl_algorithms.deploy_cli "
+              "client` process (tcp on loopback) that caches only its own examples")
     if settings.dp:
         quiet_dp_libraries()
         print(f"DP-SGD: noise {settings.dp_noise}, clip {settings.dp_clip}, delta {settings.dp_delta}; "
@@ -584,8 +636,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     runs: dict[str, list[MethodRun]] = defaultdict(list)
     plan_runs = [(seed, method) for seed in plan.seeds for method in plan.run_list()]
     outer = tqdm(plan_runs, desc="methods", disable=not progress, leave=False)
+    prefix_seconds = 0.0
     for seed, method in outer:
         outer.set_postfix_str(f"{method} seed {seed}")
+        if plan.runtime == "sim":  # a no-op once this seed's clients are cached
+            prefix_seconds += cache_clients(clients, seed=seed, progress=progress)
         runs[method].append(run_method(method, seed, clients, plan, run, progress=progress, threads=threads,
                                        logged=logged))
     outer.close()
@@ -602,9 +657,13 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                                      adapter_layers=settings.adapter_layers)
     table = format_table(summary, clients.info, seeds=len(plan.seeds), dp=settings.dp, full_ft_note=full_note)
     line = final_line(summary)
+    paired = paired_differences(summary)
     wall = time.perf_counter() - wall_start
     timing = timing_report(summary, prefix_seconds, wall, runtime=plan.runtime)
     document = {"methods": summary, "table": table, "final_line": line, "full_ft": full_note,
+                "paired": paired, "paired_text": format_paired(paired, summary),
+                "left_out": [m for m in TABLE_ORDER if m in METHODS and m not in summary],
+                "ablation_line": ablation_line(summary, clients.info),
                 "prefix_cache_seconds": prefix_seconds, "wall_seconds": wall,
                 "clients": {c.key: {"title": c.title, "labels": c.num_labels, **c.sizes} for c in clients.info},
                 "backbone_params": backbone_params, "timing": timing, "seeds": list(plan.seeds),

@@ -30,6 +30,7 @@ ALGORITHMS = (
     Entry("centralized", "fl_algorithms.algorithms.centralized:run_centralized", "Centralized: pooled data, one model (an upper reference, not FL)"),
     Entry("fedrep", "fl_algorithms.algorithms.fedrep:FedRep", "FedRep (Collins et al. 2021): shared representation, private head per client"),
     Entry("fedmcp", "fl_algorithms.algorithms.fedmcp:FedMCP", "FedMCP (Zhao et al. 2024): global + private adapters, CKA model-contrastive term"),
+    Entry("moon", "fl_algorithms.algorithms.moon:MOON", "MOON (Li et al. 2021): FedAvg + model-contrastive term toward the global model"),
     Entry("ditto", "fl_algorithms.algorithms.ditto:Ditto", "Ditto (Li et al. 2021): FedAvg global model + a private personal model per client"),
     Entry("group_fedavg", "fl_algorithms.algorithms.group_fedavg:GroupFedAvg", "one FedAvg model per public group (task/domain): per-group broadcasts and sums"),
 )

@@ -74,7 +74,7 @@ def _trim(hidden: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch
 def logits(model: nn.Module, batch: Sequence[torch.Tensor]) -> torch.Tensor:
     """Logits of a `CachedBatch` or of Opacus' [hidden, mask, labels] list (empty batches included)."""
     hidden, mask = _trim(batch[0], batch[1])
-    with training_attention():  # math SDPA kernel when gradients flow: faster backward on CPU
+    with training_attention(hidden.device):  # math SDPA kernel when gradients flow: faster backward on CPU
         return model(hidden, mask)
 
 

@@ -269,22 +269,23 @@ def set_size(model: nn.Module, name: str) -> int:
     return sum(parameter.numel() for parameter in set_parameters(model, name))
 
 
-def flatten_set(model: nn.Module, name: str) -> np.ndarray:
-    """One set's parameters as a new float32 vector: what a client uploads through secure aggregation."""
+def flatten_parameters(parameters: Sequence[torch.Tensor]) -> np.ndarray:
+    """Parameters as one new float32 vector, in the given order."""
+    if not parameters:
+        return np.zeros(0, dtype=np.float32)
     with torch.no_grad():
-        flat = torch.cat([parameter.detach().reshape(-1).float().cpu() for parameter in set_parameters(model, name)])
+        flat = torch.cat([parameter.detach().reshape(-1).float().cpu() for parameter in parameters])
     return flat.numpy().copy()
 
 
-def load_set_(model: nn.Module, name: str, vector: np.ndarray) -> None:
-    """Overwrite one set's parameters in place from a flat vector (validated: 1-D, right length, finite)."""
-    parameters = set_parameters(model, name)
+def load_parameters_(parameters: Sequence[torch.Tensor], vector: np.ndarray, *, what: str) -> None:
+    """Overwrite `parameters` in place from one flat vector (validated: 1-D, right length, finite)."""
     values = np.asarray(vector)
     expected = sum(parameter.numel() for parameter in parameters)
     if values.ndim != 1 or values.shape[0] != expected:
-        raise ValueError(f"set {name!r} needs a 1-D vector of length {expected}, got shape {values.shape}")
+        raise ValueError(f"{what} needs a 1-D vector of length {expected}, got shape {values.shape}")
     if not np.issubdtype(values.dtype, np.floating) or not np.all(np.isfinite(values)):
-        raise ValueError("adapter vector must be finite floating point")
+        raise ValueError(f"{what}: the vector must be finite floating point")
     source = torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32))
     offset = 0
     with torch.no_grad():
@@ -292,6 +293,16 @@ def load_set_(model: nn.Module, name: str, vector: np.ndarray) -> None:
             size = parameter.numel()
             parameter.copy_(source[offset : offset + size].view_as(parameter))
             offset += size
+
+
+def flatten_set(model: nn.Module, name: str) -> np.ndarray:
+    """One set's parameters as a new float32 vector: what a client uploads through secure aggregation."""
+    return flatten_parameters(set_parameters(model, name))
+
+
+def load_set_(model: nn.Module, name: str, vector: np.ndarray) -> None:
+    """Overwrite one set's parameters in place from a flat vector (validated: 1-D, right length, finite)."""
+    load_parameters_(set_parameters(model, name), vector, what=f"set {name!r}")
 
 
 class AdapterControl:

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from nlp_models.adapters import active, attach_adapters
-from nlp_models.cpu import cpu_autocast, training_attention
+from nlp_models.cpu import bf16_autocast, training_attention
 from nlp_models.frozen_prefix import TopEncoder, prefix_split
 from nlp_models.heads import SequenceClassifier, TextClassifier, mean_pool
 
@@ -93,7 +93,8 @@ class AdapterClassifier(HeadsAndLabels):
         if mask.shape[0]:  # Opacus' loader yields fully padded rows: trim to the longest text
             length = max(int(mask.sum(dim=1).max()), 1)
             hidden, mask = hidden[:, :length], mask[:, :length]
-        with active(self.top, mixing), cpu_autocast(self.bf16), training_attention():
+        with (active(self.top, mixing), bf16_autocast(self.bf16, device=hidden.device),
+              training_attention(hidden.device)):
             states = self.top(hidden, mask)
         pooled = mean_pool(states.float(), mask)
         if self.training:  # evaluation is timed as a whole by the trainer
@@ -113,7 +114,7 @@ class FullModel(HeadsAndLabels):
 
     def represent(self, batch: Sequence[torch.Tensor], *, mixing: Mapping[str, float]) -> torch.Tensor:
         start = time.perf_counter()
-        with cpu_autocast(self.bf16):
+        with bf16_autocast(self.bf16, device=batch[0].device):
             states, _ = self.classifier.encode(batch[0], batch[1])
         pooled = mean_pool(states.float(), batch[1])
         if self.training:

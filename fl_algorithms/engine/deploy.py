@@ -290,7 +290,8 @@ class DeployedClient:
         self.algorithm = task.algorithm
         self.trainer = task.make_trainer(client_id)
         self.endpoint = ClientEndpoint(client_id=client_id, role=ClientRole(task.algorithm), trainer=self.trainer,
-                                       aggregator=SecureAggregator(config.secure, client_side=True), eval_split=config.eval_split)
+                                       aggregator=SecureAggregator(config.secure, client_side=True), eval_split=config.eval_split,
+                                       curve_split=config.curve_split, rounds=config.rounds)
         self.digest = _config_digest(config, task.algorithm)
         self.sizes = {k: int(v.size) for k, v in self.trainer.get_shared().items()}
         self._pending: dict[int, np.ndarray] = {}

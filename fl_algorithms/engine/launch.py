@@ -56,8 +56,12 @@ def _plain(value):
 
 
 def write_client_config(config: RunConfig, path: Path) -> Path:
-    """The client's view of the run: its secure-aggregation table and evaluation split."""
-    path.write_text(tomli_w.dumps({"eval_split": config.eval_split, "secure": _plain(config.secure)}))
+    """The client's view of the run: its secure-aggregation table and evaluation splits (with a curve
+    split, also the number of rounds: the last one is evaluated on the test split)."""
+    view = {"eval_split": config.eval_split, "secure": _plain(config.secure)}
+    if config.curve_split is not None:
+        view.update(curve_split=config.curve_split, rounds=config.rounds)
+    path.write_text(tomli_w.dumps(view))
     return path
 
 

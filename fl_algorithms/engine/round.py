@@ -316,11 +316,15 @@ class ClientEndpoint:
     """A client, sans IO: its role, trainer and private state; answers broadcasts and evaluations."""
 
     def __init__(self, *, client_id: int, role: ClientRole, trainer: Any, aggregator: SecureAggregator,
-                 eval_split: str = "test") -> None:
+                 eval_split: str = "test", curve_split: str | None = None, rounds: int | None = None) -> None:
+        """`curve_split` (with `rounds`): evaluate every round on it (metrics prefixed with its name) and on
+        `eval_split` only in round `rounds` (`fl_algorithms.engine.sim.RunConfig.curve_split`)."""
         if client_id <= 0:
             raise ValueError("client ids must be positive")
         self.client_id, self.role, self.trainer = client_id, role, trainer
-        self.aggregator, self.eval_split = aggregator, eval_split
+        if curve_split is not None and rounds is None:
+            raise ValueError("a curve split needs the number of rounds (the last one is evaluated on eval_split)")
+        self.aggregator, self.eval_split, self.curve_split, self.rounds = aggregator, eval_split, curve_split, rounds
         self.state: dict[str, Any] = {}
         self.ledger = Ledger()
         """This client's own record of what it released (checkpointed with its state)."""
@@ -346,7 +350,14 @@ class ClientEndpoint:
         return ready, inputs, upload
 
     def on_evaluate(self, parameters: Mapping[str, np.ndarray], *, round: int) -> dict[str, float]:
-        return self.role.evaluate(parameters=parameters, client=self.context(round), split=self.eval_split)
+        def evaluate(split: str) -> dict[str, float]:
+            return self.role.evaluate(parameters=parameters, client=self.context(round), split=split)
+        if self.curve_split is None:
+            return evaluate(self.eval_split)
+        metrics = {f"{self.curve_split}_{k}": v for k, v in evaluate(self.curve_split).items()}
+        if round >= self.rounds:
+            metrics.update(evaluate(self.eval_split))
+        return metrics
 
     def state_dict(self) -> dict[str, Any]:
         return {"trainer": self.trainer.state_dict(), "state": dict(self.state), "ledger": self.ledger.state_dict()}

@@ -50,6 +50,10 @@ class RunConfig:
     dropout: float = 0.0
     """Simulated probability that a sampled client drops at the masked-input stage (simulation only)."""
     eval_split: str = "test"
+    curve_split: str | None = None
+    """When set (e.g. 'validation'), every round is evaluated on this split, its metrics named with the
+    split as prefix ('validation_accuracy'), and `eval_split` only in the last round: a learning curve
+    that costs little when the test sets are large. None: `eval_split` every round."""
     secure: SecureAggregationConfig = field(default_factory=SecureAggregationConfig)
     checkpoint_dir: str | None = None
 
@@ -60,6 +64,8 @@ class RunConfig:
             raise ValueError("dropout must be in [0, 1)")
         if self.clients_per_round is not None and self.clients_per_round < 1:
             raise ValueError("clients_per_round must be at least 1 (or None for everyone)")
+        if self.curve_split is not None and self.curve_split == self.eval_split:
+            raise ValueError(f"curve_split must differ from eval_split ({self.eval_split!r}); None evaluates it every round")
         if self.sampler not in ("seeded", "poisson", "fixed_size"):
             raise ValueError(f"sampler is 'seeded', 'poisson' or 'fixed_size', got {self.sampler!r}")
         self._check_amplification()
@@ -112,7 +118,8 @@ class SimulationRunner:
         self.aggregator = SecureAggregator(config.secure, ledger=ledger, transcript=transcript)
         self.server = ServerRole(algorithm)
         self.clients = {c: ClientEndpoint(client_id=c, role=ClientRole(algorithm), trainer=t,
-                                          aggregator=SecureAggregator(config.secure, client_side=True), eval_split=config.eval_split)
+                                          aggregator=SecureAggregator(config.secure, client_side=True), eval_split=config.eval_split,
+                                          curve_split=config.curve_split, rounds=config.rounds)
                         for c, t in self.trainers.items()}
         first = next(iter(self.trainers.values()))
         self.initial = dict(initial) if initial is not None else first.get_shared()

@@ -1,10 +1,14 @@
 """FedMCP's cross-task clients (Zhao et al. 2024, Sec. V) as a Task that both runtimes run the same way.
 
 Four clients, each its own task and corpus (`nlp_models.data.cross_task.CLIENT_TASKS`), every corpus
-capped to the smallest client and split 6:2:2; a frozen encoder (MiniLM-L6, or a tiny random BERT
+split 6:2:2 afresh for each seed, the training splits capped to the smallest client's (or --train-cap)
+and the test splits whole; a frozen encoder (MiniLM-L6, or a tiny random BERT
 for tests) whose bottom layers are cached once per example, with adapters in its top layers. The
-methods of FedMCP's comparison: FedMCP, FedAvg (PEFT: both adapters shared), FedRep, Local and
-FedAvg (Full FT) (`fl_algorithms.training.adapter_trainer`).
+methods of FedMCP's comparison (Table I): FedMCP, FedAvg (PEFT: both adapters shared), FedRep, Local,
+FedAvg (Full FT), FedLR (LoRA through peft), MOON and Ditto (`fl_algorithms.training.adapter_trainer`),
+and the Table II ablations FedMCP w/o L_c (mu = 0) and w/o L_b (gamma = 0). FedAP (adapters shared by
+FedAvg) is FedAvg (PEFT) here; FedMatch (semi-supervised) does not apply to fully labelled clients.
+Ditto trains two local epochs per round (the global and the personal problem), every other method one.
 
 `FedMCPClients.make_trainer(client_id, method=..., seed=...)` builds client k from client k's own
 examples: it caches the frozen prefix of k's splits only. The simulation builds every client through
@@ -28,25 +32,32 @@ import torch
 
 from fl_algorithms.algorithms.fedavg import FedAvg
 from fl_algorithms.algorithms.fedmcp import FedMCP
+from fl_algorithms.algorithms.ditto import Ditto
 from fl_algorithms.algorithms.fedrep import FedRep
 from fl_algorithms.algorithms.local import Local
+from fl_algorithms.algorithms.moon import MOON
 from fl_algorithms.api import Algorithm
 from fl_algorithms.experiments.task import Task, check_options, int_option, settings_option
-from fl_algorithms.training.adapter_trainer import (BASELINE_MODEL, FEDMCP_MODEL, LOCAL_MODEL, AdapterTrainer,
-                                                    FullFineTuneTrainer, MethodModel, TrainConfig)
+from fl_algorithms.training.adapter_trainer import (BASELINE_MODEL, FEDMCP_MODEL, LOCAL_MODEL, LORA_MODEL,
+                                                    MOON_MODEL, AdapterTrainer, FullFineTuneTrainer, MethodModel,
+                                                    TrainConfig)
 from nlp_models.backbone import BACKBONES, load_named_backbone  # noqa: F401  (re-exported)
 from nlp_models.cpu import fast_bf16
-from nlp_models.data.cross_task import CLIENT_TASKS, ClientData, build_client_data, load_client_splits
-from nlp_models.data.dataset import DatasetSplits
+from nlp_models.data.cross_task import CLIENT_TASKS, ClientData, build_client_data, split_clients
+from nlp_models.data.dataset import DatasetSplits, TextDataset
 from nlp_models.device import resolve_device
 from nlp_models.frozen_prefix import CachedSplit, prefix_split
 
-METHODS = ("fedmcp", "fedavg_peft", "local", "fedrep", "fedavg_full")
+ABLATIONS = ("fedmcp_no_cl", "fedmcp_no_bl")
+"""FedMCP's Table II: without the contrastive loss L_c (mu = 0) and without the global-only loss L_b (gamma = 0)."""
+METHODS = ("fedmcp", "fedavg_peft", "local", "fedrep", "fedavg_full", "fedlr", "moon", "ditto", *ABLATIONS)
 DEFAULT_METHODS = ("fedmcp", "fedavg_peft", "local", "fedrep")
-"""FedAvg (Full FT) trains and uploads every backbone weight: left out unless asked for."""
-SPECS: Mapping[str, MethodModel] = {"fedmcp": FEDMCP_MODEL, "fedavg_peft": BASELINE_MODEL,
-                                    "fedrep": BASELINE_MODEL, "local": LOCAL_MODEL}
-"""Which adapter sets each adapter method's clients have, train and share."""
+"""What the 10-minute CPU demo runs; FedAvg (Full FT) trains and uploads every backbone weight, and
+the other baselines and the ablations are named in the demo's output as left out (--algorithms adds them)."""
+SPECS: Mapping[str, MethodModel] = {"fedmcp": FEDMCP_MODEL, "fedmcp_no_cl": FEDMCP_MODEL, "fedmcp_no_bl": FEDMCP_MODEL,
+                                    "fedavg_peft": BASELINE_MODEL, "fedrep": BASELINE_MODEL, "local": LOCAL_MODEL,
+                                    "fedlr": LORA_MODEL, "moon": MOON_MODEL, "ditto": BASELINE_MODEL}
+"""Which adapter sets (or LoRA) each adapter method's clients have, train and share."""
 TASK_OPTIONS = ("settings", "method", "seed", "device", "threads")
 
 
@@ -55,8 +66,12 @@ class FedMCPSettings:
     """Everything that defines the clients and their training (saved in the run directory)."""
 
     rounds: int = 5
-    cap: int | None = 300
-    """Examples per client before the 6:2:2 split (None: the smallest client's size, as the paper)."""
+    train_cap: int | None = 180
+    """Training examples per client, after the 6:2:2 split (None: the smallest client's training split,
+    as the paper caps training sets). Test splits are not capped."""
+    test_cap: int | None = None
+    """None (default): every client is tested on its corpus's whole 20% test split. A number caps it,
+    for smoke runs and tests only: results are then reported with `min_test_per_client`."""
     max_length: int = 64
     adapter_layers: int = 2
     bottleneck: int = 16
@@ -70,6 +85,11 @@ class FedMCPSettings:
     gamma: float = 0.5
     mu: float = 0.05
     fedrep_head_epochs: int = 10
+    moon_mu: float = 1.0
+    """MOON's weight of the model-contrastive term (the authors' code default)."""
+    moon_tau: float = 0.5
+    ditto_lambda: float = 0.1
+    """Ditto's pull of the personal adapters toward the global ones (the paper tunes it in {0.01, 0.1, 1, 2})."""
     dp: bool = False
     """Opacus DP-SGD on the adapters (FedMCP then runs with mu = 0: CKA is a batch-level term)."""
     dp_noise: float = 1.0
@@ -85,7 +105,8 @@ class FedMCPSettings:
     def __post_init__(self) -> None:
         checks = [
             (self.rounds >= 1, "--rounds must be at least 1"),
-            (self.cap is None or self.cap >= 10, "--cap must be at least 10"),
+            (self.train_cap is None or self.train_cap >= 10, "--train-cap must be at least 10"),
+            (self.test_cap is None or self.test_cap >= 10, "--test-cap must be at least 10"),
             (8 <= self.max_length <= 512, "--max-length must be in 8..512"),
             (self.adapter_layers >= 1, "--adapter-layers must be at least 1"),
             (self.bottleneck >= 1, "--bottleneck must be at least 1"),
@@ -95,6 +116,8 @@ class FedMCPSettings:
             (0.0 <= self.gamma <= 1.0, "--gamma must be in [0, 1]"),
             (self.mu >= 0, "--mu must be non-negative"),
             (self.fedrep_head_epochs >= 1, "--fedrep-head-epochs must be at least 1"),
+            (self.moon_mu >= 0 and self.moon_tau > 0, "--moon-mu must be non-negative and --moon-tau positive"),
+            (self.ditto_lambda >= 0, "--ditto-lambda must be non-negative"),
             (self.dp_noise > 0 and self.dp_clip > 0 and 0 < self.dp_delta < 1, "bad --dp-noise/--dp-clip/--dp-delta"),
             (self.precision in ("auto", "bf16", "fp32"), "--precision must be auto, bf16 or fp32"),
             (self.backbone in BACKBONES, f"--backbone must be one of {', '.join(BACKBONES)}"),
@@ -105,30 +128,43 @@ class FedMCPSettings:
 
     @property
     def bf16(self) -> bool:
-        """Whether the encoder layers run under bfloat16 autocast on this machine."""
-        return self.precision == "bf16" or (self.precision == "auto" and fast_bf16())
+        """Whether the encoder layers run under bfloat16 autocast on this machine's CPU (the frozen-prefix cache)."""
+        return self.bf16_on("cpu")
 
-    def train_config(self) -> TrainConfig:
+    def bf16_on(self, device: torch.device | str) -> bool:
+        """Whether the encoder layers run under bfloat16 autocast on `device`."""
+        return self.precision == "bf16" or (self.precision == "auto" and fast_bf16(device))
+
+    def train_config(self, *, device: torch.device | str = "cpu") -> TrainConfig:
         dp = None
         if self.dp:
             from dp.opacus_client import DPSGDConfig
 
             dp = DPSGDConfig(noise_multiplier=self.dp_noise, max_grad_norm=self.dp_clip, batch_size=self.batch_size,
                              delta=self.dp_delta)
-        return TrainConfig(batch_size=self.batch_size, lr=self.lr, dp=dp, dp_delta=self.dp_delta, bf16=self.bf16,
+        return TrainConfig(batch_size=self.batch_size, lr=self.lr, dp=dp, dp_delta=self.dp_delta, bf16=self.bf16_on(device),
                            backbone_dropout=self.backbone_dropout)
 
 
-FULL_PRESET = {"rounds": 25, "cap": None, "max_length": 128, "adapter_layers": 6, "batch_size": 64}
+FULL_PRESET = {"rounds": 25, "train_cap": None, "max_length": 128, "adapter_layers": 6, "batch_size": 64}
 """The paper's run: 25 rounds, clients capped to the smallest corpus, 128 tokens, batch 64, all 6 layers."""
 
 
 def make_algorithm(method: str, settings: FedMCPSettings) -> Algorithm:
     """The server/client algorithm of `method` (one local epoch per round throughout)."""
+    mu = 0.0 if settings.dp else settings.mu
     if method == "fedmcp":
-        return FedMCP(gamma=settings.gamma, mu=0.0 if settings.dp else settings.mu)
-    if method in ("fedavg_peft", "fedavg_full"):
+        return FedMCP(gamma=settings.gamma, mu=mu)
+    if method == "fedmcp_no_cl":
+        return FedMCP(gamma=settings.gamma, mu=0.0)
+    if method == "fedmcp_no_bl":
+        return FedMCP(gamma=0.0, mu=mu)
+    if method in ("fedavg_peft", "fedavg_full", "fedlr"):
         return FedAvg(local_epochs=1)
+    if method == "moon":
+        return MOON(mu=settings.moon_mu, tau=settings.moon_tau, local_epochs=1)
+    if method == "ditto":
+        return Ditto(lam=settings.ditto_lambda, local_epochs=1, personal_epochs=1)
     if method == "fedrep":
         return FedRep(head_epochs=settings.fedrep_head_epochs, body_epochs=1)
     if method == "local":
@@ -142,6 +178,8 @@ def check_method(method: str, settings: FedMCPSettings) -> None:
         raise ValueError(f"unknown method {method!r}; choose from {', '.join(METHODS)}")
     if settings.dp and method == "fedavg_full":
         raise ValueError("--dp applies DP-SGD to adapters only; drop fedavg_full (or --with-full-ft)")
+    if settings.dp and method == "ditto":
+        raise ValueError("--dp: Ditto's proximal term is not implemented under DP-SGD; drop ditto")
 
 
 @dataclass(frozen=True)
@@ -169,12 +207,17 @@ class FedMCPClients:
     The frozen prefix is cached on the CPU (`nlp_models.frozen_prefix.cache_texts` runs there); the
     cached states and every client model (its copy of the adapted layers, adapters and heads, or
     full fine-tuning's trainable backbone) are moved to `device`.
+
+    The data split depends on the seed (`texts(seed)`); the cached clients of one seed are kept until
+    another seed is asked for, so a run that loops seeds outermost caches each client once per seed.
     """
 
     def __init__(self, settings: FedMCPSettings, *, device: str = "cpu") -> None:
         self.settings = settings
         self.device = resolve_device(device)
         self._data: dict[int, ClientData] = {}
+        self._data_seed: int | None = None
+        self._texts: tuple[int, dict[str, DatasetSplits]] | None = None
 
     @cached_property
     def backbone(self) -> tuple[torch.nn.Module, Any]:
@@ -193,16 +236,25 @@ class FedMCPClients:
                              f"{model.config.max_position_embeddings} positions")
 
     @cached_property
-    def texts(self) -> dict[str, DatasetSplits]:
-        """Every task's capped, split corpus as text (clients 1..4 in `CLIENT_TASKS` order)."""
-        return load_client_splits(cap_to=self.settings.cap, seed=0)
+    def corpora(self) -> dict[str, TextDataset]:
+        """Every task's whole packaged corpus (clients 1..4 in `CLIENT_TASKS` order)."""
+        return {task.key: task.load() for task in CLIENT_TASKS}
+
+    def texts(self, seed: int) -> dict[str, DatasetSplits]:
+        """Every task's corpus split 6:2:2 by `seed`, training splits capped (`split_clients`)."""
+        if self._texts is None or self._texts[0] != seed:
+            self._texts = (seed, split_clients(self.corpora, cap_to=self.settings.train_cap, seed=seed,
+                                               test_cap=self.settings.test_cap))
+        return self._texts[1]
 
     @cached_property
     def info(self) -> list[ClientInfo]:
+        """Split sizes follow from the class counts alone (stratified largest-remainder splits and caps),
+        so they are the same for every seed."""
         titles = {task.key: task.title for task in CLIENT_TASKS}
         return [ClientInfo(client_id=cid, key=key, title=titles.get(key, key), num_labels=parts.train.num_labels,
                            sizes={s: len(getattr(parts, s)) for s in ("train", "validation", "test")})
-                for cid, (key, parts) in enumerate(self.texts.items(), start=1)]
+                for cid, (key, parts) in enumerate(self.texts(0).items(), start=1)]
 
     @property
     def num_clients(self) -> int:
@@ -213,14 +265,18 @@ class FedMCPClients:
         """Layers below this index are frozen and cached."""
         return prefix_split(self.backbone[0], self.settings.adapter_layers)
 
-    def client_data(self, client_id: int) -> ClientData:
-        """Client `client_id`'s splits as frozen-prefix states, built from its own examples only (once)."""
+    def client_data(self, client_id: int, *, seed: int) -> ClientData:
+        """Client `client_id`'s splits of `seed` as frozen-prefix states, built from its own examples only
+        (once per seed; another seed's cached clients are dropped)."""
         if not 1 <= client_id <= self.num_clients:
             raise ValueError(f"client id {client_id} is not in 1..{self.num_clients}")
+        if self._data_seed != seed:
+            self._data, self._data_seed = {}, seed
         if client_id not in self._data:
             key = self.info[client_id - 1].key
             model, tokenizer = self.backbone
-            [data] = build_client_data(model, tokenizer, {key: self.texts[key]}, max_length=self.settings.max_length,
+            [data] = build_client_data(model, tokenizer, {key: self.texts(seed)[key]},
+                                       max_length=self.settings.max_length,
                                        adapter_layers=self.settings.adapter_layers, bf16=self.settings.bf16)
             self._data[client_id] = replace(data, client_id=client_id,
                                             splits={k: v.to(self.device) for k, v in data.splits.items()})
@@ -228,7 +284,7 @@ class FedMCPClients:
 
     # ---- clients --------------------------------------------------------------------------------
     def _trainer(self, data: ClientData, *, method: str, seed: int, full_backbone: torch.nn.Module | None = None):
-        config = self.settings.train_config()
+        config = self.settings.train_config(device=self.device)
         if method == "fedavg_full":
             backbone = full_backbone if full_backbone is not None else self.trainable_backbone()
             return FullFineTuneTrainer(data=data, backbone=backbone, head_hidden=self.settings.head_hidden,
@@ -247,7 +303,7 @@ class FedMCPClients:
         """A fresh client of `method` (seeded adapters, heads, batch order) over its own cached examples.
         `full_backbone`: the trainable backbone FedAvg (Full FT) clients of one process may share."""
         check_method(method, self.settings)
-        trainer = self._trainer(self.client_data(client_id), method=method, seed=seed, full_backbone=full_backbone)
+        trainer = self._trainer(self.client_data(client_id, seed=seed), method=method, seed=seed, full_backbone=full_backbone)
         if self.device.type != "cpu":
             trainer.model.to(self.device)
         return trainer
@@ -315,6 +371,6 @@ def build(options: Mapping[str, Any]) -> Task:
     return clients.task(method, seed=seed)
 
 
-__all__ = ["METHODS", "DEFAULT_METHODS", "BACKBONES", "SPECS", "TASK_OPTIONS", "FedMCPSettings", "FULL_PRESET",
+__all__ = ["ABLATIONS", "METHODS", "DEFAULT_METHODS", "BACKBONES", "SPECS", "TASK_OPTIONS", "FedMCPSettings", "FULL_PRESET",
            "make_algorithm", "check_method", "load_named_backbone", "ClientInfo", "ParameterCounts", "FedMCPClients",
            "build"]

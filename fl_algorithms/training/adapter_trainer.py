@@ -4,17 +4,20 @@ A client owns its adapter sets (in the top layers, `nlp_models.frozen_prefix.Top
 heads (`nlp_models.classifiers.AdapterClassifier`) and trains on cached prefix states
 (`nlp_models.frozen_prefix.CachedSplit`). A `MethodModel` says which adapter sets a method's clients
 have, which of them train and which leave the client; `FEDMCP_MODEL`, `BASELINE_MODEL` and
-`LOCAL_MODEL` are the ones of FedMCP's comparison (Zhao et al. 2024, Sec. V-B).
+`LOCAL_MODEL` are the ones of FedMCP's comparison (Zhao et al. 2024, Sec. V-B), `LORA_MODEL` its
+FedLR baseline (LoRA through peft, `nlp_models.lora`; no adapters) and `MOON_MODEL` MOON's client
+(the baselines' adapters plus frozen copies of the global and previous ones).
 
-`AdapterTrainer` implements the LocalTrainer protocol, FedMCP's ``fit``/``load_adapter_set`` and
-FedRep's ``train_head``/``train_body``. `FullFineTuneTrainer` is FedAvg (Full FT): every backbone
+`AdapterTrainer` implements the LocalTrainer protocol (with FedProx's/Ditto's proximal term),
+FedMCP's ``fit``/``load_adapter_set``, MOON's ``load_adapter_sets`` and FedRep's
+``train_head``/``train_body``. `FullFineTuneTrainer` is FedAvg (Full FT): every backbone
 weight trains and is uploaded. Both run `fl_algorithms.training.loop.run_epochs`, seeded per call.
 """
 from __future__ import annotations
 
 import copy
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any
@@ -25,16 +28,18 @@ from torch import nn
 from torch.nn import functional as F
 from torch.utils.data import Dataset, TensorDataset
 
+from fl_algorithms.algorithms import moon
 from fl_algorithms.algorithms.fedmcp import (FULL_MODEL, GLOBAL, GLOBAL_PART, HEAD_FULL, HEAD_GLOBAL, PRIVATE,
                                              REFERENCE, LossTerms)
 from fl_algorithms.training.loop import run_epochs, seeded, tagged_seed
 from fl_algorithms.training.trainer import flatten, unflatten_
-from nlp_models.adapters import (AdapterConfig, attach_adapters, flatten_set, load_set_, set_parameters,
-                                 set_trainable_sets)
+from nlp_models.adapters import (AdapterConfig, attach_adapters, flatten_parameters, load_parameters_, load_set_,
+                                 set_parameters, set_trainable_sets)
 from nlp_models.classifiers import AdapterClassifier, FullModel, HeadsAndLabels, make_head
 from nlp_models.data.cross_task import ClientData
 from nlp_models.frozen_prefix import CachedSplit, TopEncoder
 from nlp_models.heads import TextClassifier
+from nlp_models.lora import LoraSettings, add_lora, lora_parameters
 
 
 @dataclass(frozen=True)
@@ -63,9 +68,17 @@ class TrainConfig:
             raise ValueError("adapter_init_std must be in [0, 1)")
 
 
+LORA = "lora"
+"""The LoRA matrices as one unit of `MethodModel.trainable`/`shared` (and FedLR's shared part)."""
+
+
 @dataclass(frozen=True)
 class MethodModel:
-    """Which adapter sets a method's clients have, which leave the client, and how they predict."""
+    """Which adapter sets a method's clients have, which leave the client, and how they predict.
+
+    With `lora` set, the top layers also carry LoRA (`nlp_models.lora`), whose matrices are the unit
+    named `LORA` in `trainable` and in the sets of a `shared` part.
+    """
 
     sets: tuple[str, ...]
     trainable: tuple[str, ...]
@@ -73,6 +86,15 @@ class MethodModel:
     heads: tuple[str, ...]
     predict_mixing: Mapping[str, float]
     predict_head: str
+    lora: LoraSettings | None = None
+
+    def __post_init__(self) -> None:
+        if LORA in self.sets:
+            raise ValueError(f"{LORA!r} names the LoRA matrices, not an adapter set")
+        units = set(self.sets) | ({LORA} if self.lora is not None else set())
+        named = set(self.trainable) | {unit for sets in self.shared.values() for unit in sets}
+        if not named <= units:
+            raise ValueError(f"trainable/shared name unknown units {sorted(named - units)}; known: {sorted(units)}")
 
 
 FEDMCP_MODEL = MethodModel(sets=(GLOBAL, PRIVATE, REFERENCE), trainable=(GLOBAL, PRIVATE),
@@ -84,6 +106,14 @@ BASELINE_SETS = ("adapter1", "adapter2")
 BASELINE_MODEL = MethodModel(sets=BASELINE_SETS, trainable=BASELINE_SETS, shared={"adapters": BASELINE_SETS},
                              heads=("head",), predict_mixing={s: 0.5 for s in BASELINE_SETS}, predict_head="head")
 LOCAL_MODEL = replace(BASELINE_MODEL, shared={})
+# FedLR: LoRA r = 8 on query/value of the adapted top layers instead of adapters; the LoRA matrices are shared.
+LORA_MODEL = MethodModel(sets=(), trainable=(LORA,), shared={LORA: (LORA,)}, heads=("head",), predict_mixing={},
+                         predict_head="head", lora=LoraSettings())
+# MOON: the baselines' two adapters (trained, shared) plus frozen copies of the round's global adapters and
+# of the client's adapters after its previous round (private), for z_glob and z_prev.
+MOON_MODEL = MethodModel(sets=moon.LOCAL_SETS + moon.GLOBAL_SETS + moon.PREVIOUS_SETS, trainable=moon.LOCAL_SETS,
+                         shared={moon.PART: moon.LOCAL_SETS}, heads=(moon.HEAD,), predict_mixing=moon.LOCAL,
+                         predict_head=moon.HEAD)
 
 
 class CrossEntropyObjective:
@@ -120,13 +150,15 @@ class AdapterTrainer:
         self.client_id = data.client_id
         self.num_examples = len(data.splits["train"])
         top = TopEncoder(backbone, split=data.split_layer, dropout=config.backbone_dropout)
+        if spec.lora is not None:
+            add_lora(top, spec.lora, seed=seed)
         adapter = AdapterConfig(bottleneck=bottleneck, up_init_std=config.adapter_init_std)
         attach_adapters(top, {name: adapter for name in spec.sets}, seed=seed)
         hidden = top.config.hidden_size
         heads = {name: make_head(hidden, data.num_labels, mlp_hidden=head_hidden,
                                  seed=tagged_seed(seed, data.client_id, name)) for name in spec.heads}
         self.model = AdapterClassifier(top, heads, bf16=config.bf16 and config.dp is None)
-        set_trainable_sets(top, spec.trainable)
+        self._freeze_all_but(sets=spec.trainable, heads=spec.heads)
         self.timer = self.model.timer
         self.calls = 0
         self._optimizer: torch.optim.Optimizer | None = None
@@ -138,9 +170,14 @@ class AdapterTrainer:
             self.dp_client = OpacusClient(client_id=data.client_id, config=config.dp, ledger=self.ledger)
 
     # ---- parameters ---------------------------------------------------------------------------
+    def _unit_params(self, units: Sequence[str]) -> list[nn.Parameter]:
+        """The parameters of adapter sets (or of the LoRA matrices, `LORA`), concatenated in order."""
+        return [p for unit in units
+                for p in (lora_parameters(self.model.top) if unit == LORA else set_parameters(self.model.top, unit))]
+
     def _trainable_params(self) -> list[nn.Parameter]:
-        adapters = [p for name in self.spec.trainable for p in set_parameters(self.model.top, name)]
-        return adapters + [p for head in self.model.heads.values() for p in head.parameters()]
+        body = self._unit_params(self.spec.trainable)
+        return body + [p for head in self.model.heads.values() for p in head.parameters()]
 
     def trainable_count(self) -> int:
         return sum(p.numel() for p in self._trainable_params())
@@ -154,25 +191,30 @@ class AdapterTrainer:
         return self._optimizer
 
     def get_shared(self) -> dict[str, np.ndarray]:
-        return {part: np.concatenate([flatten_set(self.model.top, s) for s in sets])
-                for part, sets in self.spec.shared.items()}
+        return {part: flatten_parameters(self._unit_params(sets)) for part, sets in self.spec.shared.items()}
 
     def set_shared(self, params: Mapping[str, np.ndarray]) -> None:
         for part, vector in params.items():
-            sets = self.spec.shared[part]
-            sizes = [sum(p.numel() for p in set_parameters(self.model.top, s)) for s in sets]
-            if np.asarray(vector).shape != (sum(sizes),):
-                raise ValueError(f"part {part!r} needs {sum(sizes)} values, got shape {np.shape(vector)}")
-            for s, piece in zip(sets, np.split(np.asarray(vector), np.cumsum(sizes)[:-1])):
-                load_set_(self.model.top, s, piece)
+            self.load_adapter_sets(self.spec.shared[part], vector)
 
     def load_adapter_set(self, name: str, vector: np.ndarray) -> None:
         if name not in self.spec.sets:
             raise KeyError(f"no adapter set {name!r}")
         load_set_(self.model.top, name, vector)
 
+    def load_adapter_sets(self, names: Sequence[str], vector: np.ndarray) -> None:
+        """Load one vector laid out like a shared part (its units concatenated) into the units `names`:
+        MOON loads the broadcast into its frozen copy of the global adapters this way."""
+        unknown = set(names) - set(self.spec.sets) - ({LORA} if self.spec.lora is not None else set())
+        if unknown:
+            raise KeyError(f"no adapter sets {sorted(unknown)}")
+        load_parameters_(self._unit_params(names), vector, what=f"adapter sets {tuple(names)}")
+
     def _freeze_all_but(self, *, sets: Sequence[str], heads: Sequence[str]) -> None:
-        set_trainable_sets(self.model.top, tuple(sets))
+        set_trainable_sets(self.model.top, tuple(s for s in sets if s != LORA))
+        if self.spec.lora is not None:
+            for p in lora_parameters(self.model.top):
+                p.requires_grad_(LORA in sets)
         for name, head in self.model.heads.items():
             head.requires_grad_(name in heads)
 
@@ -188,9 +230,26 @@ class AdapterTrainer:
 
     def train(self, *, epochs: int, proximal: Mapping[str, np.ndarray] | None = None, mu: float = 0.0,
               round: int | None = None) -> dict[str, float]:
+        """Supervised epochs; with `proximal` and mu > 0, plus mu/2 ||w - proximal||^2 over the shared
+        parameters w (FedProx's term; Ditto's personal step). Refused under DP-SGD (not implemented on
+        the Opacus path, where it would need its own sensitivity analysis)."""
+        penalty = None
         if proximal is not None and mu > 0:
-            raise NotImplementedError("this trainer has no proximal term (FedProx is not part of this example)")
-        return self.fit(epochs=epochs, objective=self.default_objective(), round=round)
+            if self.dp_client is not None:
+                raise ValueError("the proximal term (FedProx, Ditto) is not implemented under DP-SGD")
+            penalty = self._proximal_penalty(proximal, mu=mu)
+        return self._run(self.default_objective(), epochs=epochs, sets=self.spec.trainable,
+                         heads=tuple(self.model.heads), tag="fit", round=round, penalty=penalty)
+
+    def _proximal_penalty(self, anchor: Mapping[str, np.ndarray], *, mu: float) -> Callable[[], torch.Tensor]:
+        """mu/2 sum_parts ||w_part - anchor_part||^2, the anchors validated like any loaded vector."""
+        pairs = []
+        for part, vector in anchor.items():
+            params = self._unit_params(self.spec.shared[part])
+            copies = [torch.empty_like(p) for p in params]
+            load_parameters_(copies, vector, what=f"proximal anchor of part {part!r}")
+            pairs += zip(params, copies)
+        return lambda: 0.5 * mu * sum(((p - a) ** 2).sum() for p, a in pairs)
 
     def fit(self, *, epochs: int, objective: Any, round: int | None = None) -> dict[str, float]:
         """All trainable adapters and heads, ``epochs`` passes over the training split. An objective with
@@ -205,7 +264,7 @@ class AdapterTrainer:
         `batch_size` training examples in stored order, in eval mode (no dropout, no RNG drawn, so the
         training that follows is unchanged) and without an optimiser step."""
         train = self.data.splits["train"]
-        params = [p for sets in self.spec.shared.values() for s in sets for p in set_parameters(self.model.top, s)]
+        params = [p for sets in self.spec.shared.values() for p in self._unit_params(sets)]
         if not params or len(train) < 2:
             return {}
         was_training = self.model.training
@@ -248,7 +307,7 @@ class AdapterTrainer:
         return metrics
 
     def _run(self, objective: Any, *, epochs: int, sets: Sequence[str], heads: Sequence[str], tag: str,
-             round: int | None) -> dict[str, float]:
+             round: int | None, penalty: Callable[[], torch.Tensor] | None = None) -> dict[str, float]:
         if epochs < 1:
             raise ValueError("epochs must be at least 1")
         self._freeze_all_but(sets=sets, heads=heads)
@@ -268,7 +327,7 @@ class AdapterTrainer:
                     batches=lambda: (train.batch(index) for index in
                                      torch.randperm(len(train), generator=generator).split(self.config.batch_size)),
                     loss=lambda batch: objective(self.model, batch), optimizer=self.optimizer(), epochs=epochs,
-                    timer=self.timer)
+                    penalty=penalty, timer=self.timer)
         finally:
             self._freeze_all_but(sets=self.spec.trainable, heads=tuple(self.model.heads))
 
@@ -310,9 +369,13 @@ class AdapterTrainer:
         return {"accuracy": float((predictions == data.labels).float().mean())}
 
     # ---- checkpoints --------------------------------------------------------------------------
+    @staticmethod
+    def _is_own(key: str) -> bool:
+        """A client's own tensors: adapter sets (frozen copies included), LoRA matrices and heads."""
+        return ".adapters." in key or ".lora_A." in key or ".lora_B." in key or key.startswith("heads.")
+
     def _own_state(self) -> dict[str, torch.Tensor]:
-        return {k: v.detach().clone() for k, v in self.model.state_dict().items()
-                if ".adapters." in k or k.startswith("heads.")}
+        return {k: v.detach().clone() for k, v in self.model.state_dict().items() if self._is_own(k)}
 
     def state_dict(self) -> dict[str, Any]:
         state = {"model": self._own_state(), "calls": self.calls, "optimizer": _snapshot(self._optimizer)}
@@ -323,7 +386,7 @@ class AdapterTrainer:
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         missing, unexpected = self.model.load_state_dict(state["model"], strict=False)
-        if unexpected or any(".adapters." in k or k.startswith("heads.") for k in missing):
+        if unexpected or any(self._is_own(k) for k in missing):
             raise ValueError(f"checkpoint does not match this client's model ({unexpected or missing})")
         self.calls = int(state["calls"])
         if state.get("optimizer") is not None:
@@ -413,5 +476,5 @@ class FullFineTuneTrainer:
             self.optimizer().load_state_dict(state["optimizer"])
 
 
-__all__ = ["TrainConfig", "MethodModel", "FEDMCP_MODEL", "BASELINE_SETS", "BASELINE_MODEL", "LOCAL_MODEL",
-           "CrossEntropyObjective", "AdapterTrainer", "FullFineTuneTrainer"]
+__all__ = ["TrainConfig", "LORA", "MethodModel", "FEDMCP_MODEL", "BASELINE_SETS", "BASELINE_MODEL", "LOCAL_MODEL",
+           "LORA_MODEL", "MOON_MODEL", "CrossEntropyObjective", "AdapterTrainer", "FullFineTuneTrainer"]

@@ -1,5 +1,10 @@
 """Cross-task, cross-silo clients (FedMCP, Zhao et al. 2024, Sec. V-A): each client is one offline
-corpus and its own task, capped to the smallest client and split 6:2:2 into train / validation / test.
+corpus and its own task, split 6:2:2 into train / validation / test, the training sets capped alike.
+
+The whole corpus is split (stratified, redrawn per seed) and only then is the training split capped
+to the smallest client's (or a given cap), as the paper caps training data: every client is tested
+on the whole 20% test split of its corpus, so the test sets are large enough to rank methods (a cap
+applied before the split left 60 test examples per client, 1.7 points per example).
 
 `build_client_data` tokenises every split once and caches the frozen prefix of the backbone
 (`nlp_models.frozen_prefix.cache_texts`), so that every method, round and seed trains only the top
@@ -40,16 +45,29 @@ CLIENT_TASKS = (
 """FedMCP's four real offline tasks: sentiment, subjectivity, news topic, debate party."""
 
 
-def load_client_splits(*, cap_to: int | None, seed: int = 0,
-                       tasks: Sequence[ClientTask] = CLIENT_TASKS) -> dict[str, DatasetSplits]:
-    """Each task's corpus capped to min(smallest corpus, cap_to) (stratified), then split 6:2:2."""
-    corpora = {task.key: task.load() for task in tasks}
-    size = min(len(d) for d in corpora.values())
+def split_clients(corpora: Mapping[str, TextDataset], *, cap_to: int | None, seed: int = 0,
+                  test_cap: int | None = None) -> dict[str, DatasetSplits]:
+    """Each corpus split 6:2:2 by `seed` (stratified); the training splits then capped (stratified) to
+    min(smallest client's training split, cap_to), validation to a third of that (the 6:2 ratio);
+    the test split stays whole unless `test_cap` caps it (smoke runs and tests only)."""
+    for name, value in (("cap", cap_to), ("test cap", test_cap)):
+        if value is not None and value < 10:
+            raise ValueError(f"{name} must be at least 10 examples per client, got {value}")
+    splits = {key: train_validation_test(d, seed=seed) for key, d in corpora.items()}
+    train_size = min(len(s.train) for s in splits.values())
     if cap_to is not None:
-        if cap_to < 10:
-            raise ValueError(f"cap must be at least 10 examples per client, got {cap_to}")
-        size = min(size, cap_to)
-    return {key: train_validation_test(cap(d, size, seed=seed), seed=seed) for key, d in corpora.items()}
+        train_size = min(train_size, cap_to)
+    validation_size = max(1, -(-train_size // 3))
+    return {key: DatasetSplits(train=cap(s.train, train_size, seed=seed),
+                               validation=cap(s.validation, validation_size, seed=seed),
+                               test=cap(s.test, test_cap, seed=seed))
+            for key, s in splits.items()}
+
+
+def load_client_splits(*, cap_to: int | None, seed: int = 0, tasks: Sequence[ClientTask] = CLIENT_TASKS,
+                       test_cap: int | None = None) -> dict[str, DatasetSplits]:
+    """`split_clients` over the packaged corpora of `tasks`: `cap_to` caps the training examples per client."""
+    return split_clients({task.key: task.load() for task in tasks}, cap_to=cap_to, seed=seed, test_cap=test_cap)
 
 
 @dataclass(frozen=True)
@@ -83,4 +101,4 @@ def build_client_data(backbone: nn.Module, tokenizer: Any, splits: Mapping[str, 
     return clients
 
 
-__all__ = ["SPLITS", "ClientTask", "CLIENT_TASKS", "load_client_splits", "ClientData", "build_client_data"]
+__all__ = ["SPLITS", "ClientTask", "CLIENT_TASKS", "split_clients", "load_client_splits", "ClientData", "build_client_data"]

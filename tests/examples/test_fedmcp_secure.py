@@ -21,7 +21,9 @@ fedmcp_task = importlib.import_module("fl_algorithms.tasks.fedmcp")
 
 FINAL = re.compile(r"^avg_acc fedmcp=\d+\.\d\d fedavg_peft=\d+\.\d\d local=\d+\.\d\d fedrep=\d+\.\d\d "
                    r"secure_vs_plain_diff=[+-]\d+\.\d\d$")
-TINY = ["--backbone", "tiny", "--cap", "30", "--rounds", "2", "--adapter-layers", "1", "--batch-size", "8",
+ABLATION = re.compile(r"^ablation full=(\d+\.\d\d|n/a) no_cl=(\d+\.\d\d|n/a) no_bl=(\d+\.\d\d|n/a) "
+                      r"min_test_per_client=(\d+)$")
+TINY = ["--backbone", "tiny", "--train-cap", "18", "--test-cap", "12", "--rounds", "2", "--adapter-layers", "1", "--batch-size", "8",
         "--no-progress", "--threads", "1"]
 
 
@@ -33,6 +35,8 @@ def test_main_runs_end_to_end_and_resumes(tmp_path, capsys):
     document = fedmcp_secure.main(TINY + ["--out", str(tmp_path), "--run-name", "run", "--verbose"])
     lines = capsys.readouterr().out.strip().splitlines()
     assert FINAL.match(lines[-1]), lines[-1]
+    ablation = ABLATION.match(lines[-2])
+    assert ablation and ablation.group(2) == ablation.group(3) == "n/a" and ablation.group(4) == "12", lines[-2]
     run = tmp_path / "run"
     assert (run / "accuracy.png").stat().st_size > 0
     saved = json.loads((run / "results.json").read_text())
@@ -148,9 +152,9 @@ def test_shared_options_and_presets():
                                                "--runtime", "deploy", "--protocol", "secagg"])
     assert plan.seeds == (0, 1, 2) and plan.algorithms == ("fedrep", "fedavg_full")
     assert plan.runtime == "deploy" and plan.protocol == "secagg" and plan.run_list() == ["fedavg_full", "fedrep"]
-    _, full, _ = fedmcp_secure.parse_settings(["--full", "--rounds", "3", "--cap", "0", "--head-hidden", "0",
+    _, full, _ = fedmcp_secure.parse_settings(["--full", "--rounds", "3", "--train-cap", "0", "--head-hidden", "0",
                                                "--tiny-backbone"])
-    assert (full.rounds, full.cap, full.max_length, full.adapter_layers, full.batch_size) == (3, None, 128, 6, 64)
+    assert (full.rounds, full.train_cap, full.max_length, full.adapter_layers, full.batch_size) == (3, None, 128, 6, 64)
     assert full.head_hidden is None and full.backbone == "tiny"
 
 
@@ -158,22 +162,25 @@ def test_resume_errors_and_old_run_directories(tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
         fedmcp_secure.parse_settings(["--resume", str(tmp_path / "nowhere")])
     assert exc.value.code == 2 and "not a run directory" in capsys.readouterr().err
-    # a run directory from before config.toml: its config.json is read (and config.toml written once)
+    # run directories from before per-seed splits (config.json, or a saved 'cap'): refused, not resumed inexactly
     old = tmp_path / "old"
     old.mkdir()
-    (old / "config.json").write_text(json.dumps({
-        **{k: v for k, v in vars(fedmcp_task.FedMCPSettings(rounds=2, cap=30)).items() if k != "backbone"},
-        "seeds": 2, "methods": ["fedmcp", "local"], "protocol": "secagg", "plain_check": False, "threads": None,
-        "tiny_backbone": True}))
-    _, settings, plan = fedmcp_secure.parse_settings(["--resume", str(old)])
-    assert settings == fedmcp_task.FedMCPSettings(rounds=2, cap=30, backbone="tiny")
-    assert plan == fedmcp_secure.Plan(algorithms=("fedmcp", "local"), protocol="secagg", seeds=(0, 1),
-                                      plain_check=False)
-    assert (old / "config.toml").is_file()
-    fedmcp_secure.parse_settings(["--resume", str(old), "--rounds", "2", "--seeds", "0,1"])  # as saved: fine
+    (old / "config.json").write_text(json.dumps({"cap": 30, "rounds": 2, "seeds": 1, "methods": ["fedmcp"]}))
     with pytest.raises(SystemExit) as exc:
-        fedmcp_secure.parse_settings(["--resume", str(old), "--rounds", "5"])
+        fedmcp_secure.parse_settings(["--resume", str(old)])
+    assert exc.value.code == 2 and "predates per-seed splits" in capsys.readouterr().err
+    fedmcp_secure.main(TINY + ["--algorithms", "local", "--out", str(tmp_path), "--run-name", "new", "--rounds", "1"])
+    capsys.readouterr()
+    new = tmp_path / "new"
+    fedmcp_secure.parse_settings(["--resume", str(new), "--rounds", "1"])  # as saved: fine
+    with pytest.raises(SystemExit) as exc:
+        fedmcp_secure.parse_settings(["--resume", str(new), "--rounds", "5"])
     assert exc.value.code == 2 and "differ" in capsys.readouterr().err
+    config = (new / "config.toml").read_text()
+    (new / "config.toml").write_text(config.replace("train_cap = 18", "cap = 30"))
+    with pytest.raises(SystemExit) as exc:
+        fedmcp_secure.parse_settings(["--resume", str(new)])
+    assert exc.value.code == 2 and "predates per-seed splits" in capsys.readouterr().err
     with pytest.raises(SystemExit, match="--adapter-layers 4 exceeds"):
         fedmcp_secure.main(TINY + ["--adapter-layers", "4", "--out", str(tmp_path / "runs")])
     assert not (tmp_path / "runs").exists()  # no run directory for a run that cannot start
@@ -203,9 +210,14 @@ def test_deploy_runtime_matches_the_simulation(tmp_path, capsys):
     assert out.strip().splitlines()[-1] == deployed["final_line"] == sim["final_line"]
     assert "stay in the client processes" in out
     runs = {k: json.loads((tmp_path / k / "results.json").read_text())["runs"]["fedmcp/seed0"] for k in ("sim", "deploy")}
-    for s_rec, d_rec in zip(runs["sim"], runs["deploy"], strict=True):
+    for t, (s_rec, d_rec) in enumerate(zip(runs["sim"], runs["deploy"], strict=True), start=1):
         for c, m in s_rec["metrics"].items():
-            assert d_rec["metrics"][c]["accuracy"] == pytest.approx(m["accuracy"], abs=0.005)
+            # both runtimes: validation every round, the test split in the last round only
+            scores = {k for k in m if k.endswith("accuracy")}
+            assert scores == ({"validation_accuracy", "accuracy"} if t == len(runs["sim"]) else {"validation_accuracy"})
+            assert {k for k in d_rec["metrics"][c] if k.endswith("accuracy")} == scores
+            for k in scores:
+                assert d_rec["metrics"][c][k] == pytest.approx(m[k], abs=0.005)
     for c, m in runs["sim"][0]["metrics"].items():
         assert runs["deploy"][0]["metrics"][c]["train_loss"] == pytest.approx(m["train_loss"], rel=1e-6)
     s, d = sim["methods"]["fedmcp"], deployed["methods"]["fedmcp"]
@@ -217,3 +229,38 @@ def test_deploy_runtime_matches_the_simulation(tmp_path, capsys):
     assert all('"exit": "shutdown"' in p.read_text() for p in logs.glob("client-*.log"))
     logged = [json.loads(x) for x in (tmp_path / "deploy" / "metrics.jsonl").read_text().splitlines()]
     assert [(r["method"], r["round"]) for r in logged] == [("fedmcp", 1), ("fedmcp", 2)]
+
+
+def test_ablation_rows_and_paired_differences_over_seeds(tmp_path, capsys):
+    """Table II's rows run as methods of their own; FedMCP's difference to each method is paired by seed."""
+    document = fedmcp_secure.main(TINY + ["--algorithms", "fedmcp,fedmcp_no_cl,fedmcp_no_bl,local", "--rounds", "1",
+                                          "--seeds", "0,1", "--no-plain-check", "--out", str(tmp_path)])
+    lines = capsys.readouterr().out.strip().splitlines()
+    methods = document["methods"]
+    ablation = ABLATION.match(lines[-2])
+    assert ablation, lines[-2]
+    assert [float(ablation.group(i)) for i in (1, 2, 3)] == [
+        round(methods[m]["average"]["mean"], 2) for m in ("fedmcp", "fedmcp_no_cl", "fedmcp_no_bl")]
+    assert "FedMCP w/o L_c" in document["table"] and "FedMCP w/o L_b" in document["table"]
+    assert any(line.startswith("FedMCP minus each method") for line in lines)
+    for method in ("fedmcp_no_cl", "fedmcp_no_bl", "local"):
+        paired = document["paired"][method]
+        diffs = [methods["fedmcp"]["average_by_seed"][s] - methods[method]["average_by_seed"][s] for s in ("0", "1")]
+        assert paired["seeds"] == 2 and paired["mean"] == pytest.approx(np.mean(diffs))
+        assert paired["low"] <= paired["mean"] <= paired["high"]
+        if diffs[0] != diffs[1]:
+            assert paired["low"] < paired["mean"] < paired["high"]
+
+
+def test_the_other_table_i_baselines_run_through_secure_aggregation(tmp_path, capsys):
+    document = fedmcp_secure.main(TINY + ["--algorithms", "fedavg_peft,fedlr,moon,ditto", "--rounds", "1",
+                                          "--out", str(tmp_path)])
+    lines = capsys.readouterr().out.strip().splitlines()
+    methods = document["methods"]
+    assert re.search(r" fedlr=\d+\.\d\d moon=\d+\.\d\d ditto=\d+\.\d\d secure_vs_plain_diff=n/a$", lines[-1]), lines[-1]
+    assert any(line.startswith("not run (add with --algorithms): ") and "FedMCP w/o L_c" in line for line in lines)
+    for method in ("fedlr", "moon", "ditto"):
+        assert methods[method]["bytes_uploaded_per_round"] > 0 and 0 < methods[method]["secure_share"] < 1
+    # MOON and Ditto share what FedAvg (PEFT) shares (both adapters); FedLR its LoRA matrices
+    assert methods["moon"]["shared_params"] == methods["ditto"]["shared_params"] == methods["fedavg_peft"]["shared_params"]
+    assert methods["fedlr"]["shared_params"] not in (0, methods["fedavg_peft"]["shared_params"])

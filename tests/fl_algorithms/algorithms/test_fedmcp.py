@@ -1,7 +1,6 @@
 import numpy as np
 import pytest
 import torch
-from torch import nn
 from torch.nn import functional as F
 
 from fl_algorithms.api import ClientContext
@@ -10,30 +9,12 @@ from fl_algorithms.algorithms.fedmcp import (GLOBAL, GLOBAL_PART, HEAD_FULL, HEA
 from fl_algorithms.engine.secure_sum import SecureAggregationConfig, SecureAggregator
 from fl_algorithms.training.trainer import flatten, unflatten_
 from nlp_models.losses import linear_cka
+from tests.fl_algorithms.algorithms.toy_adapters import ToyAdapterModel as _Toy
 
 
-class ToyAdapterModel(nn.Module):
-    """A frozen base, three adapter sets mixed like FedMCP's sites, and two heads."""
-
-    def __init__(self, *, seed: int = 0, d: int = 6, hidden: int = 8, classes: int = 3):
-        super().__init__()
-        torch.manual_seed(seed)
-        self.base = nn.Linear(d, hidden).requires_grad_(False)
-        self.adapters = nn.ModuleDict({s: nn.Linear(hidden, hidden) for s in (GLOBAL, PRIVATE, REFERENCE)})
-        self.adapters[REFERENCE].requires_grad_(False)
-        self.heads = nn.ModuleDict({HEAD_FULL: nn.Linear(hidden, classes), HEAD_GLOBAL: nn.Linear(hidden, classes)})
-        self.calls: list[tuple[tuple[str, float], ...]] = []
-
-    def represent(self, batch, *, mixing):
-        self.calls.append(tuple(sorted(mixing.items())))
-        h = torch.tanh(self.base(batch["x"]))
-        return h + sum(w * self.adapters[s](h) for s, w in mixing.items())
-
-    def classify(self, head, representation):
-        return self.heads[head](representation)
-
-    def labels(self, batch):
-        return batch["y"]
+def ToyAdapterModel(*, seed: int = 0):
+    """FedMCP's three adapter sets (the reference one frozen) and its two heads."""
+    return _Toy(sets=(GLOBAL, PRIVATE, REFERENCE), frozen=(REFERENCE,), heads=(HEAD_FULL, HEAD_GLOBAL), seed=seed)
 
 
 class ToyFedMCPTrainer:
@@ -108,7 +89,7 @@ def test_averaged_adapter_gets_no_gradient_and_mu_zero_skips_the_extra_passes():
     model.calls.clear()
     terms = fedmcp_objective(model, batch, gamma=0.5, mu=0.0)
     assert terms.batch is None
-    assert [dict(c) for c in model.calls] == [{GLOBAL: 0.5, PRIVATE: 0.5}, {GLOBAL: 1.0}]
+    assert model.calls == [{GLOBAL: 0.5, PRIVATE: 0.5}, {GLOBAL: 1.0}]
 
 
 def test_eq_5_reading_pushes_global_from_private_and_pulls_it_to_the_average():

@@ -19,6 +19,10 @@ def test_client_config_round_trips_through_toml(tmp_path):
     path = write_client_config(CONFIG, tmp_path / "c.toml")
     back = load_toml(RunConfig, path)
     assert back.secure.describe() == CONFIG.secure.describe() and back.eval_split == CONFIG.eval_split
+    assert back.curve_split is None
+    curved = RunConfig(rounds=7, curve_split="validation", secure=CONFIG.secure)
+    back = load_toml(RunConfig, write_client_config(curved, tmp_path / "curve.toml"))
+    assert (back.curve_split, back.rounds) == ("validation", 7)  # the client knows its last round
 
 
 @pytest.mark.slow

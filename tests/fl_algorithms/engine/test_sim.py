@@ -125,3 +125,26 @@ def test_draw_cohort_records_the_sampler_that_drew_it():
     assert cohort == ids and rec.scheme == "everyone"
     with pytest.raises(ValueError, match="sampler"):
         RunConfig(sampler="uniform")
+
+
+def test_a_curve_split_is_evaluated_every_round_and_the_test_split_in_the_last_only(toy_trainers):
+    trainers = toy_trainers(3)
+    asked = []
+    for t in trainers.values():
+        real = t.evaluate
+
+        def evaluate(*, split="test", real=real):
+            asked.append(split)
+            return {"accuracy": real(split="test")["accuracy"] + (0.5 if split == "validation" else 0.0)}
+        t.evaluate = evaluate
+    cfg = RunConfig(rounds=3, curve_split="validation",
+                    secure=SecureAggregationConfig(protocol="plain", clip=4.0, max_weight=100, max_clients=8))
+    runner = SimulationRunner(algorithm=FedAvg(local_epochs=1), trainers=trainers, config=cfg)
+    runner.run(progress=False)
+    assert asked == ["validation"] * 3 * 2 + ["validation", "test"] * 3
+    for rec in runner.history[:-1]:
+        assert all(set(m) >= {"validation_accuracy"} and "accuracy" not in m for m in rec.metrics.values())
+    last = runner.history[-1]
+    assert last.mean("validation_accuracy") == pytest.approx(last.mean("accuracy") + 0.5)
+    with pytest.raises(ValueError, match="curve_split must differ"):
+        RunConfig(rounds=2, curve_split="test")

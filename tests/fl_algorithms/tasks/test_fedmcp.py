@@ -12,7 +12,7 @@ from fl_algorithms.algorithms.fedrep import FedRep  # noqa: E402
 from fl_algorithms.tasks import fedmcp  # noqa: E402
 from fl_algorithms.tasks.fedmcp import METHODS, FedMCPClients, FedMCPSettings, build  # noqa: E402
 
-SETTINGS = FedMCPSettings(backbone="tiny", cap=30, rounds=2, max_length=32, adapter_layers=1, batch_size=8)
+SETTINGS = FedMCPSettings(backbone="tiny", train_cap=18, test_cap=12, rounds=2, max_length=32, adapter_layers=1, batch_size=8)
 
 
 @pytest.fixture(scope="module")
@@ -31,16 +31,21 @@ def test_each_client_caches_only_its_own_examples(monkeypatch):
     monkeypatch.setattr(fedmcp, "build_client_data", spy)
     clients = FedMCPClients(SETTINGS)
     trainer = clients.make_trainer(3, method="fedmcp", seed=0)
-    clients.make_trainer(3, method="local", seed=1)  # cached once, reused by every method and seed
+    clients.make_trainer(3, method="local", seed=0)  # cached once, reused by every method of the seed
     assert cached == [["bbc_news"]]
-    data, info, texts = trainer.data, clients.info[2], clients.texts["bbc_news"]
+    data, info, texts = trainer.data, clients.info[2], clients.texts(0)["bbc_news"]
     assert (data.client_id, data.key, data.num_labels) == (3, "bbc_news", info.num_labels)
     for split in ("train", "validation", "test"):
         assert len(data.splits[split]) == info.sizes[split]
         assert data.splits[split].labels.tolist() == [int(y) for y in getattr(texts, split).labels]
     assert trainer.num_examples == info.sizes["train"]
     with pytest.raises(ValueError, match=r"not in 1\.\.4"):
-        clients.client_data(5)
+        clients.client_data(5, seed=0)
+    # another seed draws another split of the same sizes, cached afresh for that seed
+    other = clients.make_trainer(3, method="local", seed=1).data
+    assert cached == [["bbc_news"], ["bbc_news"]]
+    assert {s: len(other.splits[s]) for s in info.sizes} == info.sizes
+    assert clients.texts(1)["bbc_news"].test.texts != texts.test.texts
 
 
 @pytest.mark.parametrize("method", METHODS)
@@ -110,3 +115,30 @@ def test_settings_that_do_not_fit_the_backbone_or_the_machine():
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="no CUDA device"):
             FedMCPClients(SETTINGS, device="cuda")
+
+
+def test_ablation_methods_drop_one_loss_each():
+    settings = FedMCPSettings(backbone="tiny", gamma=0.4, mu=0.07)
+    full, no_cl, no_bl = (fedmcp.make_algorithm(m, settings) for m in ("fedmcp", "fedmcp_no_cl", "fedmcp_no_bl"))
+    assert (full.gamma, full.mu) == (0.4, 0.07)
+    assert (no_cl.gamma, no_cl.mu) == (0.4, 0.0)   # w/o L_c: mu = 0
+    assert (no_bl.gamma, no_bl.mu) == (0.0, 0.07)  # w/o L_b: gamma = 0
+
+
+def test_baselines_map_to_their_algorithms_and_dp_refuses_what_it_cannot_bound():
+    from fl_algorithms.algorithms.ditto import Ditto
+    from fl_algorithms.algorithms.fedavg import FedAvg
+    from fl_algorithms.algorithms.moon import MOON
+
+    settings = FedMCPSettings(backbone="tiny", moon_mu=2.0, moon_tau=0.3, ditto_lambda=0.5)
+    moon, ditto, fedlr = (fedmcp.make_algorithm(m, settings) for m in ("moon", "ditto", "fedlr"))
+    assert isinstance(moon, MOON) and (moon.mu, moon.tau) == (2.0, 0.3)
+    assert isinstance(ditto, Ditto) and ditto.lam == 0.5
+    assert type(fedlr) is FedAvg and fedmcp.SPECS["fedlr"].lora is not None
+    dp = FedMCPSettings(backbone="tiny", dp=True)
+    for method in ("ditto", "fedavg_full"):
+        with pytest.raises(ValueError, match="--dp"):
+            fedmcp.check_method(method, dp)
+    fedmcp.check_method("moon", dp)  # MOON's l_con is per example: DP-SGD can clip it
+    with pytest.raises(ValueError, match="moon-tau"):
+        FedMCPSettings(moon_tau=0.0)

@@ -1,4 +1,6 @@
 """FedMCP's adapter clients (fl_algorithms.training.adapter_trainer) on a tiny BERT and one real client."""
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -15,7 +17,7 @@ def tiny_client():
     from nlp_models.data.cross_task import CLIENT_TASKS, build_client_data, load_client_splits
 
     backbone = tiny_bert(layers=2, hidden=32, heads=2).requires_grad_(False)
-    splits = load_client_splits(cap_to=20, tasks=CLIENT_TASKS[:1])
+    splits = load_client_splits(cap_to=12, tasks=CLIENT_TASKS[:1], test_cap=12)
     (client,) = build_client_data(backbone, load_tokenizer(), splits, max_length=24, adapter_layers=1,
                                   tasks=CLIENT_TASKS[:1])
     return backbone, client
@@ -63,13 +65,12 @@ def test_trainer_checkpoint_round_trip_is_exact(tiny_client):
     np.testing.assert_allclose(twin.get_shared()["global_adapter"], trainer.get_shared()["global_adapter"], atol=1e-6)
 
 
-def test_fit_reports_the_objective_parts_and_the_proximal_term_is_refused(tiny_client):
+def test_fit_reports_the_objective_parts(tiny_client):
     trainer = _trainer(tiny_client, BASELINE_MODEL)
     metrics = trainer.train(epochs=1)
-    assert set(metrics) == {"train_loss", "loss", "steps"} and metrics["steps"] == 3.0  # 12 examples, batch 4
+    assert set(metrics) == {"train_loss", "loss", "steps"}
+    assert metrics["steps"] == math.ceil(trainer.num_examples / 4)  # batch 4
     assert metrics["train_loss"] == pytest.approx(metrics["loss"])
-    with pytest.raises(NotImplementedError):
-        trainer.train(epochs=1, proximal=trainer.get_shared(), mu=0.1)
 
 
 def test_full_fine_tuning_uploads_and_trains_the_whole_backbone(tiny_client):
@@ -118,3 +119,89 @@ def test_the_contrastive_term_moves_the_global_adapter_once_adapters_start_near_
     _, exact_0, _ = _one_step(tiny_client, std=0.0, mu=0.0)
     np.testing.assert_allclose(exact_c, exact_0, atol=1e-7)
     assert exact["grad_norm_mu_c"] < 1e-6 * exact["grad_norm_a"]
+
+
+# ---- FedLR (LoRA), Ditto's proximal term, MethodModel checks ---------------------------------------
+
+def test_lora_client_trains_its_lora_and_head_only_and_its_checkpoint_is_exact(tiny_client):
+    from fl_algorithms.training.adapter_trainer import LORA, LORA_MODEL
+    from nlp_models.lora import lora_size
+
+    backbone, _ = tiny_client
+    frozen = {name: p.detach().clone() for name, p in backbone.named_parameters()}
+    trainer = _trainer(tiny_client, LORA_MODEL)
+    assert set(trainer.get_shared()) == {LORA}
+    assert trainer.shared_count() == lora_size(trainer.model.top) == 2 * 8 * (32 + 32)  # query and value, r = 8
+    head = sum(p.numel() for p in trainer.model.heads.parameters())
+    assert trainer.trainable_count() == trainer.shared_count() + head
+    start = trainer.get_shared()[LORA]
+    head0 = [p.detach().clone() for p in trainer.model.heads["head"].parameters()]
+    trainer.train_head(epochs=1)  # LoRA frozen
+    np.testing.assert_array_equal(trainer.get_shared()[LORA], start)
+    head1 = [p.detach().clone() for p in trainer.model.heads["head"].parameters()]
+    assert any(not torch.equal(a, b) for a, b in zip(head0, head1))
+    trainer.train_body(epochs=1)  # head frozen
+    assert all(torch.equal(a, b) for a, b in zip(head1, trainer.model.heads["head"].parameters()))
+    trainer.train(epochs=1)
+    assert not np.array_equal(trainer.get_shared()[LORA], start)
+    for name, p in backbone.named_parameters():  # the shared frozen weights neither trained nor became trainable
+        assert torch.equal(p, frozen[name]) and not p.requires_grad, name
+    assert 0.0 <= trainer.evaluate(split="test")["accuracy"] <= 1.0
+
+    twin = _trainer(tiny_client, LORA_MODEL)
+    twin.load_state_dict(trainer.state_dict())
+    np.testing.assert_array_equal(twin.get_shared()[LORA], trainer.get_shared()[LORA])
+    assert twin.evaluate(split="test") == trainer.evaluate(split="test")
+    trainer.train(epochs=1)
+    twin.train(epochs=1)
+    np.testing.assert_allclose(twin.get_shared()[LORA], trainer.get_shared()[LORA], atol=1e-6)
+    twin.set_shared({LORA: start})
+    np.testing.assert_array_equal(twin.get_shared()[LORA], start)
+    with pytest.raises(ValueError):
+        twin.set_shared({LORA: start[:-1]})
+
+
+def _adapters_after(tiny_client, **train_kwargs):
+    trainer = _trainer(tiny_client, BASELINE_MODEL)
+    trainer.train(epochs=3, **train_kwargs)
+    return trainer.get_shared()["adapters"]
+
+
+def test_the_proximal_term_keeps_the_shared_adapters_near_the_anchor(tiny_client):
+    anchor = _trainer(tiny_client, BASELINE_MODEL).get_shared()["adapters"]  # every trainer starts here (seed 0)
+    free = _adapters_after(tiny_client)
+    np.testing.assert_array_equal(_adapters_after(tiny_client, proximal={"adapters": anchor}, mu=0.0), free)
+    tied = _adapters_after(tiny_client, proximal={"adapters": anchor}, mu=1e4)
+    far, near = np.linalg.norm(free - anchor), np.linalg.norm(tied - anchor)
+    assert far > 0 and near < 0.3 * far
+    # Ditto's personal step: pulled toward the anchor w^t, wherever the model starts (Adam moves each
+    # coordinate by at most ~lr per step: 9 steps of 5e-4 cover about half of the 0.01 gap)
+    target = anchor + 0.01
+    pulled = _adapters_after(tiny_client, proximal={"adapters": target}, mu=1e4)
+    assert np.linalg.norm(pulled - target) < 0.8 * np.linalg.norm(anchor - target)
+    assert np.linalg.norm(pulled - target) < np.linalg.norm(free - target)
+    with pytest.raises(ValueError, match="proximal anchor"):
+        _adapters_after(tiny_client, proximal={"adapters": anchor[:-1]}, mu=1.0)
+
+
+def test_dp_trainer_refuses_the_proximal_term(tiny_client):
+    from dp.opacus_client import DPSGDConfig
+
+    backbone, client = tiny_client
+    trainer = AdapterTrainer(data=client, backbone=backbone, spec=BASELINE_MODEL, bottleneck=4, head_hidden=8, seed=0,
+                             config=TrainConfig(batch_size=4, dp=DPSGDConfig(noise_multiplier=1.0, batch_size=4)))
+    with pytest.raises(ValueError, match="DP-SGD"):
+        trainer.train(epochs=1, proximal=trainer.get_shared(), mu=0.1)
+    assert trainer.calls == 0  # refused before any training
+
+
+def test_method_models_name_only_units_they_have():
+    from fl_algorithms.training.adapter_trainer import LORA, LORA_MODEL, MethodModel
+
+    with pytest.raises(ValueError, match="unknown"):
+        MethodModel(sets=("a",), trainable=("a", "b"), shared={}, heads=("h",), predict_mixing={}, predict_head="h")
+    with pytest.raises(ValueError, match="unknown"):  # LoRA is a unit only where the model has it
+        MethodModel(sets=(), trainable=(LORA,), shared={}, heads=("h",), predict_mixing={}, predict_head="h")
+    with pytest.raises(ValueError, match="LoRA"):
+        MethodModel(sets=(LORA,), trainable=(), shared={}, heads=("h",), predict_mixing={}, predict_head="h",
+                    lora=LORA_MODEL.lora)

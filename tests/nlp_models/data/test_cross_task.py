@@ -21,9 +21,9 @@ def test_clients_are_capped_alike_split_622_and_cached_below_the_adapters(tokeni
     from nlp_models.backbone import tiny_bert
 
     tasks = (CLIENT_TASKS[0], ClientTask("rt_subjectivity", "second"))
-    splits = load_client_splits(cap_to=20, tasks=tasks)
+    splits = load_client_splits(cap_to=12, tasks=tasks, test_cap=10)
     sizes = [(len(s.train), len(s.validation), len(s.test)) for s in splits.values()]
-    assert all(sum(size) == 20 and size[0] == 12 for size in sizes)  # 6:2:2, stratified by label
+    assert sizes == [(12, 4, 10), (12, 4, 10)]  # training capped after the 6:2:2 split
     backbone = tiny_bert(layers=3, hidden=32)
     seen = []
     clients = build_client_data(backbone, tokenizer, splits, max_length=16, adapter_layers=1, tasks=tasks,
@@ -33,3 +33,32 @@ def test_clients_are_capped_alike_split_622_and_cached_below_the_adapters(tokeni
     assert all(c.split_layer == 2 and c.num_labels == 2 for c in clients)
     train = clients[0].splits["train"]
     assert len(train) == 12 and train.hidden.shape[-1] == 32 and train.input_ids.shape == train.attention_mask.shape
+
+
+def _corpus(name: str, n: int, classes: int = 2):
+    from nlp_models.data.dataset import TextDataset
+    return TextDataset(name=name, texts=tuple(f"{name} text {i}" for i in range(n)),
+                       labels=tuple(i % classes for i in range(n)), label_names=tuple(map(str, range(classes))))
+
+
+def test_splits_cap_training_only_keep_whole_test_sets_and_are_redrawn_per_seed():
+    from nlp_models.data.cross_task import split_clients
+
+    corpora = {"big": _corpus("big", 1000, 4), "small": _corpus("small", 100)}
+    splits = split_clients(corpora, cap_to=None, seed=0)
+    # training capped to the smallest client's training split (60), validation to a third of it
+    assert {k: (len(s.train), len(s.validation), len(s.test)) for k, s in splits.items()} == {
+        "big": (60, 20, 200), "small": (60, 20, 20)}
+    assert splits["big"].train.label_counts() == {"0": 15, "1": 15, "2": 15, "3": 15}  # stratified cap
+    capped = split_clients(corpora, cap_to=30, seed=0)
+    assert [len(s.train) for s in capped.values()] == [30, 30] and len(capped["big"].test) == 200
+    for key in corpora:  # no example in two splits
+        parts = [set(getattr(splits[key], name).texts) for name in ("train", "validation", "test")]
+        assert not (parts[0] & parts[1] or parts[0] & parts[2] or parts[1] & parts[2])
+    other = split_clients(corpora, cap_to=None, seed=1)
+    assert other["big"].test.texts != splits["big"].test.texts
+    assert [len(s.test) for s in other.values()] == [200, 20]  # same sizes for every seed
+    assert split_clients(corpora, cap_to=None, seed=0) == splits  # deterministic given the seed
+    assert len(split_clients(corpora, cap_to=None, seed=0, test_cap=12)["big"].test) == 12
+    with pytest.raises(ValueError, match="test cap must be at least 10"):
+        split_clients(corpora, cap_to=None, test_cap=5)

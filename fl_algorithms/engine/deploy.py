@@ -271,8 +271,11 @@ class DeployedServer:
             rec = self.run_round(t)
             self.history.append(rec)
             self.save()
-            log.info("round %d: %d/%d contributors, mean accuracy %.4f, %.2f s (secure %.2f s)%s", t,
-                     len(rec.contributors), len(rec.cohort), rec.mean("accuracy"), rec.seconds, rec.secure_seconds,
+            # with a curve split, rounds before the last report only that split's accuracy
+            score = "accuracy" if self.config.curve_split is None or t == self.config.rounds \
+                else f"{self.config.curve_split}_accuracy"
+            log.info("round %d: %d/%d contributors, mean %s %.4f, %.2f s (secure %.2f s)%s", t,
+                     len(rec.contributors), len(rec.cohort), score, rec.mean(score), rec.seconds, rec.secure_seconds,
                      f", failed sums {rec.failed}" if rec.failed else "")
             if self.on_round is not None:
                 self.on_round(rec)

@@ -215,9 +215,10 @@ class FedMCPClients:
     def __init__(self, settings: FedMCPSettings, *, device: str = "cpu") -> None:
         self.settings = settings
         self.device = resolve_device(device)
+        self._seed: int | None = None
+        """The seed whose split `_texts` holds and whose clients `_data` caches."""
+        self._texts: dict[str, DatasetSplits] = {}
         self._data: dict[int, ClientData] = {}
-        self._data_seed: int | None = None
-        self._texts: tuple[int, dict[str, DatasetSplits]] | None = None
 
     @cached_property
     def backbone(self) -> tuple[torch.nn.Module, Any]:
@@ -242,10 +243,11 @@ class FedMCPClients:
 
     def texts(self, seed: int) -> dict[str, DatasetSplits]:
         """Every task's corpus split 6:2:2 by `seed`, training splits capped (`split_clients`)."""
-        if self._texts is None or self._texts[0] != seed:
-            self._texts = (seed, split_clients(self.corpora, cap_to=self.settings.train_cap, seed=seed,
-                                               test_cap=self.settings.test_cap))
-        return self._texts[1]
+        if self._seed != seed:
+            self._texts = split_clients(self.corpora, cap_to=self.settings.train_cap, seed=seed,
+                                        test_cap=self.settings.test_cap)
+            self._seed, self._data = seed, {}
+        return self._texts
 
     @cached_property
     def info(self) -> list[ClientInfo]:
@@ -254,7 +256,7 @@ class FedMCPClients:
         titles = {task.key: task.title for task in CLIENT_TASKS}
         return [ClientInfo(client_id=cid, key=key, title=titles.get(key, key), num_labels=parts.train.num_labels,
                            sizes={s: len(getattr(parts, s)) for s in ("train", "validation", "test")})
-                for cid, (key, parts) in enumerate(self.texts(0).items(), start=1)]
+                for cid, (key, parts) in enumerate(self.texts(self._seed or 0).items(), start=1)]
 
     @property
     def num_clients(self) -> int:
@@ -270,12 +272,11 @@ class FedMCPClients:
         (once per seed; another seed's cached clients are dropped)."""
         if not 1 <= client_id <= self.num_clients:
             raise ValueError(f"client id {client_id} is not in 1..{self.num_clients}")
-        if self._data_seed != seed:
-            self._data, self._data_seed = {}, seed
+        texts = self.texts(seed)  # drops another seed's cached clients
         if client_id not in self._data:
             key = self.info[client_id - 1].key
             model, tokenizer = self.backbone
-            [data] = build_client_data(model, tokenizer, {key: self.texts(seed)[key]},
+            [data] = build_client_data(model, tokenizer, {key: texts[key]},
                                        max_length=self.settings.max_length,
                                        adapter_layers=self.settings.adapter_layers, bf16=self.settings.bf16)
             self._data[client_id] = replace(data, client_id=client_id,

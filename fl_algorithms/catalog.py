@@ -25,7 +25,11 @@ class Entry:
 ALGORITHMS = (
     Entry("fedavg", "fl_algorithms.algorithms.fedavg:FedAvg", "FedAvg (McMahan et al. 2017): weighted mean of client updates"),
     Entry("fedprox", "fl_algorithms.algorithms.fedprox:FedProx", "FedProx (Li et al. 2020): FedAvg with a proximal term mu/2 ||w - w_t||^2"),
-    Entry("fedopt", "fl_algorithms.algorithms.fedopt:FedOpt", "FedOPT (Reddi et al. 2021): server SGD-momentum / Adam / Yogi on the mean update"),
+    Entry("fedopt", "fl_algorithms.algorithms.fedopt:FedOpt", "FedOPT (Reddi et al. 2021): server SGD-momentum / Adagrad / Adam / Yogi on the mean update"),
+    Entry("fedavgm", "fl_algorithms.algorithms.fedopt:FedAvgM", "FedAvgM (Hsu et al. 2019; FedNLP's FedOPT): server SGD with momentum on the mean update"),
+    Entry("fedadagrad", "fl_algorithms.algorithms.fedopt:FedAdagrad", "FedAdagrad (Reddi et al. 2021): server Adagrad (with momentum) on the mean update"),
+    Entry("fedadam", "fl_algorithms.algorithms.fedopt:FedAdam", "FedAdam (Reddi et al. 2021): server Adam (no bias correction) on the mean update"),
+    Entry("fedyogi", "fl_algorithms.algorithms.fedopt:FedYogi", "FedYogi (Reddi et al. 2021): server Yogi on the mean update"),
     Entry("local", "fl_algorithms.algorithms.local:Local", "Local: every client trains alone; nothing leaves the client"),
     Entry("centralized", "fl_algorithms.algorithms.centralized:run_centralized", "Centralized: pooled data, one model (an upper reference, not FL)"),
     Entry("fedrep", "fl_algorithms.algorithms.fedrep:FedRep", "FedRep (Collins et al. 2021): shared representation, private head per client"),

@@ -1,0 +1,229 @@
+"""FedNLP's seq2seq formulation: federated BBC headline generation, scored by ROUGE.
+
+Each client holds a shard of BBC articles and trains the decoder of a BERT2BERT generator
+(`nlp_models.seq2seq`: frozen MiniLM encoder, a decoder warm-started from MiniLM's bottom layers,
+pointer-generator copy mixture) to write the headline from the body. The encoder is frozen, so each
+client encodes its articles once; every step runs the decoder only. Shared (uploaded) part:
+'decoder', every trainable decoder weight and the copy gate (the tied word embeddings stay frozen).
+
+Scoring: greedy decoding, ROUGE-1/2/L F-measures (rouge-score, Porter stemming) against the real
+headline; `metric` is ROUGE-L. The trivial baseline is the body's first k words, k the mean headline
+length (in words) of the client's training split.
+
+SIMPLIFICATIONS against FedNLP (Lin et al., 2022): FedNLP fine-tunes BART on Gigaword / CNN-DM /
+XSum; no pretrained seq2seq model or summarisation corpus exists offline, so BBC headlines stand in,
+the encoder and embeddings stay frozen, and the decoder has 2 layers by default.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any, NamedTuple
+
+import numpy as np
+import torch
+from torch import nn
+
+from fl_algorithms.tasks.fednlp import load_named_backbone
+from fl_algorithms.tasks.formulation import FormulationSettings, mean_over_clients
+from fl_algorithms.training.trainer import OptimizerConfig, SeededTorchTrainer, flatten
+from nlp_models.data.headlines import HeadlineCorpus, lead_words, load_bbc_headlines
+from nlp_models.data.partition import ClientSplit, Partition, PartitionError, client_splits
+from nlp_models.device import resolve_device
+from nlp_models.seq2seq import (IGNORE_INDEX, Seq2SeqConfig, Seq2SeqModel, client_seq2seq, rouge_scores, special_ids,
+                                tokenize_pairs, warm_decoder)
+
+SPLITS = ("train", "validation", "test")
+EVAL_BATCH_SIZE = 64
+SHARED_PART = "decoder"
+
+
+class HeadlineBatch(NamedTuple):
+    source: torch.Tensor
+    """(B, S, H) frozen encoder states, trimmed to the longest body in the batch."""
+    source_mask: torch.Tensor
+    source_ids: torch.Tensor
+    target: torch.Tensor
+    """(B, T) headline ids + [SEP], IGNORE_INDEX padding, trimmed to the longest headline."""
+    references: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class HeadlineSplit:
+    """One client split: encoder states of the bodies, their ids, target ids and the headline texts."""
+
+    source: torch.Tensor
+    source_mask: torch.Tensor
+    source_ids: torch.Tensor
+    target: torch.Tensor
+    references: tuple[str, ...]
+
+    def __len__(self) -> int:
+        return self.target.shape[0]
+
+    def batch(self, index: torch.Tensor) -> HeadlineBatch:
+        mask = self.source_mask[index]
+        width = max(int(mask.sum(dim=1).max()), 1) if len(index) else 1
+        target = self.target[index]
+        length = max(int((target != IGNORE_INDEX).sum(dim=1).max()), 1) if len(index) else 1
+        return HeadlineBatch(self.source[index, :width], mask[:, :width], self.source_ids[index, :width],
+                             target[:, :length], tuple(self.references[int(i)] for i in index))
+
+    def batches(self, batch_size: int, *, order: torch.Tensor | None = None) -> list[HeadlineBatch]:
+        order = torch.arange(len(self)) if order is None else order
+        return [self.batch(order[start:start + batch_size]) for start in range(0, len(self), batch_size)]
+
+
+def headline_loss(model: Seq2SeqModel, batch: HeadlineBatch) -> torch.Tensor:
+    return model.loss(batch.source, batch.source_mask, batch.target, source_ids=batch.source_ids)
+
+
+def headline_metrics(model: Seq2SeqModel, batches: Iterable[HeadlineBatch], *, tokenizer: Any) -> dict[str, float]:
+    """ROUGE-1/2/L of greedy headlines, the mean target loss, and the example count."""
+    predictions, references, losses, n = [], [], 0.0, 0
+    for batch in batches:
+        ids = model.generate(batch.source, batch.source_mask, source_ids=batch.source_ids)
+        predictions += tokenizer.batch_decode(ids, skip_special_tokens=True)
+        references += batch.references
+        losses += float(headline_loss(model, batch)) * len(batch.references)
+        n += len(batch.references)
+    return {**rouge_scores(predictions, references), "loss": losses / max(n, 1), "n": float(n)}
+
+
+def lead_scores(train_headlines: Sequence[str], bodies: Sequence[str], references: Sequence[str]) -> dict[str, float]:
+    """ROUGE of the lead baseline: each body's first k words, k = mean training headline length."""
+    k = max(int(round(float(np.mean([len(h.split()) for h in train_headlines])))), 1)
+    return rouge_scores([lead_words(body, k) for body in bodies], list(references))
+
+
+@dataclass(frozen=True)
+class HeadlineShards:
+    corpus: HeadlineCorpus
+    partition: Partition
+    splits: tuple[ClientSplit, ...]
+
+
+class HeadlineClients:
+    """FedNLP seq2seq: client k's headline generator over its own articles; the `Formulation` contract.
+
+    `decoder_layers` and `max_target` shape the generator (`nlp_models.seq2seq.Seq2SeqConfig`);
+    `settings.max_length` is the source length. Label skew runs over the BBC topics.
+    """
+
+    task = "seq2seq"
+    metric = "rougeL"
+
+    def __init__(self, settings: FormulationSettings, *, backbone: str = "minilm", device: str = "cpu",
+                 decoder_layers: int = 2, max_target: int = 16) -> None:
+        self.settings, self.backbone_name = settings, backbone
+        self.device = resolve_device(device)
+        self.config = Seq2SeqConfig(decoder_layers=decoder_layers, max_source=settings.max_length,
+                                    max_target=max_target, seed=settings.seed)
+        self._data: dict[int, dict[str, HeadlineSplit]] = {}
+
+    @cached_property
+    def backbone(self) -> tuple[nn.Module, Any]:
+        model, tokenizer = load_named_backbone(self.backbone_name)
+        if self.settings.max_length > model.config.max_position_embeddings:
+            raise ValueError(f"max_length {self.settings.max_length} exceeds the backbone's "
+                             f"{model.config.max_position_embeddings} positions")
+        return model.requires_grad_(False).to(self.device), tokenizer
+
+    @cached_property
+    def template(self) -> nn.Module:
+        """The warm-started decoder every client copies (seeded: all clients start equal)."""
+        return warm_decoder(self.backbone[0], layers=self.config.decoder_layers, seed=self.settings.seed).to(self.device)
+
+    @cached_property
+    def shards(self) -> HeadlineShards:
+        """BBC (capped, stratified by topic), partitioned by the settings' spec, each client split 60/20/20."""
+        s = self.settings
+        corpus = load_bbc_headlines(max_examples=s.max_examples, seed=s.seed)
+        partition = s.partition_spec.build(n=len(corpus), num_clients=s.clients, seed=s.seed,
+                                           min_size=s.min_client_examples, labels=corpus.topic_array(),
+                                           embeddings=lambda: self._embeddings(corpus.bodies))
+        try:
+            splits = client_splits(partition, seed=s.seed)
+        except PartitionError as error:
+            raise ValueError(f"cannot split the clients of partition {s.partition}: {error}") from None
+        return HeadlineShards(corpus, partition, tuple(splits))
+
+    def _embeddings(self, texts: Sequence[str]) -> np.ndarray:
+        from nlp_models.data.embed import embed_texts
+
+        model, tokenizer = self.backbone
+        return embed_texts(texts, model=model, tokenizer=tokenizer, max_length=self.settings.max_length,
+                           progress=False)
+
+    @property
+    def num_clients(self) -> int:
+        return len(self.shards.splits)
+
+    @property
+    def partition(self) -> Partition:
+        return self.shards.partition
+
+    def _rows(self, client_id: int) -> dict[str, np.ndarray]:
+        if not 1 <= client_id <= self.num_clients:
+            raise ValueError(f"client id {client_id} is not in 1..{self.num_clients}")
+        split = self.shards.splits[client_id - 1]
+        return {name: np.asarray(getattr(split, name), dtype=np.int64) for name in SPLITS}
+
+    def client_data(self, client_id: int) -> dict[str, HeadlineSplit]:
+        """Client `client_id`'s splits: encoder states of its own articles only (computed once)."""
+        parts = self._rows(client_id)
+        if client_id not in self._data:
+            corpus, tokenizer = self.shards.corpus, self.backbone[1]
+            model = self._model()
+            data = {}
+            for name, rows in parts.items():
+                bodies = [corpus.bodies[i] for i in rows]
+                heads = tuple(corpus.headlines[i] for i in rows)
+                ids, mask, target = tokenize_pairs(tokenizer, bodies, heads, max_source=self.config.max_source,
+                                                   max_target=self.config.max_target)
+                ids, mask = ids.to(self.device), mask.to(self.device)
+                states = torch.cat([model.encode(ids[i:i + EVAL_BATCH_SIZE], mask[i:i + EVAL_BATCH_SIZE])
+                                    for i in range(0, len(rows), EVAL_BATCH_SIZE)])
+                data[name] = HeadlineSplit(states.clone(), mask, ids, target.to(self.device), heads)
+            self._data[client_id] = data
+        return self._data[client_id]
+
+    def _model(self) -> Seq2SeqModel:
+        encoder, tokenizer = self.backbone
+        return client_seq2seq(encoder, self.template, config=self.config, ids=special_ids(tokenizer)).to(self.device)
+
+    @staticmethod
+    def shared_parts(model: Seq2SeqModel) -> dict[str, list[str]]:
+        return {SHARED_PART: [n for n, p in model.named_parameters() if p.requires_grad]}
+
+    def make_trainer(self, client_id: int) -> SeededTorchTrainer:
+        """A fresh client (its own decoder copy and AdamW) over its cached articles; evaluates on
+        'validation' and 'test'."""
+        data, s, tokenizer = self.client_data(client_id), self.settings, self.backbone[1]
+        model, train = self._model(), data["train"]
+        return SeededTorchTrainer(
+            client_id=client_id, seed=s.seed, model=model, shared=self.shared_parts(model),
+            train_batches=lambda: train.batches(s.batch_size, order=torch.randperm(len(train))),
+            eval_batches={split: (lambda d=data[split]: d.batches(EVAL_BATCH_SIZE)) for split in ("validation", "test")},
+            num_examples=len(train), loss_fn=headline_loss,
+            metric_fn=lambda m, batches: headline_metrics(m, batches, tokenizer=tokenizer),
+            optimizer=OptimizerConfig(name="adamw", lr=s.lr))
+
+    def initial(self) -> dict[str, np.ndarray]:
+        model = self._model()
+        named = dict(model.named_parameters())
+        return {part: flatten([named[n] for n in names]) for part, names in self.shared_parts(model).items()}
+
+    def trivial_scores(self, client_id: int) -> dict[str, float]:
+        """The lead baseline on client `client_id`'s test split (no model needed)."""
+        parts, corpus = self._rows(client_id), self.shards.corpus
+        return lead_scores([corpus.headlines[i] for i in parts["train"]], [corpus.bodies[i] for i in parts["test"]],
+                           [corpus.headlines[i] for i in parts["test"]])
+
+    def trivial(self) -> float:
+        return mean_over_clients([self.trivial_scores(k)[self.metric] for k in range(1, self.num_clients + 1)])
+
+
+__all__ = ["HeadlineBatch", "HeadlineSplit", "headline_loss", "headline_metrics", "lead_scores", "HeadlineShards",
+           "HeadlineClients"]

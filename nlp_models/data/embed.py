@@ -54,13 +54,15 @@ def embed_texts(
     hidden = model.config.hidden_size
     output = np.zeros((len(texts), hidden), dtype=np.float32)
     was_training = model.training
+    device = next(model.parameters()).device  # inputs follow the model (a CUDA model needs CUDA inputs)
     model.eval()
     try:
         with torch.inference_mode():
             starts = range(0, len(order), batch_size)
             for start in tqdm(starts, desc="embedding", disable=not progress, total=len(starts)):
                 rows = order[start : start + batch_size]
-                inputs = tokenize([texts[row] for row in rows], tokenizer, max_length)
+                inputs = {k: v.to(device) for k, v in tokenize([texts[row] for row in rows], tokenizer,
+                                                                max_length).items()}
                 states = model(**inputs).last_hidden_state
                 output[rows] = mean_pool(states, inputs["attention_mask"]).float().cpu().numpy()
     finally:

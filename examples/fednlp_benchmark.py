@@ -27,7 +27,6 @@ under a plaintext sum (first seed), next to the fixed-point encoder's bound.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import sys
 import time
@@ -40,8 +39,9 @@ import torch
 
 from fl_algorithms.experiments.cli import check_run_location, comma_list
 from fl_algorithms.experiments.fednlp_grid import (ALGORITHMS, METRIC_NAMES, PROTOCOLS, GridPlan, aggregate,
-                                                   cell_key, encoder_bound, load_formulation, plot_curves,
-                                                   read_cells, run_cell, write_table)
+                                                   cell_key, encoder_bound, load_formulation, partition_for,
+                                                   plan_from_record, plan_record, plot_curves, read_cells, run_cell,
+                                                   write_table)
 from fl_algorithms.tasks.formulation import TASKS, PartitionSpec
 from nlp_models._offline import ensure_offline
 from nlp_models.data.partition_stats import partition_summary, plot_partitions, summary_line
@@ -95,12 +95,6 @@ def build_plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Gri
         parser.error(str(error))
 
 
-def partition_for(task: str, partition: str) -> str:
-    """Tagging has no sentence label: its label skew is over k-means feature clusters (as FedNLP)."""
-    spec = PartitionSpec.parse(partition)
-    return f"cluster:{spec.alpha:g}" if task == "tagging" and spec.kind == "label" else partition
-
-
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     ensure_offline()
     parser = _parser()
@@ -112,14 +106,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     if args.resume:
         run = Path(args.resume)
         try:
-            saved = json.loads((run / "plan.json").read_text())
-        except (FileNotFoundError, json.JSONDecodeError) as error:
+            plan = plan_from_record(json.loads((run / "plan.json").read_text()))
+        except (FileNotFoundError, json.JSONDecodeError, TypeError, ValueError) as error:
             parser.error(f"--resume {args.resume}: no readable plan.json ({error})")
-        algorithm = saved.pop("algorithm")
-        from fl_algorithms.experiments.fednlp_grid import AlgorithmSettings
-
-        plan = GridPlan(**{k: tuple(v) if isinstance(v, list) else v for k, v in saved.items()},
-                        algorithm=AlgorithmSettings(**algorithm))
     else:
         plan = build_plan(args, parser)
         name = args.run_name or time.strftime("%Y%m%d-%H%M%S")
@@ -127,8 +116,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         if run.exists():
             parser.error(f"{run} exists: choose another --run-name or --resume it")
         run.mkdir(parents=True)
-        (run / "plan.json").write_text(json.dumps({**dataclasses.asdict(plan), "formulation": dict(plan.formulation)},
-                                                  indent=2))
+        (run / "plan.json").write_text(json.dumps(plan_record(plan), indent=2))
     torch.set_num_threads(args.threads)
     t0 = time.perf_counter()
     cells_path = run / "cells.jsonl"
@@ -140,7 +128,6 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     print(f"run directory: {run}  (device {device}, torch threads {args.threads}, {len(plan.cells())} runs, "
           f"{len(done)} already done)", flush=True)
     for cell in plan.cells():
-        cell = {**cell, "partition": partition_for(cell["task"], cell["partition"])}
         key = cell_key(cell)
         if key in done:
             continue
@@ -157,8 +144,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         summary, final = run_cell(cell, clients, plan, progress=not args.no_progress)
         if cell["seed"] == plan.seeds[0] and cell["algorithm"] == "fedavg":
             finals[key] = final
-            total = float(sum(clients.make_trainer(k).num_examples for k in range(1, clients.num_clients + 1)))
-            bounds[cell["task"]] = encoder_bound(plan, clients, plan.protocols[0], total_weight=total)
+            bounds[cell["task"]] = encoder_bound(plan, clients, plan.protocols[0])
         if cell["seed"] == plan.seeds[0] and cell["algorithm"] == "fedavg" and cell["protocol"] == "plain":
             secure_key = cell_key({**cell, "protocol": plan.protocols[0]})
             if secure_key in finals:

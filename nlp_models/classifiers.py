@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
 from torch import nn
@@ -27,9 +27,7 @@ from nlp_models.heads import SequenceClassifier, TextClassifier, mean_pool
 def make_head(hidden: int, num_labels: int, *, mlp_hidden: int | None = None, dropout: float = 0.1,
               seed: int) -> SequenceClassifier:
     """A classifier head whose initialisation depends on `seed` only (not on the global RNG)."""
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        return SequenceClassifier(hidden, num_labels, dropout=dropout, mlp_hidden=mlp_hidden)
+    return seeded_module(seed, lambda: SequenceClassifier(hidden, num_labels, dropout=dropout, mlp_hidden=mlp_hidden))
 
 
 class SuffixClassifier(nn.Module):
@@ -45,6 +43,25 @@ class SuffixClassifier(nn.Module):
         return self.head(states, mean_pool(states, attention_mask))
 
 
+def adapted_top(backbone: nn.Module, *, adapter_layers: int, bottleneck: int, seed: int,
+                adapter_set: str = "adapter") -> TopEncoder:
+    """The backbone's top `adapter_layers` layers (frozen weights shared with `backbone`, not copied)
+    carrying one trainable adapter set seeded by `seed`: every client's adapted part starts equal."""
+    top = TopEncoder(backbone, split=prefix_split(backbone, adapter_layers), dropout=True, freeze=True)
+    attach_adapters(top, {adapter_set: bottleneck}, seed=seed)
+    for name, p in top.named_parameters():
+        if f"adapters.{adapter_set}." in name:
+            p.requires_grad_(True)
+    return top
+
+
+def seeded_module(seed: int, make: Callable[[], nn.Module]) -> nn.Module:
+    """`make()` under a forked RNG seeded by `seed`: a head initialised by the seed alone."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return make()
+
+
 def build_suffix_classifier(backbone: nn.Module, *, num_labels: int, adapter_layers: int, bottleneck: int,
                             head_dropout: float = 0.1, seed: int = 0, adapter_set: str = "adapter") -> SuffixClassifier:
     """A client model: its own adapters (set `adapter_set`) and head over the backbone's top layers.
@@ -52,11 +69,8 @@ def build_suffix_classifier(backbone: nn.Module, *, num_labels: int, adapter_lay
     The top layers' weights are shared with `backbone` and frozen there; nothing else of the backbone
     changes. Adapters and head are seeded by `seed`, so every client starts from the same model.
     """
-    top = TopEncoder(backbone, split=prefix_split(backbone, adapter_layers), dropout=True, freeze=True)
-    attach_adapters(top, {adapter_set: bottleneck}, seed=seed)
-    for name, p in top.named_parameters():
-        if f"adapters.{adapter_set}." in name:
-            p.requires_grad_(True)
+    top = adapted_top(backbone, adapter_layers=adapter_layers, bottleneck=bottleneck, seed=seed,
+                      adapter_set=adapter_set)
     head = make_head(backbone.config.hidden_size, num_labels, dropout=head_dropout, seed=seed)
     return SuffixClassifier(suffix=top, head=head)
 
@@ -122,5 +136,5 @@ class FullModel(HeadsAndLabels):
         return pooled
 
 
-__all__ = ["make_head", "SuffixClassifier", "build_suffix_classifier", "HeadsAndLabels", "AdapterClassifier",
+__all__ = ["make_head", "SuffixClassifier", "adapted_top", "seeded_module", "build_suffix_classifier", "HeadsAndLabels", "AdapterClassifier",
            "FullModel"]

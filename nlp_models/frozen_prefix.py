@@ -17,7 +17,7 @@ layers that shares the frozen weights with the backbone.
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -209,6 +209,22 @@ class CachedSplit:
         return TensorDataset(self.hidden, self.attention_mask, self.labels)
 
 
+def cache_splits(backbone: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, labels: torch.Tensor, *,
+                 sizes: Mapping[str, int], split: int, device: torch.device | str) -> dict[str, CachedSplit]:
+    """One client's consecutive splits (`sizes` in row order, e.g. train/validation/test) cached in one
+    pass over their rows, each split a copy of its own rows (a client holds only its own)."""
+    if sum(sizes.values()) != input_ids.shape[0] or labels.shape[0] != input_ids.shape[0]:
+        raise ValueError(f"split sizes {dict(sizes)} do not cover {input_ids.shape[0]} rows and their labels")
+    cache = build_prefix_cache(backbone, input_ids.to(device), attention_mask.to(device), split=split, progress=False)
+    labels = labels.to(device)
+    out, start = {}, 0
+    for name, size in sizes.items():
+        rows = slice(start, start + size)
+        out[name] = CachedSplit(cache.hidden[rows].clone(), cache.attention_mask[rows].clone(), labels[rows].clone())
+        start += size
+    return out
+
+
 def cache_texts(backbone: nn.Module, tokenizer: Any, texts: Sequence[str], labels: Sequence[int], *, max_length: int,
                 split: int, chunk: int = 64, bf16: bool = False) -> CachedSplit:
     """Tokenise `texts` and cache their frozen prefix in length-sorted chunks (token ids kept)."""
@@ -224,4 +240,4 @@ def cache_texts(backbone: nn.Module, tokenizer: Any, texts: Sequence[str], label
 
 
 __all__ = ["PrefixCache", "prefix_split", "build_prefix_cache", "suffix_forward", "TopEncoder", "CachedBatch",
-           "CachedSplit", "cache_texts"]
+           "CachedSplit", "cache_splits", "cache_texts"]

@@ -41,7 +41,6 @@ from torch import nn
 from torch.nn import functional as F
 from transformers import BertConfig, BertLMHeadModel, BertModel, EncoderDecoderModel
 from transformers.modeling_outputs import BaseModelOutput
-from transformers.utils import logging as hf_logging
 
 from nlp_models.adapters import attach_adapters
 from nlp_models.heads import batch_position_ids, batch_token_type_ids
@@ -86,17 +85,6 @@ class Seq2SeqConfig:
             raise ValueError("beam search is implemented for copy=False only; use num_beams=1 with copy")
 
 
-def _quiet_from_pretrained(load, *args: Any, **kwargs: Any):
-    verbosity = hf_logging.get_verbosity()
-    hf_logging.set_verbosity_error()  # the new cross-attention and LM head are expected, not news
-    hf_logging.disable_progress_bar()
-    try:
-        return load(*args, **kwargs)
-    finally:
-        hf_logging.set_verbosity(verbosity)
-        hf_logging.enable_progress_bar()
-
-
 def warm_decoder(encoder: BertModel, *, layers: int, seed: int) -> BertLMHeadModel:
     """A causal BERT decoder with cross-attention whose embeddings and bottom `layers` layers are
     copies of `encoder`'s (Rothe et al.'s BERT2BERT warm start); new weights are seeded by `seed`."""
@@ -115,6 +103,19 @@ def warm_decoder(encoder: BertModel, *, layers: int, seed: int) -> BertLMHeadMod
         raise RuntimeError(f"warm start mismatch: missing {missing[:4]}, unexpected {unexpected[:4]}")
     decoder.tie_weights()
     return decoder
+
+
+@torch.inference_mode()
+def encode_sources(encoder: BertModel, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """(N, L, H) last hidden states of the frozen encoder in eval mode (no dropout): computed once per
+    source and cached, since the encoder never trains."""
+    was = encoder.training
+    encoder.eval()
+    try:
+        return encoder(input_ids=input_ids, attention_mask=attention_mask, position_ids=batch_position_ids(input_ids),
+                       token_type_ids=batch_token_type_ids(input_ids)).last_hidden_state
+    finally:
+        encoder.train(was)
 
 
 def special_ids(tokenizer: Any) -> dict[str, int]:
@@ -153,17 +154,9 @@ class Seq2SeqModel(nn.Module):
     def decoder(self) -> BertLMHeadModel:
         return self.wrapper.decoder
 
-    @torch.inference_mode()
     def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        """(N, L, H) last hidden states of the frozen encoder (eval mode: no dropout)."""
-        was = self.encoder.training
-        self.encoder.eval()
-        try:
-            return self.encoder(input_ids=input_ids, attention_mask=attention_mask,
-                                position_ids=batch_position_ids(input_ids),
-                                token_type_ids=batch_token_type_ids(input_ids)).last_hidden_state
-        finally:
-            self.encoder.train(was)
+        """(N, L, H) last hidden states of the frozen encoder (see `encode_sources`)."""
+        return encode_sources(self.encoder, input_ids, attention_mask)
 
     def _decode(self, source: torch.Tensor, source_mask: torch.Tensor, source_ids: torch.Tensor | None,
                 inputs: torch.Tensor, mask: torch.Tensor, *, last_only: bool = False) -> torch.Tensor:
@@ -312,5 +305,5 @@ def rouge_scores(predictions: Sequence[str], references: Sequence[str]) -> dict[
     return {key: value / len(predictions) for key, value in totals.items()}
 
 
-__all__ = ["IGNORE_INDEX", "TRAINABLE", "Seq2SeqConfig", "warm_decoder", "special_ids", "Seq2SeqModel",
+__all__ = ["IGNORE_INDEX", "TRAINABLE", "Seq2SeqConfig", "warm_decoder", "encode_sources", "special_ids", "Seq2SeqModel",
            "client_seq2seq", "build_seq2seq", "tokenize_pairs", "rouge_scores"]

@@ -30,7 +30,7 @@ from fl_algorithms.algorithms.fedprox import FedProx
 from fl_algorithms.api import Algorithm
 from fl_algorithms.engine.secure_sum import SecureAggregationConfig, SecureAggregator
 from fl_algorithms.engine.sim import RoundRecord, RunConfig, SimulationRunner
-from fl_algorithms.tasks.formulation import TASKS, Formulation, FormulationSettings
+from fl_algorithms.tasks.formulation import TASKS, Formulation, FormulationSettings, PartitionSpec
 
 FORMULATIONS = {
     "classification": "fl_algorithms.tasks.classification:ClassificationClients",
@@ -116,7 +116,7 @@ class GridPlan:
             raise ValueError("need rounds >= 1 and at least one seed")
         for task in self.tasks:
             for partition in self.partitions:
-                self.settings(task, partition=partition, seed=self.seeds[0])  # every cell valid up front
+                self.settings(task, partition=partition_for(task, partition), seed=self.seeds[0])  # every cell valid up front
 
     def settings(self, task: str, *, partition: str, seed: int) -> FormulationSettings:
         return FormulationSettings(**{**TASK_DEFAULTS[task], **self.formulation, "partition": partition,
@@ -126,7 +126,7 @@ class GridPlan:
         """Every run, task-major (one task's clients are built once per partition and seed)."""
         out = []
         for task in self.tasks:
-            for partition in self.partitions:
+            for partition in (partition_for(task, p) for p in self.partitions):
                 for seed in self.seeds:
                     for protocol in self.protocols:
                         for algorithm in self.algorithms:
@@ -136,15 +136,21 @@ class GridPlan:
         return out
 
 
+def partition_for(task: str, partition: str) -> str:
+    """Tagging has no sentence label: its label skew is over k-means feature clusters (as FedNLP)."""
+    spec = PartitionSpec.parse(partition)
+    return f"cluster:{spec.alpha:g}" if task == "tagging" and spec.kind == "label" else partition
+
+
 def cell_key(cell: Mapping[str, Any]) -> str:
     return "/".join(str(cell[k]) for k in ("task", "partition", "seed", "protocol", "algorithm"))
 
 
 def secure_config(plan: GridPlan, *, protocol: str, clients: Formulation) -> SecureAggregationConfig:
-    """Fixed-point range `plan.clip`; weights up to the largest client's examples (a range bound); a
+    """Fixed-point range `plan.clip`; weights up to the largest client's training split; a
     released sum needs the whole cohort (no DP here, so no smaller group is released)."""
     cohort = min(plan.clients_per_round or clients.num_clients, clients.num_clients)
-    return SecureAggregationConfig(protocol=protocol, clip=plan.clip, max_weight=float(clients.partition.sizes.max()),
+    return SecureAggregationConfig(protocol=protocol, clip=plan.clip, max_weight=float(max(clients.train_sizes())),
                                    max_clients=clients.num_clients, min_release_group=cohort)
 
 
@@ -177,11 +183,11 @@ def run_cell(cell: Mapping[str, Any], clients: Formulation, plan: GridPlan, *, p
     return summary, final
 
 
-def encoder_bound(plan: GridPlan, clients: Formulation, protocol: str, *, total_weight: float) -> float:
+def encoder_bound(plan: GridPlan, clients: Formulation, protocol: str) -> float:
     """The fixed-point encoder's per-round bound on the error of the weighted mean (whole cohort)."""
     encoder = SecureAggregator(secure_config(plan, protocol=protocol, clients=clients)).encoder
     cohort = min(plan.clients_per_round or clients.num_clients, clients.num_clients)
-    return float(encoder.mean_error_bound(n_clients=cohort, total_weight=total_weight))
+    return float(encoder.mean_error_bound(n_clients=cohort, total_weight=float(sum(clients.train_sizes()))))
 
 
 def aggregate(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -263,10 +269,17 @@ def read_cells(path: Path) -> dict[str, dict[str, Any]]:
     return {cell_key(row): row for row in map(json.loads, path.read_text().splitlines()) if row}
 
 
-def settings_record(plan: GridPlan) -> dict[str, Any]:
+def plan_record(plan: GridPlan) -> dict[str, Any]:
+    """The plan as JSON-ready data (saved in the run directory; `plan_from_record` inverts it)."""
     return {**dataclasses.asdict(plan), "formulation": dict(plan.formulation)}
+
+
+def plan_from_record(raw: Mapping[str, Any]) -> GridPlan:
+    fields = {k: tuple(v) if isinstance(v, list) else v for k, v in raw.items() if k != "algorithm"}
+    return GridPlan(**fields, algorithm=AlgorithmSettings(**raw["algorithm"]))
 
 
 __all__ = ["FORMULATIONS", "ALGORITHMS", "PROTOCOLS", "METRIC_NAMES", "TASK_DEFAULTS", "AlgorithmSettings",
            "make_algorithm", "load_formulation", "GridPlan", "cell_key", "secure_config", "run_cell",
-           "encoder_bound", "aggregate", "write_table", "plot_curves", "read_cells", "settings_record"]
+           "encoder_bound", "aggregate", "write_table", "plot_curves", "read_cells", "plan_record",
+           "plan_from_record", "partition_for"]

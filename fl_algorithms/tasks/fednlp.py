@@ -33,7 +33,7 @@ from fl_algorithms.training.trainer import SeededTorchTrainer, flatten
 from nlp_models.data.dataset import TextDataset
 from nlp_models.data.partition import ClientSplit, Partition, PartitionError, client_splits, dirichlet_label_skew
 from nlp_models.device import resolve_device
-from nlp_models.frozen_prefix import CachedSplit, build_prefix_cache, prefix_split
+from nlp_models.frozen_prefix import CachedSplit, cache_splits, prefix_split
 
 METHODS = ("fedavg", "fedprox", "fedopt")
 BACKBONES = ("minilm", "tiny")
@@ -216,15 +216,9 @@ class FedNLPClients:
             rows = np.concatenate([np.asarray(v, dtype=np.int64) for v in parts.values()])
             encoded = tokenizer([corpus.dataset.texts[i] for i in rows], truncation=True,
                                 max_length=self.settings.max_length, padding="longest", return_tensors="pt")
-            cache = build_prefix_cache(model, encoded["input_ids"].to(self.device),
-                                       encoded["attention_mask"].to(self.device), split=self.split, progress=False)
-            labels = torch.as_tensor(corpus.labels[rows], dtype=torch.long, device=self.device)
-            data, start = {}, 0
-            for name, idx in parts.items():
-                stop = start + len(idx)
-                data[name] = CachedSplit(cache.hidden[start:stop].clone(), cache.attention_mask[start:stop].clone(),
-                                         labels[start:stop].clone())
-                start = stop
+            data = cache_splits(model, encoded["input_ids"], encoded["attention_mask"],
+                                torch.as_tensor(corpus.labels[rows], dtype=torch.long),
+                                sizes={k: len(v) for k, v in parts.items()}, split=self.split, device=self.device)
             self._data[client_id] = data
         return self._data[client_id]
 

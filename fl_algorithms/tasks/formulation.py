@@ -17,17 +17,24 @@ Partitions (FedNLP Section 3.2; all deterministic given the seed):
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from functools import cached_property
+from typing import Any, Protocol
 
 import numpy as np
+import torch
+from torch import nn
 
-from fl_algorithms.training.trainer import LocalTrainer
-from nlp_models.data.partition import (Partition, PartitionError, dirichlet_label_skew, dirichlet_quantity_skew,
-                                       feature_cluster_skew, iid_partition)
+from fl_algorithms.training.trainer import LocalTrainer, OptimizerConfig, SeededTorchTrainer, flatten
+from nlp_models.data.partition import (ClientSplit, Partition, PartitionError, client_splits, dirichlet_label_skew,
+                                       dirichlet_quantity_skew, feature_cluster_skew, iid_partition)
+from nlp_models.device import resolve_device
+from nlp_models.frozen_prefix import prefix_split
 
 TASKS = ("classification", "tagging", "qa", "seq2seq")
+SPLITS = ("train", "validation", "test")
+EVAL_BATCH_SIZE = 64
 PARTITION_KINDS = ("iid", "label", "quantity", "cluster")
 
 
@@ -164,6 +171,10 @@ class Formulation(Protocol):
         """The shared parts of a freshly initialised (seeded) client model."""
         ...
 
+    def train_sizes(self) -> list[int]:
+        """Training examples per client (the secure sums' weights)."""
+        ...
+
     def trivial(self) -> float:
         """The trivial baseline's `metric`, the mean over clients of each client's test-split score."""
         ...
@@ -176,4 +187,113 @@ def mean_over_clients(scores: Sequence[float]) -> float:
     return float(np.mean(np.asarray(scores, dtype=np.float64)))
 
 
-__all__ = ["TASKS", "PARTITION_KINDS", "PartitionSpec", "FormulationSettings", "Formulation", "mean_over_clients"]
+
+class FormulationClients:
+    """What every formulation's clients share: the frozen backbone, the partition and per-client
+    splits, the initial shared parameters and the trivial baseline's mean over clients.
+
+    A subclass provides `corpus` (a cached object with `.partition` and `.splits`), `_model()` (a
+    fresh seeded client model), `shared_parts(model)`, `client_data`, `make_trainer` and
+    `trivial_scores(client_id)`; `prefix_adapters = False` where no adapted prefix split applies.
+    """
+
+    task: str
+    metric: str
+    prefix_adapters = True
+
+    def __init__(self, settings: FormulationSettings, *, backbone: str = "minilm", device: str = "cpu") -> None:
+        self.settings, self.backbone_name = settings, backbone
+        self.device = resolve_device(device)
+        self._data: dict[int, Any] = {}
+
+    @cached_property
+    def backbone(self) -> tuple[nn.Module, Any]:
+        """The frozen backbone on the clients' device and its tokenizer (checked against the settings)."""
+        from fl_algorithms.tasks.fednlp import load_named_backbone
+
+        model, tokenizer = load_named_backbone(self.backbone_name)
+        if self.prefix_adapters:
+            try:
+                prefix_split(model, self.settings.adapter_layers)
+            except ValueError as error:
+                raise ValueError(f"adapter_layers: {error}") from None
+        if self.settings.max_length > model.config.max_position_embeddings:
+            raise ValueError(f"max_length {self.settings.max_length} exceeds the backbone's "
+                             f"{model.config.max_position_embeddings} positions")
+        return model.requires_grad_(False).to(self.device), tokenizer
+
+    @property
+    def split(self) -> int:
+        """Frozen bottom layers (the cached prefix) below the adapted top layers."""
+        return prefix_split(self.backbone[0], self.settings.adapter_layers)
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        """Mean-pooled backbone sentence embeddings (for 'cluster:ALPHA' partitions only)."""
+        from nlp_models.data.embed import embed_texts
+
+        model, tokenizer = self.backbone
+        return embed_texts(texts, model=model, tokenizer=tokenizer, max_length=self.settings.max_length,
+                           progress=False)
+
+    def shard(self, *, n: int, labels: np.ndarray | None, texts: Sequence[str],
+              stratify: bool = False) -> tuple[Partition, tuple[ClientSplit, ...]]:
+        """The settings' partition of `n` examples and each client's 60/20/20 split (stratified by
+        `labels` when `stratify`); `texts` are embedded only for cluster partitions."""
+        s = self.settings
+        partition = s.partition_spec.build(n=n, num_clients=s.clients, seed=s.seed, min_size=s.min_client_examples,
+                                           labels=labels, embeddings=lambda: self.embed(texts))
+        try:
+            splits = client_splits(partition, seed=s.seed, labels=labels if stratify else None)
+        except PartitionError as error:
+            raise ValueError(f"cannot split the clients of partition {s.partition}: {error}") from None
+        return partition, tuple(splits)
+
+    @property
+    def num_clients(self) -> int:
+        return len(self.corpus.splits)
+
+    @property
+    def partition(self) -> Partition:
+        return self.corpus.partition
+
+    def client_split(self, client_id: int) -> ClientSplit:
+        """Client `client_id`'s corpus indices (a clear error for an id outside 1..K)."""
+        if not 1 <= client_id <= self.num_clients:
+            raise ValueError(f"client id {client_id} is not in 1..{self.num_clients}")
+        return self.corpus.splits[client_id - 1]
+
+    def rows(self, client_id: int) -> dict[str, np.ndarray]:
+        split = self.client_split(client_id)
+        return {name: np.asarray(getattr(split, name), dtype=np.int64) for name in SPLITS}
+
+    def train_sizes(self) -> list[int]:
+        """Training examples per client (the secure sums' weights)."""
+        return [len(split.train) for split in self.corpus.splits]
+
+    def split_trainer(self, client_id: int, *, model: nn.Module, data: Mapping[str, Any], loss_fn: Any,
+                      metric_fn: Any) -> SeededTorchTrainer:
+        """A client over its own splits (`.batches(size, order=)`): AdamW at the settings' lr,
+        reshuffled training batches each epoch, evaluation on 'validation' and 'test'."""
+        train, s = data["train"], self.settings
+        if len(train) == 0:
+            raise ValueError(f"client {client_id} has no training examples")
+        return SeededTorchTrainer(
+            client_id=client_id, seed=s.seed, model=model, shared=self.shared_parts(model),
+            train_batches=lambda: train.batches(s.batch_size, order=torch.randperm(len(train))),
+            eval_batches={name: (lambda d=data[name]: d.batches(EVAL_BATCH_SIZE)) for name in ("validation", "test")},
+            num_examples=len(train), loss_fn=loss_fn, metric_fn=metric_fn,
+            optimizer=OptimizerConfig(name="adamw", lr=s.lr))
+
+    def initial(self) -> dict[str, np.ndarray]:
+        """The shared parts of a freshly initialised client model (seeded: every client starts there)."""
+        model = self._model()
+        named = dict(model.named_parameters())
+        return {part: flatten([named[n] for n in names]) for part, names in self.shared_parts(model).items()}
+
+    def trivial(self) -> float:
+        """The trivial baseline's `metric`, the mean over clients of each client's test score."""
+        return mean_over_clients([self.trivial_scores(k)[self.metric] for k in range(1, self.num_clients + 1)])
+
+
+__all__ = ["TASKS", "SPLITS", "PARTITION_KINDS", "PartitionSpec", "FormulationSettings", "Formulation", "mean_over_clients",
+           "FormulationClients"]

@@ -34,22 +34,18 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from fl_algorithms.tasks.fednlp import load_named_backbone
-from fl_algorithms.tasks.formulation import FormulationSettings, mean_over_clients
-from fl_algorithms.training.trainer import OptimizerConfig, SeededTorchTrainer, flatten
-from nlp_models.adapters import attach_adapters
+from fl_algorithms.tasks.formulation import SPLITS, FormulationClients, mean_over_clients
+from fl_algorithms.training.classification import ADAPTER_SET, shared_parts
+from fl_algorithms.training.trainer import SeededTorchTrainer
+from nlp_models.classifiers import adapted_top, seeded_module
 from nlp_models.data.cloze_qa import ClozeExample, answer_candidates, build_cloze_qa
 from nlp_models.data.dataset import cap_indices
-from nlp_models.data.partition import ClientSplit, Partition, client_splits
-from nlp_models.device import resolve_device
-from nlp_models.frozen_prefix import CachedSplit, TopEncoder, build_prefix_cache, prefix_split
+from nlp_models.data.partition import ClientSplit, Partition
+from nlp_models.frozen_prefix import CachedSplit, TopEncoder, cache_splits
 from nlp_models.squad_metrics import exact_match_score, f1_score, metric_max_over_ground_truths
 
-ADAPTER_SET = "adapter"
 MAX_ANSWER_TOKENS = 30
 """Longest predicted span, in tokens (end <= start + 30)."""
-EVAL_BATCH_SIZE = 64
-SPLITS = ("train", "validation", "test")
 
 
 def cloze_budget(max_length: int) -> tuple[int, int]:
@@ -175,22 +171,9 @@ class SpanExtractor(nn.Module):
 def build_span_extractor(backbone: nn.Module, *, adapter_layers: int, bottleneck: int, seed: int) -> SpanExtractor:
     """A client model like `nlp_models.classifiers.build_suffix_classifier`: its own adapters (set
     'adapter') and head, seeded by `seed` only, over the backbone's shared frozen top layers."""
-    top = TopEncoder(backbone, split=prefix_split(backbone, adapter_layers), dropout=True, freeze=True)
-    attach_adapters(top, {ADAPTER_SET: bottleneck}, seed=seed)
-    for name, p in top.named_parameters():
-        if f"adapters.{ADAPTER_SET}." in name:
-            p.requires_grad_(True)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        head = nn.Linear(backbone.config.hidden_size, 2)
+    top = adapted_top(backbone, adapter_layers=adapter_layers, bottleneck=bottleneck, seed=seed, adapter_set=ADAPTER_SET)
+    head = seeded_module(seed, lambda: nn.Linear(backbone.config.hidden_size, 2))
     return SpanExtractor(suffix=top, head=head)
-
-
-def shared_parts(model: SpanExtractor) -> dict[str, list[str]]:
-    """The uploaded parts: every adapter parameter, and the span head."""
-    names = [n for n, p in model.named_parameters() if p.requires_grad]
-    return {"adapter": [n for n in names if n.startswith("suffix.")],
-            "head": [n for n in names if n.startswith("head.")]}
 
 
 def _masked_logits(model: nn.Module, batch: QABatch) -> tuple[torch.Tensor, torch.Tensor]:
@@ -258,7 +241,7 @@ def first_entity(passage: str) -> str:
 
 # ---------------------------------------------------------------- the formulation
 
-class QAClients:
+class QAClients(FormulationClients):
     """Extractive QA clients (ids 1..K) over a partitioned cloze corpus; see the module docstring.
 
     `backbone`: 'minilm' (the packaged all-MiniLM-L6-v2) or 'tiny' (a random 2-layer BERT for tests).
@@ -267,26 +250,7 @@ class QAClients:
     task = "qa"
     metric = "f1"
 
-    def __init__(self, settings: FormulationSettings, *, backbone: str = "minilm", device: str = "cpu") -> None:
-        self.settings, self.backbone_name = settings, backbone
-        self.device = resolve_device(device)
-        self._data: dict[int, dict[str, QASplit]] = {}
-
-    @cached_property
-    def backbone(self) -> tuple[nn.Module, Any]:
-        model, tokenizer = load_named_backbone(self.backbone_name)
-        try:
-            prefix_split(model, self.settings.adapter_layers)
-        except ValueError as error:
-            raise ValueError(f"adapter_layers: {error}") from None
-        if self.settings.max_length > model.config.max_position_embeddings:
-            raise ValueError(f"max_length {self.settings.max_length} exceeds the backbone's "
-                             f"{model.config.max_position_embeddings} positions")
-        return model.to(self.device), tokenizer
-
-    @property
-    def split(self) -> int:
-        return prefix_split(self.backbone[0], self.settings.adapter_layers)
+    shared_parts = staticmethod(shared_parts)
 
     @cached_property
     def corpus(self) -> QACorpus:
@@ -305,33 +269,12 @@ class QAClients:
             examples = [examples[i] for i in cap_indices(len(examples), s.max_examples, seed=s.seed, labels=labels)]
         labels = np.array([e.label for e in examples], dtype=np.int64)
 
-        def embeddings() -> np.ndarray:
-            from nlp_models.data.embed import embed_texts
-
-            return embed_texts([e.question for e in examples], model=model, tokenizer=tokenizer,
-                               max_length=s.max_length, progress=False)
-
-        partition = s.partition_spec.build(n=len(examples), num_clients=s.clients, seed=s.seed,
-                                           min_size=s.min_client_examples, labels=labels, embeddings=embeddings)
-        splits = client_splits(partition, seed=s.seed)
-        return QACorpus(tuple(examples), labels, cloze.label_names, available, partition, tuple(splits))
-
-    @property
-    def num_clients(self) -> int:
-        return len(self.corpus.splits)
-
-    @property
-    def partition(self) -> Partition:
-        return self.corpus.partition
-
-    def _check(self, client_id: int) -> ClientSplit:
-        if not 1 <= client_id <= self.num_clients:
-            raise ValueError(f"client id {client_id} is not in 1..{self.num_clients}")
-        return self.corpus.splits[client_id - 1]
+        partition, splits = self.shard(n=len(examples), labels=labels, texts=[e.question for e in examples])
+        return QACorpus(tuple(examples), labels, cloze.label_names, available, partition, splits)
 
     def client_examples(self, client_id: int) -> dict[str, tuple[ClozeExample, ...]]:
         """Client `client_id`'s own questions per split."""
-        split = self._check(client_id)
+        split = self.client_split(client_id)
         return {name: tuple(self.corpus.examples[i] for i in getattr(split, name)) for name in SPLITS}
 
     def client_data(self, client_id: int) -> dict[str, QASplit]:
@@ -341,19 +284,17 @@ class QAClients:
             rows = [e for name in SPLITS for e in parts[name]]
             model, tokenizer = self.backbone
             enc = encode(tokenizer, rows, max_length=self.settings.max_length)
-            cache = build_prefix_cache(model, enc.input_ids.to(self.device), enc.attention_mask.to(self.device),
-                                       split=self.split, progress=False)
-            labels = torch.stack([enc.starts, enc.ends], dim=1).to(self.device)
+            labels = torch.stack([enc.starts, enc.ends], dim=1)
+            states = cache_splits(model, enc.input_ids, enc.attention_mask, labels,
+                                  sizes={name: len(parts[name]) for name in SPLITS}, split=self.split, device=self.device)
             data, start = {}, 0
             for name in SPLITS:
-                stop = start + len(parts[name])
-                cut = slice(start, stop)
+                cut = slice(start, start + len(parts[name]))
                 data[name] = QASplit(
-                    CachedSplit(cache.hidden[cut].clone(), cache.attention_mask[cut].clone(), labels[cut].clone()),
-                    enc.context_mask[cut].to(self.device), enc.offsets[cut].to(self.device),
+                    states[name], enc.context_mask[cut].to(self.device), enc.offsets[cut].to(self.device),
                     enc.truncated[cut].to(self.device), tuple(e.passage for e in parts[name]),
                     tuple((e.answer_text,) for e in parts[name]))
-                start = stop
+                start = cut.stop
             self._data[client_id] = data
         return self._data[client_id]
 
@@ -365,22 +306,8 @@ class QAClients:
     def make_trainer(self, client_id: int) -> SeededTorchTrainer:
         """A fresh client (new adapters, head and AdamW) over its own cached questions; evaluates
         'validation' and 'test' with `qa_metrics`."""
-        data = self.client_data(client_id)
-        train, model, bs = data["train"], self._model(), self.settings.batch_size
-        if len(train) == 0:
-            raise ValueError(f"client {client_id} has no training examples")
-        return SeededTorchTrainer(
-            client_id=client_id, seed=self.settings.seed, model=model, shared=shared_parts(model),
-            train_batches=lambda: train.batches(bs, order=torch.randperm(len(train))),
-            eval_batches={name: (lambda d=data[name]: d.batches(EVAL_BATCH_SIZE)) for name in ("validation", "test")},
-            num_examples=len(train), loss_fn=qa_loss, metric_fn=qa_metrics,
-            optimizer=OptimizerConfig(name="adamw", lr=self.settings.lr))
-
-    def initial(self) -> dict[str, np.ndarray]:
-        """The shared parts of a freshly initialised (seeded) client model."""
-        model = self._model()
-        named = dict(model.named_parameters())
-        return {part: flatten([named[n] for n in names]) for part, names in shared_parts(model).items()}
+        return self.split_trainer(client_id, model=self._model(), data=self.client_data(client_id), loss_fn=qa_loss,
+                                  metric_fn=qa_metrics)
 
     def trivial_scores(self) -> dict[str, dict[str, float]]:
         """Mean over clients of each client's test-split F1 / exact match for two trivial answers:
@@ -406,5 +333,5 @@ class QAClients:
 
 
 __all__ = ["ADAPTER_SET", "MAX_ANSWER_TOKENS", "cloze_budget", "QACorpus", "Encoded", "encode", "QABatch", "QASplit",
-           "SpanExtractor", "build_span_extractor", "shared_parts", "qa_loss", "decode_spans", "predicted_texts",
+           "SpanExtractor", "build_span_extractor", "qa_loss", "decode_spans", "predicted_texts",
            "qa_metrics", "first_entity", "QAClients"]

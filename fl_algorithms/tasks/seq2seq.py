@@ -25,17 +25,13 @@ import numpy as np
 import torch
 from torch import nn
 
-from fl_algorithms.tasks.fednlp import load_named_backbone
-from fl_algorithms.tasks.formulation import FormulationSettings, mean_over_clients
-from fl_algorithms.training.trainer import OptimizerConfig, SeededTorchTrainer, flatten
+from fl_algorithms.tasks.formulation import EVAL_BATCH_SIZE, FormulationClients, FormulationSettings
+from fl_algorithms.training.trainer import SeededTorchTrainer
 from nlp_models.data.headlines import HeadlineCorpus, lead_words, load_bbc_headlines
-from nlp_models.data.partition import ClientSplit, Partition, PartitionError, client_splits
-from nlp_models.device import resolve_device
-from nlp_models.seq2seq import (IGNORE_INDEX, Seq2SeqConfig, Seq2SeqModel, client_seq2seq, rouge_scores, special_ids,
-                                tokenize_pairs, warm_decoder)
+from nlp_models.data.partition import ClientSplit, Partition
+from nlp_models.seq2seq import (IGNORE_INDEX, Seq2SeqConfig, Seq2SeqModel, client_seq2seq, encode_sources, rouge_scores,
+                                special_ids, tokenize_pairs, warm_decoder)
 
-SPLITS = ("train", "validation", "test")
-EVAL_BATCH_SIZE = 64
 SHARED_PART = "decoder"
 
 
@@ -99,12 +95,12 @@ def lead_scores(train_headlines: Sequence[str], bodies: Sequence[str], reference
 
 @dataclass(frozen=True)
 class HeadlineShards:
-    corpus: HeadlineCorpus
+    articles: HeadlineCorpus
     partition: Partition
     splits: tuple[ClientSplit, ...]
 
 
-class HeadlineClients:
+class HeadlineClients(FormulationClients):
     """FedNLP seq2seq: client k's headline generator over its own articles; the `Formulation` contract.
 
     `decoder_layers` and `max_target` shape the generator (`nlp_models.seq2seq.Seq2SeqConfig`);
@@ -114,21 +110,13 @@ class HeadlineClients:
     task = "seq2seq"
     metric = "rougeL"
 
+    prefix_adapters = False  # the encoder is frozen whole; the decoder trains
+
     def __init__(self, settings: FormulationSettings, *, backbone: str = "minilm", device: str = "cpu",
                  decoder_layers: int = 2, max_target: int = 16) -> None:
-        self.settings, self.backbone_name = settings, backbone
-        self.device = resolve_device(device)
+        super().__init__(settings, backbone=backbone, device=device)
         self.config = Seq2SeqConfig(decoder_layers=decoder_layers, max_source=settings.max_length,
                                     max_target=max_target, seed=settings.seed)
-        self._data: dict[int, dict[str, HeadlineSplit]] = {}
-
-    @cached_property
-    def backbone(self) -> tuple[nn.Module, Any]:
-        model, tokenizer = load_named_backbone(self.backbone_name)
-        if self.settings.max_length > model.config.max_position_embeddings:
-            raise ValueError(f"max_length {self.settings.max_length} exceeds the backbone's "
-                             f"{model.config.max_position_embeddings} positions")
-        return model.requires_grad_(False).to(self.device), tokenizer
 
     @cached_property
     def template(self) -> nn.Module:
@@ -136,46 +124,18 @@ class HeadlineClients:
         return warm_decoder(self.backbone[0], layers=self.config.decoder_layers, seed=self.settings.seed).to(self.device)
 
     @cached_property
-    def shards(self) -> HeadlineShards:
+    def corpus(self) -> HeadlineShards:
         """BBC (capped, stratified by topic), partitioned by the settings' spec, each client split 60/20/20."""
         s = self.settings
-        corpus = load_bbc_headlines(max_examples=s.max_examples, seed=s.seed)
-        partition = s.partition_spec.build(n=len(corpus), num_clients=s.clients, seed=s.seed,
-                                           min_size=s.min_client_examples, labels=corpus.topic_array(),
-                                           embeddings=lambda: self._embeddings(corpus.bodies))
-        try:
-            splits = client_splits(partition, seed=s.seed)
-        except PartitionError as error:
-            raise ValueError(f"cannot split the clients of partition {s.partition}: {error}") from None
-        return HeadlineShards(corpus, partition, tuple(splits))
-
-    def _embeddings(self, texts: Sequence[str]) -> np.ndarray:
-        from nlp_models.data.embed import embed_texts
-
-        model, tokenizer = self.backbone
-        return embed_texts(texts, model=model, tokenizer=tokenizer, max_length=self.settings.max_length,
-                           progress=False)
-
-    @property
-    def num_clients(self) -> int:
-        return len(self.shards.splits)
-
-    @property
-    def partition(self) -> Partition:
-        return self.shards.partition
-
-    def _rows(self, client_id: int) -> dict[str, np.ndarray]:
-        if not 1 <= client_id <= self.num_clients:
-            raise ValueError(f"client id {client_id} is not in 1..{self.num_clients}")
-        split = self.shards.splits[client_id - 1]
-        return {name: np.asarray(getattr(split, name), dtype=np.int64) for name in SPLITS}
+        articles = load_bbc_headlines(max_examples=s.max_examples, seed=s.seed)
+        partition, splits = self.shard(n=len(articles), labels=articles.topic_array(), texts=articles.bodies)
+        return HeadlineShards(articles, partition, splits)
 
     def client_data(self, client_id: int) -> dict[str, HeadlineSplit]:
         """Client `client_id`'s splits: encoder states of its own articles only (computed once)."""
-        parts = self._rows(client_id)
+        parts = self.rows(client_id)
         if client_id not in self._data:
-            corpus, tokenizer = self.shards.corpus, self.backbone[1]
-            model = self._model()
+            corpus, (encoder, tokenizer) = self.corpus.articles, self.backbone
             data = {}
             for name, rows in parts.items():
                 bodies = [corpus.bodies[i] for i in rows]
@@ -183,7 +143,7 @@ class HeadlineClients:
                 ids, mask, target = tokenize_pairs(tokenizer, bodies, heads, max_source=self.config.max_source,
                                                    max_target=self.config.max_target)
                 ids, mask = ids.to(self.device), mask.to(self.device)
-                states = torch.cat([model.encode(ids[i:i + EVAL_BATCH_SIZE], mask[i:i + EVAL_BATCH_SIZE])
+                states = torch.cat([encode_sources(encoder, ids[i:i + EVAL_BATCH_SIZE], mask[i:i + EVAL_BATCH_SIZE])
                                     for i in range(0, len(rows), EVAL_BATCH_SIZE)])
                 data[name] = HeadlineSplit(states.clone(), mask, ids, target.to(self.device), heads)
             self._data[client_id] = data
@@ -200,29 +160,16 @@ class HeadlineClients:
     def make_trainer(self, client_id: int) -> SeededTorchTrainer:
         """A fresh client (its own decoder copy and AdamW) over its cached articles; evaluates on
         'validation' and 'test'."""
-        data, s, tokenizer = self.client_data(client_id), self.settings, self.backbone[1]
-        model, train = self._model(), data["train"]
-        return SeededTorchTrainer(
-            client_id=client_id, seed=s.seed, model=model, shared=self.shared_parts(model),
-            train_batches=lambda: train.batches(s.batch_size, order=torch.randperm(len(train))),
-            eval_batches={split: (lambda d=data[split]: d.batches(EVAL_BATCH_SIZE)) for split in ("validation", "test")},
-            num_examples=len(train), loss_fn=headline_loss,
-            metric_fn=lambda m, batches: headline_metrics(m, batches, tokenizer=tokenizer),
-            optimizer=OptimizerConfig(name="adamw", lr=s.lr))
-
-    def initial(self) -> dict[str, np.ndarray]:
-        model = self._model()
-        named = dict(model.named_parameters())
-        return {part: flatten([named[n] for n in names]) for part, names in self.shared_parts(model).items()}
+        tokenizer = self.backbone[1]
+        return self.split_trainer(client_id, model=self._model(), data=self.client_data(client_id),
+                                  loss_fn=headline_loss,
+                                  metric_fn=lambda m, batches: headline_metrics(m, batches, tokenizer=tokenizer))
 
     def trivial_scores(self, client_id: int) -> dict[str, float]:
         """The lead baseline on client `client_id`'s test split (no model needed)."""
-        parts, corpus = self._rows(client_id), self.shards.corpus
+        parts, corpus = self.rows(client_id), self.corpus.articles
         return lead_scores([corpus.headlines[i] for i in parts["train"]], [corpus.bodies[i] for i in parts["test"]],
                            [corpus.headlines[i] for i in parts["test"]])
-
-    def trivial(self) -> float:
-        return mean_over_clients([self.trivial_scores(k)[self.metric] for k in range(1, self.num_clients + 1)])
 
 
 __all__ = ["HeadlineBatch", "HeadlineSplit", "headline_loss", "headline_metrics", "lead_scores", "HeadlineShards",

@@ -32,21 +32,17 @@ from seqeval import metrics as seqeval_metrics
 from torch import nn
 from torch.nn import functional as F
 
-from fl_algorithms.tasks.fednlp import load_named_backbone
-from fl_algorithms.tasks.formulation import FormulationSettings, mean_over_clients
-from fl_algorithms.training.trainer import OptimizerConfig, SeededTorchTrainer, flatten
-from nlp_models.adapters import attach_adapters
+from fl_algorithms.tasks.formulation import FormulationClients, FormulationSettings
+from fl_algorithms.training.classification import ADAPTER_SET, shared_parts
+from fl_algorithms.training.trainer import SeededTorchTrainer
+from nlp_models.classifiers import adapted_top, seeded_module
 from nlp_models.data.dataset import TextDataset
-from nlp_models.data.partition import ClientSplit, Partition, PartitionError, client_splits
+from nlp_models.data.partition import ClientSplit, Partition
 from nlp_models.data.tokenize import IGNORE_INDEX, tokenize_words
-from nlp_models.device import resolve_device
-from nlp_models.frozen_prefix import CachedSplit, TopEncoder, build_prefix_cache, prefix_split
+from nlp_models.frozen_prefix import CachedSplit, TopEncoder, cache_splits
 from nlp_models.heads import TokenClassifier
 
-ADAPTER_SET = "adapter"
 HEAD_DROPOUT = 0.1
-EVAL_BATCH_SIZE = 64
-SPLITS = ("train", "validation", "test")
 
 
 # ----------------------------------------------------------------------------------------- encoding
@@ -199,22 +195,9 @@ def build_token_tagger(backbone: nn.Module, *, num_labels: int, adapter_layers: 
                        seed: int, head_dropout: float = HEAD_DROPOUT) -> TokenTagger:
     """A client model over the backbone's (frozen, shared) top layers; adapters and head are seeded by
     `seed` alone, so every client starts from the same model (`build_suffix_classifier`'s recipe)."""
-    top = TopEncoder(backbone, split=prefix_split(backbone, adapter_layers), dropout=True, freeze=True)
-    attach_adapters(top, {ADAPTER_SET: bottleneck}, seed=seed)
-    for name, p in top.named_parameters():
-        if f"adapters.{ADAPTER_SET}." in name:
-            p.requires_grad_(True)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        head = TokenClassifier(backbone.config.hidden_size, num_labels, dropout=head_dropout)
+    top = adapted_top(backbone, adapter_layers=adapter_layers, bottleneck=bottleneck, seed=seed, adapter_set=ADAPTER_SET)
+    head = seeded_module(seed, lambda: TokenClassifier(backbone.config.hidden_size, num_labels, dropout=head_dropout))
     return TokenTagger(suffix=top, head=head)
-
-
-def shared_parts(model: TokenTagger) -> dict[str, list[str]]:
-    """The uploaded parts: every adapter parameter, and the head."""
-    names = [n for n, p in model.named_parameters() if p.requires_grad]
-    return {"adapter": [n for n in names if n.startswith("suffix.")],
-            "head": [n for n in names if n.startswith("head.")]}
 
 
 # ------------------------------------------------------------------------------------------- clients
@@ -228,38 +211,19 @@ class TaggingCorpus:
     splits: tuple[ClientSplit, ...]
 
 
-class TaggingClients:
+class TaggingClients(FormulationClients):
     """FedNLP sequence tagging: client k's NER trainer over its own tweets; the `Formulation` contract."""
 
     task = "tagging"
     metric = "span_f1"
 
+    shared_parts = staticmethod(shared_parts)
+
     def __init__(self, settings: FormulationSettings, *, backbone: str = "minilm", device: str = "cpu") -> None:
         if settings.partition_spec.kind == "label":
             raise ValueError(f"partition {settings.partition!r}: label skew needs a sentence label, which "
                              "tagging has none of (use iid, quantity:BETA or cluster:ALPHA)")
-        self.settings, self.backbone_name = settings, backbone
-        self.device = resolve_device(device)
-        self._data: dict[int, dict[str, TaggedSplit]] = {}
-
-    @cached_property
-    def backbone(self) -> tuple[nn.Module, Any]:
-        model, tokenizer = load_named_backbone(self.backbone_name)
-        self._check_backbone(model)
-        return model.to(self.device), tokenizer
-
-    def _check_backbone(self, model: nn.Module) -> None:
-        try:
-            prefix_split(model, self.settings.adapter_layers)
-        except ValueError as error:
-            raise ValueError(f"adapter_layers: {error}") from None
-        if self.settings.max_length > model.config.max_position_embeddings:
-            raise ValueError(f"max_length {self.settings.max_length} exceeds the backbone's "
-                             f"{model.config.max_position_embeddings} positions")
-
-    @property
-    def split(self) -> int:
-        return prefix_split(self.backbone[0], self.settings.adapter_layers)
+        super().__init__(settings, backbone=backbone, device=device)
 
     @cached_property
     def corpus(self) -> TaggingCorpus:
@@ -268,40 +232,12 @@ class TaggingClients:
 
         s = self.settings
         dataset = load_tweets_ner(max_examples=s.max_examples, seed=s.seed)
-        partition = s.partition_spec.build(n=len(dataset), num_clients=s.clients, seed=s.seed,
-                                           min_size=s.min_client_examples, labels=None,
-                                           embeddings=lambda: self._embeddings(dataset.texts))
-        try:
-            splits = client_splits(partition, seed=s.seed)
-        except PartitionError as error:
-            raise ValueError(f"cannot split the clients of partition {s.partition}: {error}") from None
-        return TaggingCorpus(dataset, partition, tuple(splits))
-
-    def _embeddings(self, texts: Sequence[str]) -> np.ndarray:
-        """Mean-pooled backbone sentence embeddings (only for 'cluster:ALPHA' partitions)."""
-        from nlp_models.data.embed import embed_texts
-
-        model, tokenizer = self.backbone
-        return embed_texts(texts, model=model, tokenizer=tokenizer, max_length=self.settings.max_length,
-                           progress=False)
-
-    @property
-    def num_clients(self) -> int:
-        return len(self.corpus.splits)
-
-    @property
-    def partition(self) -> Partition:
-        return self.corpus.partition
+        partition, splits = self.shard(n=len(dataset), labels=None, texts=dataset.texts)
+        return TaggingCorpus(dataset, partition, splits)
 
     @property
     def label_names(self) -> tuple[str, ...]:
         return self.corpus.dataset.label_names
-
-    def _rows(self, client_id: int) -> dict[str, np.ndarray]:
-        if not 1 <= client_id <= self.num_clients:
-            raise ValueError(f"client id {client_id} is not in 1..{self.num_clients}")
-        split = self.corpus.splits[client_id - 1]
-        return {name: np.asarray(getattr(split, name), dtype=np.int64) for name in SPLITS}
 
     def _gold(self, rows: np.ndarray) -> tuple[tuple[str, ...], ...]:
         dataset = self.corpus.dataset
@@ -310,20 +246,18 @@ class TaggingClients:
     def client_data(self, client_id: int) -> dict[str, TaggedSplit]:
         """Client `client_id`'s train/validation/test: frozen-prefix states of its own sentences only,
         per-piece tags, and word-level gold tags (computed once)."""
-        parts = self._rows(client_id)
+        parts = self.rows(client_id)
         if client_id not in self._data:
             dataset, (model, tokenizer) = self.corpus.dataset, self.backbone
             rows = np.concatenate(list(parts.values()))
             encoded = encode_tagged([dataset.words[i] for i in rows], [dataset.labels[i] for i in rows],
                                     tokenizer=tokenizer, max_length=self.settings.max_length)
-            cache = build_prefix_cache(model, encoded.input_ids.to(self.device),
-                                       encoded.attention_mask.to(self.device), split=self.split, progress=False)
+            states = cache_splits(model, encoded.input_ids, encoded.attention_mask, encoded.labels,
+                                  sizes={k: len(v) for k, v in parts.items()}, split=self.split, device=self.device)
             data, start = {}, 0
             for name, idx in parts.items():
                 stop = start + len(idx)
-                states = CachedSplit(cache.hidden[start:stop].clone(), cache.attention_mask[start:stop].clone(),
-                                     encoded.labels[start:stop].to(self.device))
-                data[name] = TaggedSplit(states, encoded.word_index[start:stop].clone(), self._gold(idx))
+                data[name] = TaggedSplit(states[name], encoded.word_index[start:stop].clone(), self._gold(idx))
                 start = stop
             self._data[client_id] = data
         return self._data[client_id]
@@ -336,32 +270,16 @@ class TaggingClients:
     def make_trainer(self, client_id: int) -> SeededTorchTrainer:
         """A fresh client (new adapters, head and AdamW) over its own cached sentences; evaluates on
         'validation' and 'test'."""
-        data, s, names = self.client_data(client_id), self.settings, self.label_names
-        model, train = self._model(), data["train"]
-        return SeededTorchTrainer(
-            client_id=client_id, seed=s.seed, model=model, shared=shared_parts(model),
-            train_batches=lambda: train.batches(s.batch_size, order=torch.randperm(len(train))),
-            eval_batches={split: (lambda d=data[split]: d.batches(EVAL_BATCH_SIZE)) for split in ("validation", "test")},
-            num_examples=len(train), loss_fn=token_loss,
-            metric_fn=lambda m, batches: tagging_metrics(m, batches, label_names=names),
-            optimizer=OptimizerConfig(name="adamw", lr=s.lr))
-
-    def initial(self) -> dict[str, np.ndarray]:
-        """The shared parts of a freshly initialised client model (seeded: every client starts there)."""
-        model = self._model()
-        named = dict(model.named_parameters())
-        return {part: flatten([named[n] for n in names]) for part, names in shared_parts(model).items()}
+        names = self.label_names
+        return self.split_trainer(client_id, model=self._model(), data=self.client_data(client_id), loss_fn=token_loss,
+                                  metric_fn=lambda m, batches: tagging_metrics(m, batches, label_names=names))
 
     def trivial_scores(self, client_id: int) -> dict[str, float]:
         """The most-frequent-tag baseline on client `client_id`'s test split (no model needed)."""
-        parts = self._rows(client_id)
+        parts = self.rows(client_id)
         return most_frequent_tag_scores(self._gold(parts["train"]), self._gold(parts["test"]))
-
-    def trivial(self) -> float:
-        """Mean over clients of the most-frequent-tag baseline's test span F1 (0 when that tag is 'O')."""
-        return mean_over_clients([self.trivial_scores(k)[self.metric] for k in range(1, self.num_clients + 1)])
 
 
 __all__ = ["ADAPTER_SET", "EncodedTags", "encode_tagged", "TaggedBatch", "TaggedSplit", "word_tags", "span_scores",
            "token_loss", "tagging_metrics", "most_frequent_tag_scores", "TokenTagger", "build_token_tagger",
-           "shared_parts", "TaggingCorpus", "TaggingClients"]
+           "TaggingCorpus", "TaggingClients"]

@@ -62,8 +62,9 @@ def client_model(backbone: nn.Module, *, num_labels: int, config: TextTaskConfig
                                    adapter_set=ADAPTER_SET)
 
 
-def shared_parts(model: SuffixClassifier) -> dict[str, list[str]]:
-    """The uploaded parts: every adapter parameter, and the head."""
+def shared_parts(model: nn.Module) -> dict[str, list[str]]:
+    """The uploaded parts of a model laid out as `suffix` (adapted top layers) + `head` (the suffix
+    classifier, FedNLP's tagger and span extractor): every adapter parameter, and the head."""
     names = [n for n, p in model.named_parameters() if p.requires_grad]
     return {"adapter": [n for n in names if n.startswith("suffix.")],
             "head": [n for n in names if n.startswith("head.")]}

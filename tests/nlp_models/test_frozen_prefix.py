@@ -3,7 +3,7 @@ import torch
 
 from nlp_models.adapters import attach_adapters, flatten_set, freeze_backbone, load_set_
 from nlp_models.backbone import tiny_bert
-from nlp_models.frozen_prefix import build_prefix_cache, suffix_forward
+from nlp_models.frozen_prefix import build_prefix_cache, cache_splits, suffix_forward
 
 
 def _inputs(n=6, length=10, vocab=100):
@@ -119,3 +119,17 @@ def test_cache_texts_keeps_token_ids_and_trims_to_the_longest_text(tokenizer):
     assert split.labels.tolist() == [0, 1, 0]
     batch = split.batch(torch.tensor([2]), tokens=True)
     assert batch.hidden.dtype == torch.long and batch.hidden.shape[1] == int(split.attention_mask[2].sum())
+
+
+def test_cache_splits_gives_each_split_exactly_its_own_rows_of_one_pass():
+    model = tiny_bert(vocab_size=100, layers=3, hidden=32)
+    ids = torch.randint(1, 100, (7, 6), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones_like(ids)
+    labels = torch.arange(7)
+    whole = build_prefix_cache(model, ids, mask, split=2, progress=False)
+    parts = cache_splits(model, ids, mask, labels, sizes={"train": 4, "validation": 1, "test": 2}, split=2, device="cpu")
+    assert [len(parts[k]) for k in ("train", "validation", "test")] == [4, 1, 2]
+    assert parts["test"].labels.tolist() == [5, 6]
+    assert torch.allclose(parts["validation"].hidden, whole.hidden[4:5])
+    with pytest.raises(ValueError, match="do not cover"):
+        cache_splits(model, ids, mask, labels, sizes={"train": 3}, split=2, device="cpu")

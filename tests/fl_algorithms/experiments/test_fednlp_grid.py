@@ -4,7 +4,8 @@ import pytest
 from fl_algorithms.algorithms.fedavg import FedAvg
 from fl_algorithms.algorithms.fedopt import FedAvgM, FedYogi
 from fl_algorithms.algorithms.fedprox import FedProx
-from fl_algorithms.experiments.fednlp_grid import AlgorithmSettings, GridPlan, aggregate, cell_key, make_algorithm
+from fl_algorithms.experiments.fednlp_grid import (AlgorithmSettings, GridPlan, aggregate, cell_key, make_algorithm,
+                                                   plan_from_record, plan_record)
 
 
 def test_fedopt_is_fednlps_server_sgd_with_momentum_and_the_others_are_named():
@@ -27,7 +28,20 @@ def test_plan_lists_every_cell_and_a_plain_fedavg_twin_per_task_partition_seed()
     assert len(plain) == 8 and all(c["algorithm"] == "fedavg" for c in plain)
 
 
+def test_per_task_settings_override_the_common_ones_for_that_task_only_and_survive_the_saved_plan():
+    plan = GridPlan(tasks=("tagging", "qa"), formulation=dict(max_examples=100, clients=3),
+                    per_task={"tagging": dict(max_examples=800)})
+    assert plan.settings("tagging", partition="iid", seed=0).max_examples == 800
+    assert plan.settings("qa", partition="iid", seed=0).max_examples == 100
+    assert plan.settings("tagging", partition="iid", seed=0).clients == 3
+    again = plan_from_record(plan_record(plan))
+    assert again.settings("tagging", partition="iid", seed=1) == plan.settings("tagging", partition="iid", seed=1)
+    old = {k: v for k, v in plan_record(plan).items() if k != "per_task"}  # a plan saved before the field
+    assert plan_from_record(old).settings("tagging", partition="iid", seed=0).max_examples == 100
+
+
 @pytest.mark.parametrize("bad, match", [(dict(tasks=("translation",)), "tasks"), (dict(protocols=("plain",)), "plain"),
+                                        (dict(per_task={"translation": {}}), "per_task"),
                                         (dict(partitions=("label:0",)), "positive"), (dict(rounds=0), "rounds")])
 def test_bad_plans_are_refused(bad, match):
     with pytest.raises(ValueError, match=match):

@@ -4,6 +4,7 @@ classification, sequence tagging, extractive QA and seq2seq, under FedAvg, FedPr
     python examples/fednlp_benchmark.py --quick      # 4 tasks x 3 algorithms, SecAgg+, < 10 min on 2 cores
     python examples/fednlp_benchmark.py              # + non-IID partitions, 3 seeds (a GPU-sized run)
     python examples/fednlp_benchmark.py --resume results/fednlp_grid/<run>   # finish an interrupted grid
+    python examples/fednlp_benchmark.py --quick --freezing 0,2,4,5   # FedNLP's layer-freezing study
 
 Tasks (offline stand-ins, see each module): BBC topics (fl_algorithms.tasks.classification), tweets
 NER scored by seqeval span F1 (.tagging), cloze questions over BBC scored by SQuAD F1 (.qa), BBC
@@ -46,6 +47,7 @@ from fl_algorithms.experiments.fednlp_grid import (ALGORITHMS, METRIC_NAMES, PRO
                                                    cell_key, encoder_bound, load_formulation, partition_for,
                                                    plan_from_record, plan_record, plot_curves, read_cells, run_cell,
                                                    write_table)
+from fl_algorithms.experiments.layer_freezing import FreezingPlan, plot_freezing, run_freezing, write_freezing
 from fl_algorithms.tasks.formulation import TASKS, PartitionSpec
 from nlp_models._offline import ensure_offline
 from nlp_models.data.partition_stats import partition_summary, plot_partitions, summary_line
@@ -82,6 +84,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--out", metavar="DIR")
     p.add_argument("--run-name", metavar="NAME")
     p.add_argument("--resume", metavar="RUN_DIR", help="finish a grid: its saved plan, finished cells skipped")
+    p.add_argument("--freezing", type=comma_list(int, what="frozen layer count"), default=None, metavar="K,K,..",
+                   help="run FedNLP's layer-freezing study instead of the grid: BBC topics with the embeddings and "
+                        "the bottom K layers frozen, the rest trained whole, centralised and FedOPT (e.g. 0,2,4,5)")
+    p.add_argument("--freezing-lr", type=float, default=FreezingPlan.lr, help="client lr when whole layers train")
     p.add_argument("--no-progress", action="store_true")
     return p
 
@@ -122,6 +128,46 @@ def secure_vs_plain(secure: Sequence[np.ndarray], plain: Sequence[np.ndarray], *
             "round1_within_bound": within}
 
 
+def freezing_main(args: argparse.Namespace, parser: argparse.ArgumentParser, *, device: str) -> dict[str, Any]:
+    """FedNLP's layer-freezing study; prints one `fednlp_freezing ...` line per variant."""
+    quick = QUICK if args.quick else FULL
+    try:
+        plan = FreezingPlan(frozen=tuple(args.freezing), rounds=args.rounds or quick["rounds"],
+                            clients=args.clients or quick["formulation"]["clients"],
+                            max_examples=(args.max_examples or None) if args.max_examples is not None
+                            else quick["formulation"]["max_examples"],
+                            protocol=(args.protocols or ("secagg+",))[0], lr=args.freezing_lr,
+                            seed=(args.seeds or (0,))[0])
+    except ValueError as error:
+        parser.error(str(error))
+    run = (Path(args.out) if args.out else DEFAULT_OUT) / (args.run_name or time.strftime("freezing-%Y%m%d-%H%M%S"))
+    if run.exists():
+        parser.error(f"{run} exists: choose another --run-name")
+    run.mkdir(parents=True)
+    torch.set_num_threads(args.threads)
+    print(f"run directory: {run}  (device {device}, torch threads {args.threads})", flush=True)
+    rows_path = run / "freezing.jsonl"
+
+    def keep(row: dict[str, Any]) -> None:
+        with open(rows_path, "a") as handle:
+            handle.write(json.dumps(row) + "\n")
+        print(f"{row['variant']}: central {row['central']:.4f}, {plan.algorithm} {row['federated']:.4f}, "
+              f"{row['trainable']:,} trainable, {row['seconds']:.0f} s", flush=True)
+
+    try:
+        rows = run_freezing(plan, backbone=args.backbone, device=device, progress=not args.no_progress, on_row=keep)
+    except ValueError as error:
+        raise SystemExit(f"error: {error}") from None
+    write_freezing(rows, csv_path=run / "freezing.csv", md_path=run / "freezing.md")
+    plot_freezing(rows, path=run / "freezing.png")
+    print(f"\n{(run / 'freezing.md').read_text()}\nwrote {run / 'freezing.csv'}, {run / 'freezing.png'}")
+    lines = [f"fednlp_freezing variant={r['variant']} frozen={'none' if r['frozen'] is None else r['frozen']} "
+             f"trainable={r['trainable']} central={r['central']:.4f} {plan.algorithm}={r['federated']:.4f} "
+             f"secure_sum_s_per_round={r['secure_seconds_per_round']:.3f}" for r in rows]
+    print("\n".join(lines), flush=True)
+    return {"run": run, "rows": rows, "lines": lines}
+
+
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     ensure_offline()
     parser = _parser()
@@ -130,6 +176,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     if args.threads < 1:
         parser.error("--threads must be at least 1")
     device = str(resolve_device(args.device))
+    if args.freezing is not None:
+        return freezing_main(args, parser, device=device)
     if args.resume:
         run = Path(args.resume)
         try:

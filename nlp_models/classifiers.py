@@ -1,7 +1,8 @@
 """Client models over a frozen backbone: adapters in the top layers (fed with cached prefix states)
 plus classifier heads, and the whole-backbone model for full fine-tuning.
 
-* `SuffixClassifier`: one adapter set and one head, ``logits = model(hidden, mask)``;
+* `SuffixClassifier`: one adapter set (or, with `tuned_top`, whole trainable top layers) and one
+  head, ``logits = model(hidden, mask)``;
 * `AdapterClassifier`: named adapter sets mixed per pass and named heads (FedMCP's ``AdapterModel``:
   ``represent(batch, mixing=...)`` then ``classify(head, representation)``);
 * `FullModel`: the same interface over token ids with every backbone weight trainable.
@@ -11,6 +12,7 @@ tensors (`nlp_models.frozen_prefix.TopEncoder`), so many clients cost little mem
 """
 from __future__ import annotations
 
+import copy
 import time
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
@@ -52,6 +54,14 @@ def adapted_top(backbone: nn.Module, *, adapter_layers: int, bottleneck: int, se
     for name, p in top.named_parameters():
         if f"adapters.{adapter_set}." in name:
             p.requires_grad_(True)
+    return top
+
+
+def tuned_top(backbone: nn.Module, *, layers: int) -> TopEncoder:
+    """The backbone's top `layers` layers as this client's own trainable copy (FedNLP's layer-freezing
+    study: the embeddings and the layers below stay frozen and cached, the layers above train whole)."""
+    top = TopEncoder(backbone, split=prefix_split(backbone, layers), dropout=True, freeze=True)
+    top.encoder.layer = copy.deepcopy(top.encoder.layer).requires_grad_(True)
     return top
 
 
@@ -136,5 +146,5 @@ class FullModel(HeadsAndLabels):
         return pooled
 
 
-__all__ = ["make_head", "SuffixClassifier", "adapted_top", "seeded_module", "build_suffix_classifier", "HeadsAndLabels", "AdapterClassifier",
+__all__ = ["make_head", "SuffixClassifier", "adapted_top", "tuned_top", "seeded_module", "build_suffix_classifier", "HeadsAndLabels", "AdapterClassifier",
            "FullModel"]

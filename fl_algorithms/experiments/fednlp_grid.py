@@ -124,7 +124,9 @@ class GridPlan:
             raise ValueError("need rounds >= 1 and at least one seed")
         for task in self.tasks:
             for partition in self.partitions:
-                self.settings(task, partition=partition_for(task, partition), seed=self.seeds[0])  # every cell valid up front
+                settings = self.settings(task, partition=partition_for(task, partition), seed=self.seeds[0])
+                if settings.clients < 2:  # every cell valid up front
+                    raise ValueError(f"clients must be at least 2 (secure aggregation needs two), got {settings.clients}")
 
     def settings(self, task: str, *, partition: str, seed: int) -> FormulationSettings:
         return FormulationSettings(**{**TASK_DEFAULTS[task], **self.formulation, **self.per_task.get(task, {}),

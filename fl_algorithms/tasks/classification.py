@@ -40,10 +40,13 @@ class ClassificationClients(FormulationClients):
 
     shared_parts = staticmethod(shared_parts)
 
-    def __init__(self, settings: FormulationSettings, *, backbone: str = "minilm", device: str = "cpu") -> None:
+    def __init__(self, settings: FormulationSettings, *, backbone: str = "minilm", device: str = "cpu",
+                 tune: str = "adapters") -> None:
+        """`tune='layers'` trains the top `settings.adapter_layers` layers whole instead of adapters
+        in them (FedNLP's layer-freezing study)."""
         super().__init__(settings, backbone=backbone, device=device)
         self.config = TextTaskConfig(adapter_layers=settings.adapter_layers, bottleneck=settings.bottleneck,
-                                     batch_size=settings.batch_size, lr=settings.lr, seed=settings.seed)
+                                     batch_size=settings.batch_size, lr=settings.lr, seed=settings.seed, tune=tune)
 
     @cached_property
     def corpus(self) -> TopicShards:

@@ -127,7 +127,7 @@ class FormulationSettings:
 
     def __post_init__(self) -> None:
         checks = [
-            (self.clients >= 2, "clients must be at least 2 (secure aggregation needs two)"),
+            (self.clients >= 1, "clients must be at least 1 (one client is centralised training)"),
             (self.max_examples is None or self.max_examples >= self.clients * self.min_client_examples,
              f"max_examples {self.max_examples} cannot give {self.clients} clients "
              f"{self.min_client_examples} examples each"),

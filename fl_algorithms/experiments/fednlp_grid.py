@@ -62,8 +62,10 @@ class AlgorithmSettings:
 
     local_epochs: int = 1
     fedprox_mu: float = 0.01
-    fedavgm_lr: float = 1.0
+    fedavgm_lr: float = 0.1
     fedavgm_momentum: float = 0.9
+    """FedOPT as FedNLP's code runs it: server SGD, lr 0.1, momentum 0.9 (its text-classification
+    script and its migrated FedML config)."""
     adaptive_lr: float = 1e-2
     """Server lr of FedAdam / FedAdagrad / FedYogi (tau 1e-3, Reddi et al.)."""
 

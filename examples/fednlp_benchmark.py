@@ -159,7 +159,7 @@ def freezing_main(args: argparse.Namespace, parser: argparse.ArgumentParser, *, 
     except ValueError as error:
         raise SystemExit(f"error: {error}") from None
     write_freezing(rows, csv_path=run / "freezing.csv", md_path=run / "freezing.md")
-    plot_freezing(rows, path=run / "freezing.png")
+    plot_freezing(rows, path=run / "freezing.png", federated=f"{plan.algorithm}, {plan.protocol}")
     print(f"\n{(run / 'freezing.md').read_text()}\nwrote {run / 'freezing.csv'}, {run / 'freezing.png'}")
     lines = [f"fednlp_freezing variant={r['variant']} frozen={'none' if r['frozen'] is None else r['frozen']} "
              f"trainable={r['trainable']} central={r['central']:.4f} {plan.algorithm}={r['federated']:.4f} "

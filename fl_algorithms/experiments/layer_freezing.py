@@ -126,9 +126,9 @@ def write_freezing(rows: Sequence[Mapping[str, Any]], *, csv_path: Path, md_path
     md_path.write_text("\n".join(lines) + "\n")
 
 
-def plot_freezing(rows: Sequence[Mapping[str, Any]], *, path: Path) -> Path:
+def plot_freezing(rows: Sequence[Mapping[str, Any]], *, path: Path, federated: str = "federated") -> Path:
     """Accuracy against frozen layers, centralised and federated (FedNLP's Figure 6 in one panel),
-    with the adapters reference as horizontal lines."""
+    with the adapters reference as horizontal lines; `federated` labels the federated runs."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -138,10 +138,11 @@ def plot_freezing(rows: Sequence[Mapping[str, Any]], *, path: Path) -> Path:
     fig = Figure(figsize=(5.5, 3.6))
     ax = fig.subplots()
     for key, style in (("central", "o-"), ("federated", "s-")):
-        ax.plot([r["frozen"] for r in layered], [r[key] for r in layered], style, label=key)
+        ax.plot([r["frozen"] for r in layered], [r[key] for r in layered], style,
+                label="centralised" if key == "central" else federated)
     for r in rows:
         if r["frozen"] is None:
-            ax.axhline(r["federated"], linestyle=":", color="grey", label=f"{r['variant']} (federated)")
+            ax.axhline(r["federated"], linestyle=":", color="grey", label=f"{r['variant']}, {federated}")
     ax.set_xlabel("frozen layers below the trained ones (embeddings always frozen)")
     ax.set_ylabel("test accuracy")
     ax.set_xticks([r["frozen"] for r in layered])

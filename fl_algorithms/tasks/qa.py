@@ -11,7 +11,7 @@ SIMPLIFICATIONS (against FedNLP's QA runs):
   the rest of the article. It measures span extraction (finding the filler of the gap in the text),
   not open-domain reading comprehension, and its scores are not comparable with SQuAD's.
 * model: FedNLP fully fine-tunes DistilBERT/BERT; here a frozen MiniLM-L6 (sentence-transformers
-  weights) with Houlsby adapters in its top `adapter_layers` layers and a Linear(hidden, 2) head is
+  weights) with Houlsby adapters in its top `adapter_layers` layers and a bias-free Linear(hidden, 2) head is
   trained, the layers below computed once per example (`nlp_models.frozen_prefix`). That cache feeds
   all-zero token_type_ids (question and passage are told apart by [SEP] only); this matches how the
   sentence-transformers MiniLM was trained, which never used segment B.
@@ -157,7 +157,7 @@ class QASplit:
 # ---------------------------------------------------------------- model, loss, decoding, metrics
 
 class SpanExtractor(nn.Module):
-    """Adapted top layers + Linear(hidden, 2): (B, L, 2) start/end logits from cached prefix states."""
+    """Adapted top layers + Linear(hidden, 2, bias=False): (B, L, 2) start/end logits from cached prefix states."""
 
     def __init__(self, *, suffix: TopEncoder, head: nn.Linear) -> None:
         super().__init__()
@@ -172,7 +172,10 @@ def build_span_extractor(backbone: nn.Module, *, adapter_layers: int, bottleneck
     """A client model like `nlp_models.classifiers.build_suffix_classifier`: its own adapters (set
     'adapter') and head, seeded by `seed` only, over the backbone's shared frozen top layers."""
     top = adapted_top(backbone, adapter_layers=adapter_layers, bottleneck=bottleneck, seed=seed, adapter_set=ADAPTER_SET)
-    head = seeded_module(seed, lambda: nn.Linear(backbone.config.hidden_size, 2))
+    # no bias: a constant added to every position's start (or end) logit leaves the span softmax
+    # unchanged, so its gradient is zero up to float32 noise, which AdamW's normalised steps would
+    # turn into lr-sized random walks (the secure and plaintext twins drifted 1e-2 apart there)
+    head = seeded_module(seed, lambda: nn.Linear(backbone.config.hidden_size, 2, bias=False))
     return SpanExtractor(suffix=top, head=head)
 
 

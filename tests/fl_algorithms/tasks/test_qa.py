@@ -113,7 +113,7 @@ def test_decoding_stays_in_the_passage_and_respects_the_span_limit():
 
 def test_initial_parameters_are_every_fresh_clients_shared_parameters(clients):
     initial = clients.initial()
-    assert initial.keys() == {"adapter", "head"} and initial["head"].size == 2 * 32 + 2
+    assert initial.keys() == {"adapter", "head"} and initial["head"].size == 2 * 32  # no bias: the span softmax ignores it
     for cid in (1, 3):
         shared = clients.make_trainer(cid).get_shared()
         assert shared.keys() == initial.keys()

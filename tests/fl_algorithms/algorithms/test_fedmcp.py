@@ -71,11 +71,11 @@ def test_loss_is_eq_8_with_gamma_and_mu(gamma, mu):
     loss_c = linear_cka(x, model.represent(batch, mixing={PRIVATE: 1.0})) - linear_cka(
         x, model.represent(batch, mixing={REFERENCE: 1.0}))
     expected = (1 - gamma) * loss_a + gamma * loss_b + mu * loss_c
-    assert float(terms.total()) == pytest.approx(float(expected), rel=1e-5, abs=1e-6)
-    assert terms.parts["loss_a"] == pytest.approx(float(loss_a), rel=1e-5)
-    assert terms.parts["loss_b"] == pytest.approx(float(loss_b), rel=1e-5)
+    assert float(terms.total().detach()) == pytest.approx(float(expected.detach()), rel=1e-5, abs=1e-6)
+    assert terms.parts["loss_a"] == pytest.approx(float(loss_a.detach()), rel=1e-5)
+    assert terms.parts["loss_b"] == pytest.approx(float(loss_b.detach()), rel=1e-5)
     if mu:
-        assert terms.parts["loss_c"] == pytest.approx(float(loss_c), rel=1e-4, abs=1e-6)
+        assert terms.parts["loss_c"] == pytest.approx(float(loss_c.detach()), rel=1e-4, abs=1e-6)
     assert terms.per_example.shape == (10,)
 
 

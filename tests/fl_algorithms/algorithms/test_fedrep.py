@@ -36,7 +36,7 @@ class ToyRepTrainer:
         body_moved = not np.array_equal(body0, flatten(list(self.body.parameters())))
         head_moved = not np.array_equal(head0, flatten(list(self.head.parameters())))
         self.log.append((name, epochs, body_moved, head_moved))
-        return {"loss": float(self._loss())}
+        return {"loss": float(self._loss().detach())}
 
     def train_head(self, *, epochs, round=None):
         return self._phase("head", list(self.head.parameters()), epochs)

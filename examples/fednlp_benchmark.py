@@ -45,7 +45,7 @@ import torch
 
 from fl_algorithms.experiments.cli import check_run_location, comma_list
 from fl_algorithms.experiments.fednlp_grid import (ALGORITHMS, METRIC_NAMES, PROTOCOLS, GridPlan, aggregate,
-                                                   cell_key, encoder_bound, load_formulation, partition_for,
+                                                   cell_key, encoder_bound, flat_vector, load_formulation, partition_for,
                                                    plan_from_record, plan_record, plot_curves, read_cells, run_cell,
                                                    write_table)
 from fl_algorithms.experiments.layer_freezing import FreezingPlan, plot_freezing, run_freezing, write_freezing
@@ -230,10 +230,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         if tracked and cell["protocol"] == plan.protocols[0]:
             trajectories[cell["task"], cell["partition"]] = trajectory
         if tracked and cell["protocol"] == "plain" and (cell["task"], cell["partition"]) in trajectories:
-            initial = clients.initial()
             summary.update(secure_vs_plain(trajectories.pop((cell["task"], cell["partition"])), trajectory,
-                                           initial=np.concatenate([np.asarray(initial[k], dtype=np.float64).ravel()
-                                                                   for k in sorted(initial)]),
+                                           initial=flat_vector(clients.initial()),
                                            bound=encoder_bound(plan, clients, plan.protocols[0])))
             stats = partition_summary(clients.partition)
             partitions_md.append(f"- {cell['task']} {cell['partition']}: {summary_line(stats)}")

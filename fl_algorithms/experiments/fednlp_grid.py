@@ -166,10 +166,14 @@ def secure_config(plan: GridPlan, *, protocol: str, clients: Formulation) -> Sec
                                    max_clients=clients.num_clients, min_release_group=cohort)
 
 
+def flat_vector(parts: Mapping[str, np.ndarray]) -> np.ndarray:
+    """Named parameter parts as one float64 vector (parts in sorted order)."""
+    return np.concatenate([np.asarray(parts[k], dtype=np.float64).ravel() for k in sorted(parts)])
+
+
 def shared_vector(algorithm: Algorithm, state: Any) -> np.ndarray:
     """The server's shared parameters as one float64 vector (parts in sorted order)."""
-    shared = algorithm.shared_parameters(state)
-    return np.concatenate([np.asarray(shared[k], dtype=np.float64).ravel() for k in sorted(shared)])
+    return flat_vector(algorithm.shared_parameters(state))
 
 
 def run_cell(cell: Mapping[str, Any], clients: Formulation, plan: GridPlan, *, progress: bool,
@@ -309,6 +313,6 @@ def plan_from_record(raw: Mapping[str, Any]) -> GridPlan:
 
 
 __all__ = ["FORMULATIONS", "ALGORITHMS", "PROTOCOLS", "METRIC_NAMES", "TASK_DEFAULTS", "AlgorithmSettings",
-           "make_algorithm", "load_formulation", "GridPlan", "cell_key", "secure_config", "shared_vector", "run_cell",
+           "make_algorithm", "load_formulation", "GridPlan", "cell_key", "secure_config", "flat_vector", "shared_vector", "run_cell",
            "encoder_bound", "aggregate", "write_table", "plot_curves", "read_cells", "plan_record",
            "plan_from_record", "partition_for"]

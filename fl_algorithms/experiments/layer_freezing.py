@@ -73,13 +73,15 @@ def run_freezing(plan: FreezingPlan, *, backbone: str = "minilm", device: str = 
                  on_row: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
     """Centralised and federated accuracy, trainable (uploaded) parameters and the secure round's
     cost for every variant of the plan."""
+    variants = plan.variants()
+    depth = len(_clients(plan, variants[0], clients=plan.clients, layers=1, backbone=backbone,
+                         device=device).backbone[0].encoder.layer)
+    too_deep = [k for k in plan.frozen if k >= depth]
+    if too_deep:  # refused before any run
+        raise ValueError(f"frozen {too_deep}: the backbone has {depth} layers; at least one must train")
     rows = []
-    for variant in plan.variants():
+    for variant in variants:
         start = time.perf_counter()
-        probe = _clients(plan, variant, clients=plan.clients, layers=1, backbone=backbone, device=device)
-        depth = len(probe.backbone[0].encoder.layer)
-        if variant["frozen"] is not None and variant["frozen"] >= depth:
-            raise ValueError(f"frozen {variant['frozen']}: the backbone has {depth} layers; at least one must train")
         layers = plan.adapter_layers if variant["frozen"] is None else depth - variant["frozen"]
         row: dict[str, Any] = {"variant": variant["variant"], "frozen": variant["frozen"], "tune": variant["tune"],
                                "lr": variant["lr"]}

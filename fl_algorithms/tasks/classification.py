@@ -10,26 +10,17 @@ News (5 topics) with a frozen MiniLM and adapters, as in the classification exam
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from functools import cached_property
 
 import numpy as np
 import torch
 from torch import nn
 
-from fl_algorithms.tasks.formulation import FormulationClients, FormulationSettings
+from fl_algorithms.tasks.formulation import FormulationClients, FormulationSettings, Shards
 from fl_algorithms.training.classification import TextTaskConfig, client_model, shared_parts, text_trainer
 from fl_algorithms.training.trainer import SeededTorchTrainer
 from nlp_models.data.dataset import TextDataset
-from nlp_models.data.partition import ClientSplit, Partition
 from nlp_models.frozen_prefix import CachedSplit, cache_splits
-
-
-@dataclass(frozen=True)
-class TopicShards:
-    dataset: TextDataset
-    partition: Partition
-    splits: tuple[ClientSplit, ...]
 
 
 class ClassificationClients(FormulationClients):
@@ -49,7 +40,7 @@ class ClassificationClients(FormulationClients):
                                      batch_size=settings.batch_size, lr=settings.lr, seed=settings.seed, tune=tune)
 
     @cached_property
-    def corpus(self) -> TopicShards:
+    def corpus(self) -> Shards[TextDataset]:
         """Distinct BBC articles (capped, stratified), partitioned by the spec, split 60/20/20 (stratified)."""
         from nlp_models.data.loaders import load_bbc_news
 
@@ -57,13 +48,13 @@ class ClassificationClients(FormulationClients):
         dataset = load_bbc_news(max_examples=s.max_examples, seed=s.seed, dedupe=True, max_chars=12 * s.max_length)
         labels = dataset.label_array()
         partition, splits = self.shard(n=len(dataset), labels=labels, texts=dataset.texts, stratify=True)
-        return TopicShards(dataset, partition, splits)
+        return Shards(dataset, partition, splits)
 
     def client_data(self, client_id: int) -> dict[str, CachedSplit]:
         """Client `client_id`'s splits as frozen-prefix states of its own articles only (computed once)."""
         parts = self.rows(client_id)
         if client_id not in self._data:
-            dataset, (model, tokenizer) = self.corpus.dataset, self.backbone
+            dataset, (model, tokenizer) = self.corpus.data, self.backbone
             rows = np.concatenate(list(parts.values()))
             encoded = tokenizer([dataset.texts[i] for i in rows], truncation=True, max_length=self.settings.max_length,
                                 padding="longest", return_tensors="pt")
@@ -74,7 +65,7 @@ class ClassificationClients(FormulationClients):
         return self._data[client_id]
 
     def _model(self) -> nn.Module:
-        return client_model(self.backbone[0], num_labels=self.corpus.dataset.num_labels,
+        return client_model(self.backbone[0], num_labels=self.corpus.data.num_labels,
                             config=self.config).to(self.device)
 
     def make_trainer(self, client_id: int) -> SeededTorchTrainer:
@@ -83,9 +74,9 @@ class ClassificationClients(FormulationClients):
 
     def trivial_scores(self, client_id: int) -> dict[str, float]:
         """Majority class of the client's training split, scored on its test split."""
-        parts, labels = self.rows(client_id), self.corpus.dataset.label_array()
+        parts, labels = self.rows(client_id), self.corpus.data.label_array()
         majority = int(np.bincount(labels[parts["train"]]).argmax())
         return {"accuracy": float(np.mean(labels[parts["test"]] == majority))}
 
 
-__all__ = ["TopicShards", "ClassificationClients"]
+__all__ = ["ClassificationClients"]

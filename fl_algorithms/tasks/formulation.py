@@ -20,7 +20,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any, Protocol
+from typing import Any, Generic, Protocol, TypeVar
 
 import numpy as np
 import torch
@@ -148,6 +148,19 @@ class FormulationSettings:
         return PartitionSpec.parse(self.partition)
 
 
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Shards(Generic[T]):
+    """A formulation's corpus (`data`), its partition and every client's 60/20/20 split: what a
+    subclass's cached `corpus` holds (QA keeps more, see `tasks.qa.QACorpus`)."""
+
+    data: T
+    partition: Partition
+    splits: tuple[ClientSplit, ...]
+
+
 class Formulation(Protocol):
     """One task's federated clients (ids 1..num_clients) over a partitioned corpus."""
 
@@ -192,7 +205,7 @@ class FormulationClients:
     """What every formulation's clients share: the frozen backbone, the partition and per-client
     splits, the initial shared parameters and the trivial baseline's mean over clients.
 
-    A subclass provides `corpus` (a cached object with `.partition` and `.splits`), `_model()` (a
+    A subclass provides `corpus` (a cached `Shards`, or any object with `.partition` and `.splits`), `_model()` (a
     fresh seeded client model), `shared_parts(model)`, `client_data`, `make_trainer` and
     `trivial_scores(client_id)`; `prefix_adapters = False` where no adapted prefix split applies.
     """
@@ -295,5 +308,5 @@ class FormulationClients:
         return mean_over_clients([self.trivial_scores(k)[self.metric] for k in range(1, self.num_clients + 1)])
 
 
-__all__ = ["TASKS", "SPLITS", "PARTITION_KINDS", "PartitionSpec", "FormulationSettings", "Formulation", "mean_over_clients",
+__all__ = ["TASKS", "SPLITS", "PARTITION_KINDS", "PartitionSpec", "FormulationSettings", "Shards", "Formulation", "mean_over_clients",
            "FormulationClients"]

@@ -25,10 +25,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from fl_algorithms.tasks.formulation import EVAL_BATCH_SIZE, FormulationClients, FormulationSettings
+from fl_algorithms.tasks.formulation import EVAL_BATCH_SIZE, FormulationClients, FormulationSettings, Shards
 from fl_algorithms.training.trainer import SeededTorchTrainer
 from nlp_models.data.headlines import HeadlineCorpus, lead_words, load_bbc_headlines
-from nlp_models.data.partition import ClientSplit, Partition
 from nlp_models.seq2seq import (IGNORE_INDEX, Seq2SeqConfig, Seq2SeqModel, client_seq2seq, encode_sources, rouge_scores,
                                 special_ids, tokenize_pairs, warm_decoder)
 
@@ -93,13 +92,6 @@ def lead_scores(train_headlines: Sequence[str], bodies: Sequence[str], reference
     return rouge_scores([lead_words(body, k) for body in bodies], list(references))
 
 
-@dataclass(frozen=True)
-class HeadlineShards:
-    articles: HeadlineCorpus
-    partition: Partition
-    splits: tuple[ClientSplit, ...]
-
-
 class HeadlineClients(FormulationClients):
     """FedNLP seq2seq: client k's headline generator over its own articles; the `Formulation` contract.
 
@@ -124,18 +116,18 @@ class HeadlineClients(FormulationClients):
         return warm_decoder(self.backbone[0], layers=self.config.decoder_layers, seed=self.settings.seed).to(self.device)
 
     @cached_property
-    def corpus(self) -> HeadlineShards:
+    def corpus(self) -> Shards[HeadlineCorpus]:
         """BBC (capped, stratified by topic), partitioned by the settings' spec, each client split 60/20/20."""
         s = self.settings
         articles = load_bbc_headlines(max_examples=s.max_examples, seed=s.seed)
         partition, splits = self.shard(n=len(articles), labels=articles.topic_array(), texts=articles.bodies)
-        return HeadlineShards(articles, partition, splits)
+        return Shards(articles, partition, splits)
 
     def client_data(self, client_id: int) -> dict[str, HeadlineSplit]:
         """Client `client_id`'s splits: encoder states of its own articles only (computed once)."""
         parts = self.rows(client_id)
         if client_id not in self._data:
-            corpus, (encoder, tokenizer) = self.corpus.articles, self.backbone
+            corpus, (encoder, tokenizer) = self.corpus.data, self.backbone
             data = {}
             for name, rows in parts.items():
                 bodies = [corpus.bodies[i] for i in rows]
@@ -167,10 +159,10 @@ class HeadlineClients(FormulationClients):
 
     def trivial_scores(self, client_id: int) -> dict[str, float]:
         """The lead baseline on client `client_id`'s test split (no model needed)."""
-        parts, corpus = self.rows(client_id), self.corpus.articles
+        parts, corpus = self.rows(client_id), self.corpus.data
         return lead_scores([corpus.headlines[i] for i in parts["train"]], [corpus.bodies[i] for i in parts["test"]],
                            [corpus.headlines[i] for i in parts["test"]])
 
 
-__all__ = ["HeadlineBatch", "HeadlineSplit", "headline_loss", "headline_metrics", "lead_scores", "HeadlineShards",
+__all__ = ["HeadlineBatch", "HeadlineSplit", "headline_loss", "headline_metrics", "lead_scores",
            "HeadlineClients"]

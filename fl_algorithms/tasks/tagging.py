@@ -32,12 +32,11 @@ from seqeval import metrics as seqeval_metrics
 from torch import nn
 from torch.nn import functional as F
 
-from fl_algorithms.tasks.formulation import FormulationClients, FormulationSettings
+from fl_algorithms.tasks.formulation import FormulationClients, FormulationSettings, Shards
 from fl_algorithms.training.classification import ADAPTER_SET, shared_parts
 from fl_algorithms.training.trainer import SeededTorchTrainer
 from nlp_models.classifiers import adapted_top, seeded_module
 from nlp_models.data.dataset import TextDataset
-from nlp_models.data.partition import ClientSplit, Partition
 from nlp_models.data.tokenize import IGNORE_INDEX, tokenize_words
 from nlp_models.frozen_prefix import CachedSplit, TopEncoder, cache_splits
 from nlp_models.heads import TokenClassifier
@@ -202,15 +201,6 @@ def build_token_tagger(backbone: nn.Module, *, num_labels: int, adapter_layers: 
 
 # ------------------------------------------------------------------------------------------- clients
 
-@dataclass(frozen=True)
-class TaggingCorpus:
-    """The seeded corpus and partition every process derives identically."""
-
-    dataset: TextDataset
-    partition: Partition
-    splits: tuple[ClientSplit, ...]
-
-
 class TaggingClients(FormulationClients):
     """FedNLP sequence tagging: client k's NER trainer over its own tweets; the `Formulation` contract."""
 
@@ -226,21 +216,21 @@ class TaggingClients(FormulationClients):
         super().__init__(settings, backbone=backbone, device=device)
 
     @cached_property
-    def corpus(self) -> TaggingCorpus:
+    def corpus(self) -> Shards[TextDataset]:
         """Tweets NER (capped), partitioned by the settings' spec, each client split 60/20/20."""
         from nlp_models.data.loaders import load_tweets_ner
 
         s = self.settings
         dataset = load_tweets_ner(max_examples=s.max_examples, seed=s.seed)
         partition, splits = self.shard(n=len(dataset), labels=None, texts=dataset.texts)
-        return TaggingCorpus(dataset, partition, splits)
+        return Shards(dataset, partition, splits)
 
     @property
     def label_names(self) -> tuple[str, ...]:
-        return self.corpus.dataset.label_names
+        return self.corpus.data.label_names
 
     def _gold(self, rows: np.ndarray) -> tuple[tuple[str, ...], ...]:
-        dataset = self.corpus.dataset
+        dataset = self.corpus.data
         return tuple(tuple(dataset.label_names[t] for t in dataset.labels[i]) for i in rows)
 
     def client_data(self, client_id: int) -> dict[str, TaggedSplit]:
@@ -248,7 +238,7 @@ class TaggingClients(FormulationClients):
         per-piece tags, and word-level gold tags (computed once)."""
         parts = self.rows(client_id)
         if client_id not in self._data:
-            dataset, (model, tokenizer) = self.corpus.dataset, self.backbone
+            dataset, (model, tokenizer) = self.corpus.data, self.backbone
             rows = np.concatenate(list(parts.values()))
             encoded = encode_tagged([dataset.words[i] for i in rows], [dataset.labels[i] for i in rows],
                                     tokenizer=tokenizer, max_length=self.settings.max_length)
@@ -282,4 +272,4 @@ class TaggingClients(FormulationClients):
 
 __all__ = ["ADAPTER_SET", "EncodedTags", "encode_tagged", "TaggedBatch", "TaggedSplit", "word_tags", "span_scores",
            "token_loss", "tagging_metrics", "most_frequent_tag_scores", "TokenTagger", "build_token_tagger",
-           "TaggingCorpus", "TaggingClients"]
+           "TaggingClients"]

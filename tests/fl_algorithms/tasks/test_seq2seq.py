@@ -32,7 +32,7 @@ def test_headline_is_the_first_line_and_the_body_the_rest():
 
 
 def test_each_client_holds_exactly_its_own_articles(clients):
-    corpus = clients.corpus.articles
+    corpus = clients.corpus.data
     for cid, split in enumerate(clients.corpus.splits, start=1):
         data = clients.client_data(cid)
         for name in ("train", "validation", "test"):

@@ -28,7 +28,7 @@ def clients():
 
 
 def test_each_client_caches_exactly_its_own_sentences(clients):
-    dataset = clients.corpus.dataset
+    dataset = clients.corpus.data
     for cid, split in enumerate(clients.corpus.splits, start=1):
         data = clients.client_data(cid)
         assert data is clients.client_data(cid)  # cached
@@ -141,7 +141,7 @@ def test_label_skew_is_refused_and_cluster_skew_uses_embeddings():
         TaggingClients(replace(SETTINGS, partition="label:0.1"), backbone="tiny")
     clustered = TaggingClients(replace(SETTINGS, partition="cluster:1"), backbone="tiny")
     assert clustered.partition.method.startswith("feature_cluster_skew")
-    assert clustered.partition.n == len(clustered.corpus.dataset)
+    assert clustered.partition.n == len(clustered.corpus.data)
 
 
 def test_trivial_baseline_goes_through_seqeval(clients, monkeypatch):

@@ -42,7 +42,7 @@ from torch.nn import functional as F
 from transformers import BertConfig, BertLMHeadModel, BertModel, EncoderDecoderModel
 from transformers.modeling_outputs import BaseModelOutput
 
-from nlp_models.adapters import attach_adapters
+from nlp_models.adapters import AdapterConfig, attach_adapters
 from nlp_models.heads import batch_position_ids, batch_token_type_ids
 
 IGNORE_INDEX = -100
@@ -60,8 +60,8 @@ class Seq2SeqConfig:
     max_target: int = 16
     """Target tokens, [SEP] included (BBC headlines are at most 9 words)."""
     train: str = "decoder"
-    adapters: Mapping[str, int] | None = None
-    """Adapter sets (name -> bottleneck) in the top `adapter_layers` decoder layers (train='adapters')."""
+    adapters: Mapping[str, AdapterConfig | int] | None = None
+    """Adapter sets (name -> config or bottleneck) in the top `adapter_layers` decoder layers (train='adapters')."""
     adapter_layers: int = 1
     copy: bool = True
     """Pointer-generator output mixture (see the module docstring)."""

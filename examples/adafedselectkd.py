@@ -31,9 +31,9 @@ from typing import Any
 
 import torch
 
-from fl_algorithms.experiments.cli import check_run_location, comma_list
+from fl_algorithms.experiments.cli import check_run_location, comma_list, open_run, read_cells
 from fl_algorithms.experiments.summarization_grid import (METHODS, PROTOCOLS, SummaryPlan, aggregate, cell_key,
-                                                          plot_curves, read_cells, run_summary_cell, write_table)
+                                                          plot_curves, run_summary_cell, write_table)
 from fl_algorithms.tasks.summarization import SETTINGS, SummarySettings
 from nlp_models._offline import ensure_offline
 from nlp_models.device import DEVICES, resolve_device
@@ -86,24 +86,13 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     if args.threads < 1:
         parser.error("--threads must be at least 1")
     device = str(resolve_device(args.device))
-    if args.resume:
-        run = Path(args.resume)
-        try:
-            plan = SummaryPlan.from_record(json.loads((run / "plan.json").read_text()))
-        except (FileNotFoundError, json.JSONDecodeError, TypeError, ValueError) as error:
-            parser.error(f"--resume {args.resume}: no readable plan.json ({error})")
-    else:
-        plan = build_plan(args, parser)
-        run = (Path(args.out) if args.out else RESULTS) / (args.run_name or time.strftime("%Y%m%d-%H%M%S"))
-        if run.exists():
-            parser.error(f"{run} exists: choose another --run-name or --resume it")
-        run.mkdir(parents=True)
-        (run / "plan.json").write_text(json.dumps(plan.record(), indent=1))
+    run, plan = open_run(parser, args, default_out=RESULTS, build=lambda: build_plan(args, parser),
+                         load=SummaryPlan.from_record, record=SummaryPlan.record)
     torch.set_num_threads(args.threads)
     cache = Path(args.cache) if args.cache else RESULTS / "cache"
     print(f"run directory: {run}  (device {device}, torch threads {args.threads}, {plan.protocol})", flush=True)
     cells_path = run / "cells.jsonl"
-    done = read_cells(cells_path)
+    done = read_cells(cells_path, key=cell_key)
     if done:
         print(f"{len(done)} already done", flush=True)
     start = time.perf_counter()

@@ -43,10 +43,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from fl_algorithms.experiments.cli import check_run_location, comma_list
+from fl_algorithms.experiments.cli import check_run_location, comma_list, open_run, read_cells
 from fl_algorithms.experiments.fednlp_grid import (ALGORITHMS, METRIC_NAMES, PROTOCOLS, GridPlan, aggregate,
                                                    cell_key, encoder_bound, flat_vector, load_formulation, partition_for,
-                                                   plan_from_record, plan_record, plot_curves, read_cells, run_cell,
+                                                   plan_from_record, plan_record, plot_curves, run_cell,
                                                    write_table)
 from fl_algorithms.experiments.layer_freezing import FreezingPlan, plot_freezing, run_freezing, write_freezing
 from fl_algorithms.tasks.formulation import TASKS, PartitionSpec
@@ -186,24 +186,12 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     device = str(resolve_device(args.device))
     if args.freezing is not None:
         return freezing_main(args, parser, device=device)
-    if args.resume:
-        run = Path(args.resume)
-        try:
-            plan = plan_from_record(json.loads((run / "plan.json").read_text()))
-        except (FileNotFoundError, json.JSONDecodeError, TypeError, ValueError) as error:
-            parser.error(f"--resume {args.resume}: no readable plan.json ({error})")
-    else:
-        plan = build_plan(args, parser)
-        name = args.run_name or time.strftime("%Y%m%d-%H%M%S")
-        run = (Path(args.out) if args.out else DEFAULT_OUT) / name
-        if run.exists():
-            parser.error(f"{run} exists: choose another --run-name or --resume it")
-        run.mkdir(parents=True)
-        (run / "plan.json").write_text(json.dumps(plan_record(plan), indent=2))
+    run, plan = open_run(parser, args, default_out=DEFAULT_OUT, build=lambda: build_plan(args, parser),
+                         load=plan_from_record, record=plan_record)
     torch.set_num_threads(args.threads)
     t0 = time.perf_counter()
     cells_path = run / "cells.jsonl"
-    done = read_cells(cells_path)
+    done = read_cells(cells_path, key=cell_key)
     trajectories: dict[tuple[str, str], list[np.ndarray]] = {}  # secure FedAvg's parameters per round
     partitions_md, partition_sets = [], {}
     clients_cache: dict[tuple, Any] = {}

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import argparse
+import json
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -35,4 +37,31 @@ def check_run_location(parser: argparse.ArgumentParser, args: argparse.Namespace
         parser.error("--resume RUN_DIR already names the run directory; drop --out/--run-name")
 
 
-__all__ = ["check_run_location", "comma_list"]
+def open_run(parser: argparse.ArgumentParser, args: argparse.Namespace, *, default_out: Path,
+             build: Callable[[], Any], load: Callable[[Any], Any], record: Callable[[Any], Any]) -> tuple[Path, Any]:
+    """The run directory and plan of a grid example: `--resume RUN_DIR` reads RUN_DIR/plan.json back
+    through `load`; otherwise `build()` makes the plan, and a new directory (`--out`/`--run-name`, default
+    a timestamp under `default_out`) receives `record(plan)` as plan.json."""
+    if args.resume:
+        run = Path(args.resume)
+        try:
+            return run, load(json.loads((run / "plan.json").read_text()))
+        except (FileNotFoundError, json.JSONDecodeError, TypeError, ValueError) as error:
+            parser.error(f"--resume {args.resume}: no readable plan.json ({error})")
+    plan = build()
+    run = (Path(args.out) if args.out else default_out) / (args.run_name or time.strftime("%Y%m%d-%H%M%S"))
+    if run.exists():
+        parser.error(f"{run} exists: choose another --run-name or --resume it")
+    run.mkdir(parents=True)
+    (run / "plan.json").write_text(json.dumps(record(plan), indent=2))
+    return run, plan
+
+
+def read_cells(path: Path, *, key: Callable[[Any], str]) -> dict[str, dict[str, Any]]:
+    """The finished cells of a grid (one JSON object per line of `path`), by `key(row)`; {} before the first."""
+    if not path.exists():
+        return {}
+    return {key(row): row for row in map(json.loads, path.read_text().splitlines()) if row}
+
+
+__all__ = ["check_run_location", "comma_list", "open_run", "read_cells"]

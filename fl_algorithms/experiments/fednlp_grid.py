@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-import json
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -294,12 +293,6 @@ def plot_curves(rows: Sequence[Mapping[str, Any]], *, path: Path) -> Path:
     return path
 
 
-def read_cells(path: Path) -> dict[str, dict[str, Any]]:
-    if not path.exists():
-        return {}
-    return {cell_key(row): row for row in map(json.loads, path.read_text().splitlines()) if row}
-
-
 def plan_record(plan: GridPlan) -> dict[str, Any]:
     """The plan as JSON-ready data (saved in the run directory; `plan_from_record` inverts it)."""
     return {**dataclasses.asdict(plan), "formulation": dict(plan.formulation),
@@ -314,5 +307,5 @@ def plan_from_record(raw: Mapping[str, Any]) -> GridPlan:
 
 __all__ = ["FORMULATIONS", "ALGORITHMS", "PROTOCOLS", "METRIC_NAMES", "TASK_DEFAULTS", "AlgorithmSettings",
            "make_algorithm", "load_formulation", "GridPlan", "cell_key", "secure_config", "flat_vector", "shared_vector", "run_cell",
-           "encoder_bound", "aggregate", "write_table", "plot_curves", "read_cells", "plan_record",
+           "encoder_bound", "aggregate", "write_table", "plot_curves", "plan_record",
            "plan_from_record", "partition_for"]

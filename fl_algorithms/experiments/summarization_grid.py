@@ -11,7 +11,6 @@ training rows.
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -19,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from fl_algorithms.algorithms.adafedselectkd import AdaFedKD, AdaFedSelectKD, scaled_threshold
+from fl_algorithms.algorithms.adafedselectkd import ADAPTER_PART, AdaFedKD, AdaFedSelectKD, scaled_threshold
 from fl_algorithms.algorithms.fedavg import FedAvg
 from fl_algorithms.algorithms.local import Local
 from fl_algorithms.engine.sim import RoundRecord, RunConfig, SimulationRunner
@@ -107,14 +106,15 @@ def run_federated(method: str, clients: SummaryClients, plan: SummaryPlan, *, pr
     config = RunConfig(rounds=plan.rounds, seed=clients.settings.seed, sampler="seeded", curve_split="validation",
                        secure=secure)
     trainers = {k: clients.make_trainer(k, distill=method in DISTILLING) for k in range(1, n + 1)}
-    runner = SimulationRunner(algorithm=algorithm, config=config, initial=clients.initial(), trainers=trainers)
+    initial = clients.initial()
+    runner = SimulationRunner(algorithm=algorithm, config=config, initial=initial, trainers=trainers)
     runner.on_round = on_round
     history = runner.run(progress=progress, desc=method)
     final = history[-1]
     out = {"clients": _per_client(clients.client_names, final.metrics),
            "curve": [r.mean("validation_rougeL") for r in history],
            "secure_seconds_per_round": float(np.mean([r.secure_seconds for r in history])),
-           "parameters": int(clients.initial()["adapter"].size)}
+           "parameters": int(initial[ADAPTER_PART].size)}
     if method in DISTILLING:
         out["kd_token_share_per_round"] = [r.mean("kd_token_share") for r in history]
         out["kd_token_share"] = float(np.mean(out["kd_token_share_per_round"]))
@@ -131,7 +131,7 @@ def run_centralized(clients: SummaryClients, plan: SummaryPlan) -> dict[str, Any
         curve.append(float(np.mean([trainer.evaluate(split=f"validation_{k}")["rougeL"] for k in ids])))
     metrics = {k: trainer.evaluate(split=f"test_{k}") for k in ids}
     return {"clients": _per_client(clients.client_names, metrics), "curve": curve, "secure_seconds_per_round": 0.0,
-            "parameters": int(clients.initial()["adapter"].size)}
+            "parameters": sum(p.numel() for p in trainer.trainable())}
 
 
 def run_summary_cell(cell: Mapping[str, Any], clients: SummaryClients, plan: SummaryPlan, *,
@@ -146,12 +146,6 @@ def run_summary_cell(cell: Mapping[str, Any], clients: SummaryClients, plan: Sum
     return {**cell, **out, **{key: float(np.mean([c[key] for c in scores.values()])) for key in ROUGE},
             "seconds": time.perf_counter() - start, "train_sizes": clients.train_sizes(),
             **clients.pretraining}
-
-
-def read_cells(path: Path) -> dict[str, dict[str, Any]]:
-    if not path.exists():
-        return {}
-    return {cell_key(row): row for row in map(json.loads, path.read_text().splitlines()) if row}
 
 
 def aggregate(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -238,4 +232,4 @@ def plot_curves(rows: Sequence[Mapping[str, Any]], *, path: Path) -> Path:
 
 
 __all__ = ["METHODS", "DISTILLING", "ROUGE", "PROTOCOLS", "SummaryPlan", "cell_key", "make_algorithm", "run_federated",
-           "run_centralized", "run_summary_cell", "read_cells", "aggregate", "write_table", "plot_curves"]
+           "run_centralized", "run_summary_cell", "aggregate", "write_table", "plot_curves"]

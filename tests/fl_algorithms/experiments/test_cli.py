@@ -33,3 +33,26 @@ def test_task_option_helpers_name_what_is_wrong():
     for text, message in (("x", "must be an integer"), ("0", "at least 1")):
         with pytest.raises(ValueError, match=message):
             int_option({"threads": text}, "threads", default=1, minimum=1)
+
+
+def test_open_run_creates_a_new_run_and_resumes_it(tmp_path):
+    import argparse
+
+    from fl_algorithms.experiments.cli import open_run, read_cells
+
+    parser = argparse.ArgumentParser()
+    new = argparse.Namespace(resume=None, out=str(tmp_path), run_name="r")
+    run, plan = open_run(parser, new, default_out=tmp_path / "unused", build=lambda: {"rounds": 3},
+                         load=dict, record=lambda p: {**p, "saved": True})
+    assert run == tmp_path / "r" and plan == {"rounds": 3}
+    with pytest.raises(SystemExit):  # an existing directory is never overwritten
+        open_run(parser, new, default_out=tmp_path, build=dict, load=dict, record=dict)
+    again, loaded = open_run(parser, argparse.Namespace(resume=str(run), out=None, run_name=None),
+                             default_out=tmp_path, build=lambda: pytest.fail("built again"), load=dict, record=dict)
+    assert again == run and loaded == {"rounds": 3, "saved": True}
+    with pytest.raises(SystemExit):
+        open_run(parser, argparse.Namespace(resume=str(tmp_path / "none"), out=None, run_name=None),
+                 default_out=tmp_path, build=dict, load=dict, record=dict)
+    assert read_cells(run / "cells.jsonl", key=lambda r: r["k"]) == {}
+    (run / "cells.jsonl").write_text('{"k": "a", "v": 1}\n{"k": "b", "v": 2}\n')
+    assert read_cells(run / "cells.jsonl", key=lambda r: r["k"]) == {"a": {"k": "a", "v": 1}, "b": {"k": "b", "v": 2}}

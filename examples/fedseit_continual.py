@@ -51,6 +51,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--local-epochs", type=int, default=None)
     p.add_argument("--max-train", type=int, default=None, help="training documents per client and task")
     p.add_argument("--descriptor-epsilon", type=float, default=None, help="epsilon of one task descriptor")
+    p.add_argument("--mu", type=float, default=None, help="FedProx proximal weight on B (default 0: FedAvg)")
     p.add_argument("--protocol", choices=PROTOCOLS, default="secagg+")
     p.add_argument("--device", choices=DEVICES, default="auto")
     p.add_argument("--backbone", choices=("minilm", "tiny"), default="minilm")
@@ -67,7 +68,8 @@ def build_plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Con
     defaults = ContinualPlan()
     data, descriptor = base.pop("data", defaults.data), base.pop("descriptor", defaults.descriptor)
     chosen = {k: v for k, v in (("methods", args.methods), ("seeds", args.seeds),
-                                ("rounds_per_task", args.rounds_per_task), ("local_epochs", args.local_epochs))
+                                ("rounds_per_task", args.rounds_per_task), ("local_epochs", args.local_epochs),
+                                ("mu", args.mu))
               if v is not None}
     try:
         if args.max_train is not None:

@@ -4,7 +4,8 @@ with B through secure aggregation, private task descriptors and foreign adaptive
 Every client c learns its tasks t = 0, 1, ... one after another (`Schedule`: `rounds_per_task` rounds
 each) with the decomposed CNN of `nlp_models.decomposed_cnn`, theta_t = B ⊙ sigmoid(m_t) + A_t.
 
-    server:  B^{r+1} = B^r + sum_c n_c (B_c - B^r) / sum_c n_c          (FedAvg of B; a secure sum)
+    server:  B^{r+1} = B^r + sum_c n_c (B_c - B^r) / sum_c n_c          (FedAvg of B; a secure sum;
+             FedProx optional: clients add mu/2 ||B - B^r||^2 to their loss)
     SIT:     d_(c,t) = DP centres of task t's documents                 (`dp.centroids`, per-client release)
              s((c,t), (j,u)) = sum_{cos(x, y) > 0.7} cos(x, y) / (n1 n2) over centre pairs x of d_(c,t), y of d_(j,u)
              F_(c,t) = top-K of s over the foreign candidates, alpha^0 = s / sum s   (``--et-init-alphas``)
@@ -132,8 +133,13 @@ class FederatedContinual(FedAvg):
 
     def __init__(self, *, schedule: Schedule, selection: str = "sit", top_k: int = 3, local_epochs: int = 1,
                  descriptor: DPCentroids | None = None, peers: PeerDirectory | None = None, run: str = "run",
-                 consent: frozenset[int] | None = None, threshold: float = SIT_THRESHOLD, seed: int = 0) -> None:
+                 consent: frozenset[int] | None = None, threshold: float = SIT_THRESHOLD, seed: int = 0,
+                 mu: float = 0.0) -> None:
+        """`mu` > 0 adds FedProx's proximal term mu/2 ||B - B^r||^2 to every client's loss."""
         super().__init__(local_epochs=local_epochs)
+        if not mu >= 0:
+            raise ValueError(f"mu must be >= 0, got {mu}")
+        self.mu = mu
         if selection not in SELECTIONS:
             raise ValueError(f"selection must be one of {', '.join(SELECTIONS)}, got {selection!r}")
         if selection in ("sit", "random") and (descriptor is None or top_k < 1):
@@ -273,7 +279,7 @@ class FederatedContinual(FedAvg):
         trainer.set_shared(broadcast)
         state, metrics = (self._receive(broadcast, client, task) if self.selection != "none"
                           else (dict(client.state), {}))
-        metrics.update(trainer.train(epochs=self.local_epochs, round=r))
+        metrics.update(trainer.train(epochs=self.local_epochs, round=r, proximal=broadcast, mu=self.mu))
         delta = trainer.get_shared()[BASE_PART] - broadcast[BASE_PART]
         released = {}
         for u in self.schedule.announced(r) if self.releases else ():
@@ -305,9 +311,9 @@ class FedWeIT(FederatedContinual):
     name = "fedweit"
 
     def __init__(self, *, schedule: Schedule, local_epochs: int = 1, peers: PeerDirectory, run: str = "run",
-                 consent: frozenset[int] | None = None, seed: int = 0) -> None:
+                 consent: frozenset[int] | None = None, seed: int = 0, mu: float = 0.0) -> None:
         super().__init__(schedule=schedule, selection="all_current", local_epochs=local_epochs, peers=peers, run=run,
-                         consent=consent, seed=seed)
+                         consent=consent, seed=seed, mu=mu)
 
 
 class ContinualFedAvg(FederatedContinual):
@@ -315,8 +321,8 @@ class ContinualFedAvg(FederatedContinual):
 
     name = "fedavg_b"
 
-    def __init__(self, *, schedule: Schedule, local_epochs: int = 1) -> None:
-        super().__init__(schedule=schedule, selection="none", local_epochs=local_epochs)
+    def __init__(self, *, schedule: Schedule, local_epochs: int = 1, mu: float = 0.0) -> None:
+        super().__init__(schedule=schedule, selection="none", local_epochs=local_epochs, mu=mu)
 
 
 class LocalContinual(FedAvg):

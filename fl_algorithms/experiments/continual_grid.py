@@ -49,6 +49,8 @@ class ContinualPlan:
     trainer: ContinualTrainerConfig = ContinualTrainerConfig()
     descriptor: CentroidConfig = CentroidConfig()
     filters: int = 128
+    mu: float = 0.0
+    """FedProx's proximal weight on B for the federated methods (0: FedAvg, the paper's main setting)."""
 
     def __post_init__(self) -> None:
         if not self.methods or set(self.methods) - set(METHODS) or len(set(self.methods)) != len(self.methods):
@@ -59,6 +61,8 @@ class ContinualPlan:
             raise ValueError("need rounds_per_task >= 2, local_epochs >= 1, clip > 0, filters >= 1")
         if self.protocol not in PROTOCOLS:
             raise ValueError(f"protocol must be one of {', '.join(PROTOCOLS)}")
+        if not self.mu >= 0:
+            raise ValueError(f"mu must be >= 0, got {self.mu}")
 
     @property
     def schedule(self) -> Schedule:
@@ -128,14 +132,15 @@ def make_method(method: str, *, plan: ContinualPlan, clients: ContinualClients, 
         k = 5 if method == "fedseit_k5" else 3
         descriptor = DPCentroids(plan.descriptor, dim=clients.embeddings.shape[1])
         algorithm = FedSeIT(schedule=schedule, selection="random" if method == "fedseit_random" else "sit", top_k=k,
-                            local_epochs=epochs, descriptor=descriptor, peers=clients.peers, run=run, seed=seed)
+                            local_epochs=epochs, descriptor=descriptor, peers=clients.peers, run=run, seed=seed,
+                            mu=plan.mu)
         return algorithm, dataclasses.replace(base, mode="fedseit", foreign_slots=k)
     if method == "fedweit":
-        algorithm = FedWeIT(schedule=schedule, local_epochs=epochs, peers=clients.peers, run=run, seed=seed)
+        algorithm = FedWeIT(schedule=schedule, local_epochs=epochs, peers=clients.peers, run=run, seed=seed, mu=plan.mu)
         return algorithm, dataclasses.replace(base, mode="fedweit", foreign_slots=len(clients.ids) - 1)
     model = dataclasses.replace(base, mode="fedweit", foreign_slots=0)
     if method == "fedavg_b":
-        return ContinualFedAvg(schedule=schedule, local_epochs=epochs), model
+        return ContinualFedAvg(schedule=schedule, local_epochs=epochs, mu=plan.mu), model
     if method == "local":
         return LocalContinual(schedule=schedule, local_epochs=epochs), model
     raise ValueError(f"unknown method {method!r}")

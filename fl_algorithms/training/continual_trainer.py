@@ -122,8 +122,10 @@ class ContinualTrainer:
             self.model.load_base_vector(params[BASE_PART])
 
     # ---- training and evaluation ----------------------------------------------------------------
-    def train(self, *, epochs: int, round: int | None = None, **_: Any) -> dict[str, float]:
-        """`epochs` passes over the current task with its loss (CE, decay, L1, drift of earlier tasks)."""
+    def train(self, *, epochs: int, proximal: Mapping[str, np.ndarray] | None = None, mu: float = 0.0,
+              round: int | None = None) -> dict[str, float]:
+        """`epochs` passes over the current task with its loss (CE, decay, L1, drift of earlier tasks);
+        FedProx: + mu/2 ||B - proximal['base']||^2."""
         task = self.current_task
         if task is None:
             raise RuntimeError("no task started")
@@ -131,6 +133,13 @@ class ContinualTrainer:
         model = self.model
         previous = {t: {k: v.to(self.device) for k, v in theta.items()} for t, theta in self.previous.items()}
         optimizer = torch.optim.Adam(model.trainable_parameters(task), lr=self.config.lr)
+        penalty = None
+        if proximal is not None and mu > 0:
+            anchor = torch.as_tensor(np.asarray(proximal[BASE_PART]), dtype=torch.float32, device=self.device)
+            anchors = torch.split(anchor, [p.numel() for p in model.base_parameters()])
+
+            def penalty() -> torch.Tensor:
+                return 0.5 * mu * sum(((p.reshape(-1) - a) ** 2).sum() for p, a in zip(model.base_parameters(), anchors))
         self.calls += 1
         with seeded(sequence_seed(self.config.seed, self.client_id, self.calls)) as generator:
             def batches():
@@ -146,7 +155,7 @@ class ContinualTrainer:
                 return _Parts(terms.loss, {"ce": terms.ce, "drift": terms.drift})
 
             model.train()
-            metrics = run_epochs(batches=batches, loss=loss, optimizer=optimizer, epochs=epochs)
+            metrics = run_epochs(batches=batches, loss=loss, optimizer=optimizer, epochs=epochs, penalty=penalty)
         model.eval()
         return {**metrics, "task": float(task)}
 

@@ -182,3 +182,18 @@ def test_local_and_fedavg_b(world):
     b = runner.state[f"params.{BASE_PART}"]
     assert all(np.allclose(t.get_shared()[BASE_PART], b, atol=1e-6) for t in shared.values())
     assert ledger.clients() == [] and history[-1].metrics[1]["tasks_seen"] == 2
+
+
+def test_fedprox_term_holds_b_near_the_broadcast(world):
+    """With FedProx's mu the uploaded B delta is smaller than without (same seed, same data)."""
+    schedule = Schedule(tasks=2, rounds_per_task=2)
+    norms = {}
+    for mu in (0.0, 100.0):
+        trainer = _trainers(world, mode="fedweit", slots=0)[1]
+        broadcast = ClientBroadcast(round=1, common={BASE_PART: trainer.get_shared()[BASE_PART]})
+        context = ClientContext(client_id=1, state={}, trainer=trainer, round=1)
+        ContinualFedAvg(schedule=schedule, local_epochs=2, mu=mu).client_update(broadcast=broadcast, client=context)
+        norms[mu] = float(np.linalg.norm(trainer.get_shared()[BASE_PART] - broadcast[BASE_PART]))
+    assert 0 < norms[100.0] < 0.5 * norms[0.0]
+    with pytest.raises(ValueError, match="mu"):
+        ContinualFedAvg(schedule=schedule, mu=-1.0)

@@ -133,13 +133,13 @@ class ContinualTrainer:
         model = self.model
         previous = {t: {k: v.to(self.device) for k, v in theta.items()} for t, theta in self.previous.items()}
         optimizer = torch.optim.Adam(model.trainable_parameters(task), lr=self.config.lr)
-        penalty = None
+        anchors = ()
         if proximal is not None and mu > 0:
             anchor = torch.as_tensor(np.asarray(proximal[BASE_PART]), dtype=torch.float32, device=self.device)
             anchors = torch.split(anchor, [p.numel() for p in model.base_parameters()])
 
-            def penalty() -> torch.Tensor:
-                return 0.5 * mu * sum(((p.reshape(-1) - a) ** 2).sum() for p, a in zip(model.base_parameters(), anchors))
+        def proximal_term() -> torch.Tensor:
+            return 0.5 * mu * sum(((p.reshape(-1) - a) ** 2).sum() for p, a in zip(model.base_parameters(), anchors))
         self.calls += 1
         with seeded(sequence_seed(self.config.seed, self.client_id, self.calls)) as generator:
             def batches():
@@ -155,7 +155,8 @@ class ContinualTrainer:
                 return _Parts(terms.loss, {"ce": terms.ce, "drift": terms.drift})
 
             model.train()
-            metrics = run_epochs(batches=batches, loss=loss, optimizer=optimizer, epochs=epochs, penalty=penalty)
+            metrics = run_epochs(batches=batches, loss=loss, optimizer=optimizer, epochs=epochs,
+                                 penalty=proximal_term if anchors else None)
         model.eval()
         return {**metrics, "task": float(task)}
 

@@ -52,6 +52,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--max-train", type=int, default=None, help="training documents per client and task")
     p.add_argument("--descriptor-epsilon", type=float, default=None, help="epsilon of one task descriptor")
     p.add_argument("--mu", type=float, default=None, help="FedProx proximal weight on B (default 0: FedAvg)")
+    p.add_argument("--projection", action="store_true", help="FedSeIT's W_f over the foreign features (paper Eq. 3)")
     p.add_argument("--protocol", choices=PROTOCOLS, default="secagg+")
     p.add_argument("--device", choices=DEVICES, default="auto")
     p.add_argument("--backbone", choices=("minilm", "tiny"), default="minilm")
@@ -76,6 +77,8 @@ def build_plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Con
             data = dataclasses.replace(data, max_train=args.max_train)
         if args.descriptor_epsilon is not None:
             descriptor = dataclasses.replace(descriptor, epsilon=args.descriptor_epsilon)
+        if args.projection:
+            base["projection"] = True
         return ContinualPlan(**{**base, **chosen, "protocol": args.protocol, "data": data, "descriptor": descriptor})
     except ValueError as error:
         parser.error(str(error))

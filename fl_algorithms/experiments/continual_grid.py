@@ -51,6 +51,8 @@ class ContinualPlan:
     filters: int = 128
     mu: float = 0.0
     """FedProx's proximal weight on B for the federated methods (0: FedAvg, the paper's main setting)."""
+    projection: bool = False
+    """FedSeIT's W_f over the foreign features (paper Eq. 3; off by default in the reference's parser)."""
 
     def __post_init__(self) -> None:
         if not self.methods or set(self.methods) - set(METHODS) or len(set(self.methods)) != len(self.methods):
@@ -134,7 +136,7 @@ def make_method(method: str, *, plan: ContinualPlan, clients: ContinualClients, 
         algorithm = FedSeIT(schedule=schedule, selection="random" if method == "fedseit_random" else "sit", top_k=k,
                             local_epochs=epochs, descriptor=descriptor, peers=clients.peers, run=run, seed=seed,
                             mu=plan.mu)
-        return algorithm, dataclasses.replace(base, mode="fedseit", foreign_slots=k)
+        return algorithm, dataclasses.replace(base, mode="fedseit", foreign_slots=k, projection=plan.projection)
     if method == "fedweit":
         algorithm = FedWeIT(schedule=schedule, local_epochs=epochs, peers=clients.peers, run=run, seed=seed, mu=plan.mu)
         return algorithm, dataclasses.replace(base, mode="fedweit", foreign_slots=len(clients.ids) - 1)

@@ -67,3 +67,12 @@ def test_every_method_runs_and_tables_aggregate(clients, tmp_path):
     write_table(rows, csv_path=tmp_path / "s.csv", md_path=tmp_path / "s.md")
     assert "fedseit_k3" in (tmp_path / "s.md").read_text()
     assert plot_curves(rows, path=tmp_path / "c.png", schedule=second.schedule).stat().st_size > 0
+
+
+def test_projection_option_builds_fedseit_with_w_f(clients):
+    from fl_algorithms.experiments.continual_grid import make_method
+
+    _, model = make_method("fedseit_k3", plan=dataclasses.replace(PLAN, projection=True), clients=clients, seed=0)
+    assert model.projection and model.mode == "fedseit" and model.foreign_slots == 3
+    _, plain = make_method("fedseit_k3", plan=PLAN, clients=clients, seed=0)
+    assert not plain.projection

@@ -11,7 +11,8 @@ pool of 10 (BBC topic pairs, Rotten Tomatoes polarity and subjectivity, debates 
 person / geo-location); MiniLM's token embeddings replace GloVe as the CNN's frozen word vectors.
 
 Writes results/fedseit/<run>/: cells.jsonl (one line per finished cell, with every client's accuracy
-matrix and the SIT selections), summary.csv, summary.md and curves.png. The last line is
+matrix and the SIT selections), ledgers/<seed>-<method>.json (the server's privacy ledger: every
+descriptor charge with its mechanism), summary.csv, summary.md and curves.png. The last line is
     fcl fedseit_acc=.. fedweit_acc=.. fedavg_acc=.. local_acc=.. fedseit_forgetting=.. fedweit_forgetting=.. descriptor_epsilon=..
 (final average accuracy and forgetting in [0, 1], mean over clients and seeds; FedSeIT with K=3;
 descriptor_epsilon: the largest per-client example-level epsilon on the server's ledger, delta 1e-5).
@@ -112,7 +113,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                 print(f"  seed {cell['seed']} client {row['client']} task {row['position']}: {row['task']} "
                       f"({row['train']} train, {row['test']} test)", flush=True)
         try:
-            row = run_continual_cell(cell, clients, plan, progress=not args.no_progress)
+            row = run_continual_cell(cell, clients, plan, progress=not args.no_progress, ledger_dir=run / "ledgers")
         except ValueError as error:
             raise SystemExit(f"error: {error}") from None
         with open(cells_path, "a") as handle:

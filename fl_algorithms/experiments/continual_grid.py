@@ -170,8 +170,11 @@ def forgetting(matrix: Sequence[Sequence[float]]) -> float:
 
 
 def run_continual_cell(cell: Mapping[str, Any], clients: ContinualClients, plan: ContinualPlan, *,
-                       progress: bool, on_round: Callable[[RoundRecord], None] | None = None) -> dict[str, Any]:
-    """One (seed, method): per-client accuracy matrices, final accuracy, forgetting, epsilon, costs."""
+                       progress: bool, on_round: Callable[[RoundRecord], None] | None = None,
+                       ledger_dir: Path | None = None) -> dict[str, Any]:
+    """One (seed, method): per-client accuracy matrices, final accuracy, forgetting, epsilon, costs.
+    With `ledger_dir`, the server's ledger is written there as `<seed>-<method>.json` (every charge with
+    its mechanism, so the descriptor epsilon can be recomputed from it)."""
     start = time.perf_counter()
     seed, method = int(cell["seed"]), cell["method"]
     algorithm, model = make_method(method, plan=plan, clients=clients, seed=seed)
@@ -186,6 +189,9 @@ def run_continual_cell(cell: Mapping[str, Any], clients: ContinualClients, plan:
                               ledger=ledger)
     runner.on_round = on_round
     history = runner.run(progress=progress, desc=method)
+    if ledger_dir is not None:
+        ledger_dir.mkdir(parents=True, exist_ok=True)
+        ledger.write(ledger_dir / f"{seed}-{method}.json")
     matrices = {k: accuracy_matrix(history, client=k, schedule=plan.schedule) for k in clients.ids}
     epsilons = [ledger.epsilon(k, unit="example", observer="server") for k in clients.ids]
     relays = [r.metrics[k].get("relays_received", 0.0) for r in history for k in clients.ids]

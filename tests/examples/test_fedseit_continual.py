@@ -38,6 +38,13 @@ def test_quick_run_ends_with_the_fcl_line_and_resumes(tmp_path, capsys, monkeypa
     assert float(match.group(7)) == pytest.approx(rows[0]["descriptor_epsilon"], abs=5e-5) and float(match.group(7)) > 0
     for name in ("summary.csv", "summary.md", "curves.png", "plan.json"):
         assert (out["run"] / name).stat().st_size > 0
+    # the reported epsilon is the ledger's, and the ledger file alone recomputes it
+    report = json.loads((out["run"] / "ledgers" / "0-fedseit_k3.json").read_text())
+    totals = [c["epsilon"]["example/server"] for c in report["clients"].values()]
+    assert max(totals) == pytest.approx(rows[0]["descriptor_epsilon"])
+    entries = next(iter(report["clients"].values()))["entries"]
+    assert {e["summary_key"] for e in entries} == {"descriptor0", "descriptor1"}
+    assert {e["mechanism"]["name"] for e in entries} == {"gaussian"}
     again = example.main(["--resume", str(out["run"]), "--no-progress"])
     assert "4 already done" in capsys.readouterr().out and again["line"] == out["line"]
 

@@ -265,7 +265,9 @@ class FederatedContinual(FedAvg):
                 key = (int(owner), int(other))
                 tensor = trainer.adaptive(key[1]) if key[0] == client.client_id else received.get(key)
                 if tensor is not None:
-                    keys.append(key), tensors.append(tensor), alphas.append(alpha)
+                    keys.append(key)
+                    tensors.append(tensor)
+                    alphas.append(alpha)
             previous = state.get("foreign_keys", {}).get(str(task))
             if keys and [list(k) for k in keys] != previous and (previous is None or len(keys) > len(previous)):
                 trainer.set_foreign(task, tensors, alphas=alphas)

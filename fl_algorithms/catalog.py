@@ -42,6 +42,7 @@ ALGORITHMS = (
     Entry("fedweit", "fl_algorithms.algorithms.fedseit:FedWeIT", "FedWeIT (Yoon et al. 2021): continual; B = secure FedAvg, other clients' adaptives summed in the kernel"),
     Entry("fedavg_b", "fl_algorithms.algorithms.fedseit:ContinualFedAvg", "continual FedAvg on the decomposed CNN's shared B alone (FedSeIT's baseline)"),
     Entry("local_continual", "fl_algorithms.algorithms.fedseit:LocalContinual", "continual learning on each client alone (FedSeIT's baseline)"),
+    Entry("atc_assign", "fl_algorithms.algorithms.atc_assign:SecureAssign", "ATC's ASSIGN aggregation (issue 13, part): per-cluster FedAvg, k-means on centred update sketches with private assignments"),
     Entry("group_fedavg", "fl_algorithms.algorithms.group_fedavg:GroupFedAvg", "one FedAvg model per public group (task/domain): per-group broadcasts and sums"),
 )
 

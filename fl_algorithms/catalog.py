@@ -66,6 +66,7 @@ TASKS = (
     Entry("toy", "fl_algorithms.tasks.toy:build", "softmax regression on Gaussian blobs with label skew (tests, deploy smoke runs)"),
     Entry("fednlp-bbc", "fl_algorithms.tasks.fednlp:build", "FedNLP BBC topics, MiniLM + adapters; each client builds its own shard (deploy_cli --task)"),
     Entry("bbc-domain-headlines", "fl_algorithms.tasks.summarization:SummaryClients", "headline from body over BBC business/politics/tech (+ tweets -> entities), frozen pre-trained generator with adapters"),
+    Entry("atc-hetero", "fl_algorithms.tasks.hetero:build_clients", "ATC's 18 heterogeneous clients (1/3/3/2/5/4): classification, tagging, cloze QA, headline generation"),
     Entry("continual-text", "fl_algorithms.tasks.continual:build_tasks", "FedSeIT's continual clients: seeded sequences of 5 binary tasks from a pool of 10 offline tasks"),
     Entry("bbc-topics", "nlp_models.data.loaders:load_bbc_news", "BBC News topic classification (5 classes), shipped offline"),
     Entry("rt-sentiment", "nlp_models.data.loaders:load_rt_sentiment", "Rotten Tomatoes sentiment, shipped offline"),

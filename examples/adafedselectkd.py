@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import time
 from collections.abc import Sequence
@@ -31,12 +30,12 @@ from typing import Any
 
 import torch
 
-from fl_algorithms.experiments.cli import check_run_location, comma_list, open_run, read_cells
+from fl_algorithms.experiments.cli import append_cell, comma_list, open_run, parse_grid_args, read_cells
 from fl_algorithms.experiments.summarization_grid import (METHODS, PROTOCOLS, SummaryPlan, aggregate, cell_key,
                                                           plot_curves, run_summary_cell, write_table)
 from fl_algorithms.tasks.summarization import SETTINGS, SummarySettings
 from nlp_models._offline import ensure_offline
-from nlp_models.device import DEVICES, resolve_device
+from nlp_models.device import DEVICES
 
 RESULTS = Path(__file__).resolve().parents[1] / "results" / "adafedselectkd"
 QUICK = dict(settings=("non_iid",), seeds=(0,), rounds=5, data=SummarySettings(fraction=0.3))
@@ -81,11 +80,7 @@ def build_plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Sum
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     ensure_offline()
     parser = _parser()
-    args = parser.parse_args(argv)
-    check_run_location(parser, args)
-    if args.threads < 1:
-        parser.error("--threads must be at least 1")
-    device = str(resolve_device(args.device))
+    args, device = parse_grid_args(parser, argv)
     run, plan = open_run(parser, args, default_out=RESULTS, build=lambda: build_plan(args, parser),
                          load=SummaryPlan.from_record, record=SummaryPlan.record)
     torch.set_num_threads(args.threads)
@@ -107,8 +102,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             row = run_summary_cell(cell, clients, plan, progress=not args.no_progress)
         except ValueError as error:
             raise SystemExit(f"error: {error}") from None
-        with open(cells_path, "a") as handle:
-            handle.write(json.dumps(row) + "\n")
+        append_cell(cells_path, row)
         done[cell_key(cell)] = row
         share = f", KD tokens {row['kd_token_share']:.1%}" if "kd_token_share" in row else ""
         print(f"{cell_key(cell)}: ROUGE-1/2/L {row['rouge1']:.4f} / {row['rouge2']:.4f} / {row['rougeL']:.4f}"

@@ -32,7 +32,6 @@ plaintext twin's seconds per round and the secure sum's seconds per round (FedAv
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -43,7 +42,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from fl_algorithms.experiments.cli import check_run_location, comma_list, open_run, read_cells
+from fl_algorithms.experiments.cli import append_cell, comma_list, open_run, parse_grid_args, read_cells
 from fl_algorithms.experiments.fednlp_grid import (ALGORITHMS, METRIC_NAMES, PROTOCOLS, GridPlan, aggregate,
                                                    cell_key, encoder_bound, flat_vector, load_formulation, partition_for,
                                                    plan_from_record, plan_record, plot_curves, run_cell,
@@ -52,7 +51,7 @@ from fl_algorithms.experiments.layer_freezing import FreezingPlan, plot_freezing
 from fl_algorithms.tasks.formulation import TASKS, PartitionSpec
 from nlp_models._offline import ensure_offline
 from nlp_models.data.partition_stats import partition_summary, plot_partitions, summary_line
-from nlp_models.device import DEVICES, resolve_device
+from nlp_models.device import DEVICES
 
 DEFAULT_OUT = Path(__file__).resolve().parents[1] / "results" / "fednlp_grid"
 QUICK = dict(rounds=4, formulation=dict(clients=4, max_examples=320, min_client_examples=20),
@@ -157,8 +156,7 @@ def freezing_main(args: argparse.Namespace, parser: argparse.ArgumentParser, *, 
     rows_path = run / "freezing.jsonl"
 
     def keep(row: dict[str, Any]) -> None:
-        with open(rows_path, "a") as handle:
-            handle.write(json.dumps(row) + "\n")
+        append_cell(rows_path, row)
         print(f"{row['variant']}: central {row['central']:.4f}, {plan.algorithm} {row['federated']:.4f}, "
               f"{row['trainable']:,} trainable, {row['seconds']:.0f} s", flush=True)
 
@@ -179,11 +177,7 @@ def freezing_main(args: argparse.Namespace, parser: argparse.ArgumentParser, *, 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     ensure_offline()
     parser = _parser()
-    args = parser.parse_args(argv)
-    check_run_location(parser, args)
-    if args.threads < 1:
-        parser.error("--threads must be at least 1")
-    device = str(resolve_device(args.device))
+    args, device = parse_grid_args(parser, argv)
     if args.freezing is not None:
         return freezing_main(args, parser, device=device)
     run, plan = open_run(parser, args, default_out=DEFAULT_OUT, build=lambda: build_plan(args, parser),
@@ -224,8 +218,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             stats = partition_summary(clients.partition)
             partitions_md.append(f"- {cell['task']} {cell['partition']}: {summary_line(stats)}")
             partition_sets[f"{cell['task']} {cell['partition']}"] = clients.partition
-        with open(cells_path, "a") as handle:
-            handle.write(json.dumps(summary) + "\n")
+        append_cell(cells_path, summary)
         done[key] = summary
         print(f"{key}: {summary['metric']}={summary['score']:.4f} (trivial {summary['trivial']:.4f}), "
               f"{summary['round_seconds']:.1f} s/round, secure {summary['secure_seconds_per_round']:.2f} s/round",

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import time
 from collections.abc import Sequence
@@ -30,12 +29,12 @@ from typing import Any
 
 import torch
 
-from fl_algorithms.experiments.cli import check_run_location, comma_list, open_run, read_cells
+from fl_algorithms.experiments.cli import append_cell, comma_list, open_run, parse_grid_args, read_cells
 from fl_algorithms.experiments.continual_grid import (METHODS, PROTOCOLS, ContinualClients, ContinualPlan, aggregate,
                                                       cell_key, plot_curves, run_continual_cell, write_table)
 from fl_algorithms.tasks.continual import task_statistics
 from nlp_models._offline import ensure_offline
-from nlp_models.device import DEVICES, resolve_device
+from nlp_models.device import DEVICES
 
 RESULTS = Path(__file__).resolve().parents[1] / "results" / "fedseit"
 QUICK = dict(seeds=(0,), methods=("fedseit_k3", "fedweit", "fedavg_b", "local"))
@@ -88,11 +87,7 @@ def build_plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Con
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     ensure_offline()
     parser = _parser()
-    args = parser.parse_args(argv)
-    check_run_location(parser, args)
-    if args.threads < 1:
-        parser.error("--threads must be at least 1")
-    device = str(resolve_device(args.device))
+    args, device = parse_grid_args(parser, argv)
     run, plan = open_run(parser, args, default_out=RESULTS, build=lambda: build_plan(args, parser),
                          load=ContinualPlan.from_record, record=ContinualPlan.record)
     torch.set_num_threads(args.threads)
@@ -116,8 +111,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             row = run_continual_cell(cell, clients, plan, progress=not args.no_progress, ledger_dir=run / "ledgers")
         except ValueError as error:
             raise SystemExit(f"error: {error}") from None
-        with open(cells_path, "a") as handle:
-            handle.write(json.dumps(row) + "\n")
+        append_cell(cells_path, row)
         done[cell_key(cell)] = row
         print(f"{cell_key(cell)}: final accuracy {row['accuracy']:.4f}, forgetting {row['forgetting']:.4f}, "
               f"{row['seconds']:.0f} s", flush=True)

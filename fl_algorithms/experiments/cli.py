@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +25,18 @@ def comma_list(kind: type, *, what: str, choices: Sequence[Any] | None = None) -
             raise argparse.ArgumentTypeError(f"repeated {what}s in {text!r}")
         return tuple(values)
     return parse
+
+
+def parse_grid_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> tuple[argparse.Namespace, str]:
+    """The grid examples' shared start: parse, check the run location and --threads, resolve --device
+    ('auto' -> 'cuda' when present); returns (args, device)."""
+    from nlp_models.device import resolve_device
+
+    args = parser.parse_args(argv)
+    check_run_location(parser, args)
+    if args.threads < 1:
+        parser.error("--threads must be at least 1")
+    return args, str(resolve_device(args.device))
 
 
 def check_run_location(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
@@ -64,4 +76,10 @@ def read_cells(path: Path, *, key: Callable[[Any], str]) -> dict[str, dict[str, 
     return {key(row): row for row in map(json.loads, path.read_text().splitlines()) if row}
 
 
-__all__ = ["check_run_location", "comma_list", "open_run", "read_cells"]
+def append_cell(path: Path, row: Mapping[str, Any]) -> None:
+    """Record one finished cell (a JSON line), so that `--resume` skips it (`read_cells`)."""
+    with open(path, "a") as handle:
+        handle.write(json.dumps(row) + "\n")
+
+
+__all__ = ["append_cell", "check_run_location", "comma_list", "open_run", "parse_grid_args", "read_cells"]

@@ -56,3 +56,30 @@ def test_open_run_creates_a_new_run_and_resumes_it(tmp_path):
     assert read_cells(run / "cells.jsonl", key=lambda r: r["k"]) == {}
     (run / "cells.jsonl").write_text('{"k": "a", "v": 1}\n{"k": "b", "v": 2}\n')
     assert read_cells(run / "cells.jsonl", key=lambda r: r["k"]) == {"a": {"k": "a", "v": 1}, "b": {"k": "b", "v": 2}}
+
+
+def test_append_cell_round_trips_through_read_cells(tmp_path):
+    from fl_algorithms.experiments.cli import append_cell, read_cells
+
+    path = tmp_path / "cells.jsonl"
+    append_cell(path, {"seed": 0, "method": "a", "x": 1.5})
+    append_cell(path, {"seed": 1, "method": "a", "x": 2.5})
+    done = read_cells(path, key=lambda r: f"{r['seed']}/{r['method']}")
+    assert done == {"0/a": {"seed": 0, "method": "a", "x": 1.5}, "1/a": {"seed": 1, "method": "a", "x": 2.5}}
+
+
+def test_parse_grid_args_checks_threads_and_resolves_the_device():
+    import argparse
+
+    import pytest
+
+    from fl_algorithms.experiments.cli import parse_grid_args
+
+    parser = argparse.ArgumentParser()
+    for flag, default in (("--threads", 1), ("--device", "cpu"), ("--run-name", None), ("--out", None),
+                          ("--resume", None)):
+        parser.add_argument(flag, default=default, type=int if flag == "--threads" else None)
+    args, device = parse_grid_args(parser, [])
+    assert device == "cpu" and args.threads == 1
+    with pytest.raises(SystemExit):
+        parse_grid_args(parser, ["--threads", "0"])

@@ -170,13 +170,17 @@ class SecureAssign(Algorithm[dict]):
     def _own_model(self, broadcast: Mapping[str, np.ndarray], cluster: int, parts: Sequence[str]) -> dict[str, np.ndarray]:
         return {part: np.array(broadcast[f"{part}@{cluster}"], copy=True) for part in parts}
 
+    def local_work(self, *, broadcast, client: ClientContext, cluster: int) -> Mapping[str, float]:
+        """The client's local training from its cluster's model (ATC's ASSIGN: the assigned objective)."""
+        return client.trainer.train(epochs=self.local_epochs, round=client.round)
+
     def client_update(self, *, broadcast, client: ClientContext) -> tuple[Upload, Mapping[str, Any]]:
         trainer = client.trainer
         parts = sorted(trainer.get_shared())
         current = int(client.state.get("cluster", 0))
         start = self._own_model(broadcast, current, parts)
         trainer.set_shared(start)
-        metrics = dict(trainer.train(epochs=self.local_epochs, round=client.round))
+        metrics = dict(self.local_work(broadcast=broadcast, client=client, cluster=current))
         trained = trainer.get_shared()
         deltas = {part: trained[part] - start[part] for part in parts}
         raw = self.projection(sum(deltas[p].size for p in parts)) @ np.concatenate(

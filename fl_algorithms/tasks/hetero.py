@@ -91,8 +91,9 @@ def bbc_pools(seed: int) -> dict[str, np.ndarray]:
     return {name: np.sort(part) for name, part in zip(BBC_DATASETS, np.array_split(order, len(BBC_DATASETS)))}
 
 
-def dataset_examples(name: str, *, seed: int) -> tuple[list[Any], tuple[str, ...]]:
-    """All examples of one layout dataset (BBC-derived ones restricted to their article pool)."""
+def dataset_examples(name: str, *, seed: int, max_length: int = 64) -> tuple[list[Any], tuple[str, ...]]:
+    """All examples of one layout dataset (BBC-derived ones restricted to their article pool); cloze
+    questions and passages are cut to what mostly fits `max_length` tokens (`tasks.qa.cloze_budget`)."""
     if name == "rt_sentiment":
         data = load_rt_sentiment(dedupe=True)
         return list(zip(data.texts, data.labels)), data.label_names
@@ -106,7 +107,10 @@ def dataset_examples(name: str, *, seed: int) -> tuple[list[Any], tuple[str, ...
         raise ValueError(f"unknown dataset {name!r}; the layout has {[d.name for d in LAYOUT]}")
     pool = set(bbc_pools(seed)[name].tolist())
     if name == "cloze_qa":
-        corpus = build_cloze_qa()
+        from fl_algorithms.tasks.qa import cloze_budget
+
+        question_words, passage_words = cloze_budget(max_length)
+        corpus = build_cloze_qa(seed=seed, max_passage_words=passage_words, max_question_words=question_words)
         return [e for e in corpus.examples if e.article in pool], corpus.label_names
     data = load_bbc_news(dedupe=True)
     if name == "bbc_topic":
@@ -116,9 +120,10 @@ def dataset_examples(name: str, *, seed: int) -> tuple[list[Any], tuple[str, ...
 
 
 def build_clients(*, layout: Sequence[HeteroDataset] = LAYOUT, seed: int = 0,
-                  max_per_client: int | None = None) -> dict[int, HeteroClient]:
+                  max_per_client: int | None = None, max_length: int = 64) -> dict[int, HeteroClient]:
     """Clients 1..N in layout order: each dataset shuffled (seeded), split evenly over its clients,
-    each share capped at `max_per_client` examples and split 6:2:2."""
+    each share capped at `max_per_client` examples and split 6:2:2 (`max_length`: the model's input
+    length, which sizes the cloze passages)."""
     for entry in layout:
         if entry.formulation not in FORMULATIONS or entry.clients < 1:
             raise ValueError(f"bad layout entry {entry}")
@@ -126,7 +131,7 @@ def build_clients(*, layout: Sequence[HeteroDataset] = LAYOUT, seed: int = 0,
         raise ValueError("max_per_client must be at least 5 (a 6:2:2 split needs them)")
     clients, next_id = {}, 1
     for entry in layout:
-        examples, names = dataset_examples(entry.name, seed=seed)
+        examples, names = dataset_examples(entry.name, seed=seed, max_length=max_length)
         order = np.random.default_rng([seed, len(entry.name), sum(map(ord, entry.name))]).permutation(len(examples))
         for share in np.array_split(order, entry.clients):
             if max_per_client is not None:
@@ -140,6 +145,19 @@ def build_clients(*, layout: Sequence[HeteroDataset] = LAYOUT, seed: int = 0,
     return clients
 
 
+def public_texts(count: int = 16, *, seed: int = 0) -> tuple[str, ...]:
+    """CONTRAST's public inputs: plot sentences of the Rotten Tomatoes corpus, which no client holds
+    (rt_sentiment takes only its review snippets; no other layout dataset comes from it). Seeded choice."""
+    from nlp_models.data.loaders import load_rt_subjectivity
+
+    if count < 1:
+        raise ValueError("need at least one public input")
+    data = load_rt_subjectivity(dedupe=True)
+    plots = [t for t, y in zip(data.texts, data.labels) if y == 0]
+    order = np.random.default_rng([seed, 0x9B1]).permutation(len(plots))[:count]
+    return tuple(plots[i] for i in sorted(order))
+
+
 def layout_table(clients: Mapping[int, HeteroClient]) -> list[dict[str, Any]]:
     """One row per client: dataset, formulation and split sizes (for the README and the example)."""
     return [{"client": c.client_id, "dataset": c.dataset, "formulation": c.formulation, "train": len(c.train),
@@ -147,4 +165,4 @@ def layout_table(clients: Mapping[int, HeteroClient]) -> list[dict[str, Any]]:
 
 
 __all__ = ["FORMULATIONS", "BBC_DATASETS", "HeteroDataset", "LAYOUT", "HeteroClient", "bbc_pools", "dataset_examples",
-           "build_clients", "layout_table"]
+           "build_clients", "public_texts", "layout_table"]

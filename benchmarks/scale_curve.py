@@ -35,7 +35,7 @@ import csv
 import math
 import time
 import tracemalloc
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 

@@ -100,6 +100,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--device", choices=DEVICES, default="cpu", help="torch device of every client (default cpu)")
     p.add_argument("--runtime", choices=("sim", "deploy"), default=None,
                    help="sim: in memory; deploy: real client processes over tcp on loopback (default sim)")
+    p.add_argument("--backend", choices=("memory", "ray"), default=None,
+                   help="--runtime sim's clients: in this process (memory, default) or as Ray actors over every core "
+                        "(same results; pip install -e '.[ray]')")
+    p.add_argument("--ray-address", default=None, help="with --backend ray: a running Ray cluster (e.g. 'auto')")
     p.add_argument("--sampler", choices=("seeded", "fixed_size", "poisson"), default=None,
                    help="cohort sampler (default seeded in sim: the same cohorts for every method; fixed_size in deploy)")
     p.add_argument("--backbone", choices=BACKBONES, default=None,
@@ -128,6 +132,9 @@ class Plan:
     protocol: str = "secagg+"
     seeds: tuple[int, ...] = (0,)
     runtime: str = "sim"
+    backend: str = "memory"
+    """Where --runtime sim's clients run: 'memory' (this process) or 'ray' (Ray actors)."""
+    ray_address: str | None = None
     backbone: str = "minilm"
     sampler: str = "seeded"
     """'seeded' (simulation: every method of a seed sees the same cohorts; no DP here, so nothing is
@@ -139,6 +146,8 @@ class Plan:
             raise ValueError(f"--sampler is seeded, fixed_size or poisson, got {self.sampler!r}")
         if self.runtime == "deploy" and self.sampler == "seeded":
             raise ValueError("--runtime deploy draws cohorts from the OS CSPRNG: --sampler fixed_size or poisson")
+        if self.backend not in ("memory", "ray") or (self.backend == "ray" and self.runtime != "sim"):
+            raise ValueError("--backend is memory or ray, and ray needs --runtime sim")
 
     @property
     def methods(self) -> tuple[str, ...]:
@@ -214,7 +223,8 @@ def run_method(method: str, clients: FedNLPClients, plan: Plan, run: RunDirector
     where = f"seed-{settings.seed}/{method}"
     config = RunConfig(rounds=settings.rounds, clients_per_round=settings.clients_per_round, seed=settings.seed,
                        sampler=plan.sampler, secure=secure_config(settings, protocol=protocol, max_weight=max(sizes)),
-                       checkpoint_dir=str(run.path / "checkpoints" / where))
+                       checkpoint_dir=str(run.path / "checkpoints" / where), backend=plan.backend,
+                       ray_address=plan.ray_address)
     task = Task(algorithm=make_algorithm(name, settings), make_trainer=clients.make_trainer, initial=clients.initial)
     algorithm, snapshots = task.algorithm, {}
 
@@ -227,7 +237,10 @@ def run_method(method: str, clients: FedNLPClients, plan: Plan, run: RunDirector
         runner = SimulationRunner(algorithm=algorithm, config=config, initial=clients.initial(),
                                   trainers={c: clients.make_trainer(c) for c in range(1, clients.num_clients + 1)})
         runner.on_round = lambda rec: on_round(rec, lambda: runner.state)
-        history = runner.run(resume=resume, progress=progress, desc=method)
+        try:
+            history = runner.run(resume=resume, progress=progress, desc=method)
+        finally:
+            runner.close()
         return list(history), flat(algorithm.shared_parameters(runner.state)), snapshots
     from fl_algorithms.engine.launch import run_on_loopback
 

@@ -56,6 +56,13 @@ class RunConfig:
     that costs little when the test sets are large. None: `eval_split` every round."""
     secure: SecureAggregationConfig = field(default_factory=SecureAggregationConfig)
     checkpoint_dir: str | None = None
+    backend: str = "memory"
+    """'memory': every client in this process, one after another; 'ray': clients as Ray actors over the
+    cores of this machine or a Ray cluster (`fl_algorithms.engine.ray_backend`), same results per seed."""
+    ray_address: str | None = None
+    """With backend 'ray': a running cluster's address ('auto', 'ray://host:10001'); None starts one here."""
+    ray_workers: int | None = None
+    """With backend 'ray': actors the clients are sharded over (default: one per available CPU)."""
 
     def __post_init__(self) -> None:
         if self.rounds < 1:
@@ -68,6 +75,10 @@ class RunConfig:
             raise ValueError(f"curve_split must differ from eval_split ({self.eval_split!r}); None evaluates it every round")
         if self.sampler not in ("seeded", "poisson", "fixed_size"):
             raise ValueError(f"sampler is 'seeded', 'poisson' or 'fixed_size', got {self.sampler!r}")
+        if self.backend not in ("memory", "ray"):
+            raise ValueError(f"backend is 'memory' or 'ray', got {self.backend!r}")
+        if self.ray_workers is not None and self.ray_workers < 1:
+            raise ValueError("ray_workers must be at least 1")
         self._check_amplification()
 
     def _check_amplification(self) -> None:
@@ -123,6 +134,15 @@ class SimulationRunner:
                         for c, t in self.trainers.items()}
         first = next(iter(self.trainers.values()))
         self.initial = dict(initial) if initial is not None else first.get_shared()
+        self._ray = None
+        if config.backend == "ray":   # the endpoints move into Ray actors; self.clients become handles on them
+            import torch
+
+            from fl_algorithms.engine.ray_backend import RayClients
+
+            self._ray = RayClients(self.clients, address=config.ray_address, workers=config.ray_workers,
+                                   threads=torch.get_num_threads())
+            self.clients = self._ray.endpoints
         self.on_round = on_round
         self.state = self.server.init_state(initial=self.initial)
         self.relays = RelayQueue()
@@ -186,16 +206,18 @@ class SimulationRunner:
         cohort, sampling = self.sample()
         if not cohort:  # Poisson sampling drew nobody: nothing is sent or released (recorded for dp.sampling)
             record_empty_round(self.aggregator, round=t, population=sorted(self.trainers), sampling=sampling)
-            metrics = {c: self.clients[c].on_evaluate(self.server.client_parameters(state=self.state, client_id=c),
-                                                      round=t) for c in sorted(self.clients)}
+            metrics = self._evaluate_all({c: self.server.client_parameters(state=self.state, client_id=c)
+                                          for c in sorted(self.clients)}, round=t)
             return RoundRecord(round=t, cohort=[], contributors=[], metrics=metrics, seconds=time.perf_counter() - t0,
                                secure_seconds=0.0, bytes_uploaded={}, clipped=0, sums={}, failed={})
         machine = RoundMachine(server=self.server, state=self.state, round=t, cohort=cohort,
                                population=sorted(self.trainers), aggregator=self.aggregator, relays=self.relays,
                                sampling=sampling)
         inputs, client_metrics = {}, {}
-        for c, broadcast in machine.start().items():
-            ready, inputs[c], _ = self.clients[c].on_broadcast(broadcast)
+        broadcasts = machine.start()
+        answers = self._broadcast_all(broadcasts)
+        for c in broadcasts:
+            ready, inputs[c] = answers[c]
             client_metrics[c] = dict(ready.metrics)
             machine.on_ready(c, ready)
         # Drawn only when dropouts are simulated, so the cohort stream matches a deployment's.
@@ -220,15 +242,29 @@ class SimulationRunner:
         self.last_view = view
         if self.aggregator.transcript is not None and machine.jobs:
             self.aggregator.transcript.record_view(view, cohort=cohort)
-        metrics = {}
-        for c in sorted(self.clients):
-            m = client_metrics.get(c, {})
-            m.update(self.clients[c].on_evaluate(machine.evaluation_parameters(c), round=t))
-            metrics[c] = m
+        evaluated = self._evaluate_all({c: machine.evaluation_parameters(c) for c in sorted(self.clients)}, round=t)
+        metrics = {c: {**client_metrics.get(c, {}), **evaluated[c]} for c in sorted(self.clients)}
         return RoundRecord(round=t, cohort=cohort, contributors=sorted(view.contributors), metrics=metrics,
                            seconds=time.perf_counter() - t0, secure_seconds=machine.secure_seconds,
                            bytes_uploaded=sent, clipped=clipped,
                            sums={k: sorted(v) for k, v in view.sum_contributors.items()}, failed=dict(view.failed))
+
+    def _broadcast_all(self, broadcasts: Mapping[int, Any]) -> dict[int, tuple[Any, Any]]:
+        """Every addressed client's (ClientReady, encoded inputs): in parallel on Ray, else one by one."""
+        if self._ray is not None:
+            return self._ray.broadcast_all(broadcasts)
+        return {c: self.clients[c].on_broadcast(b)[:2] for c, b in broadcasts.items()}
+
+    def _evaluate_all(self, parameters: Mapping[int, Mapping[str, np.ndarray]], *, round: int) -> dict[int, dict[str, float]]:
+        if self._ray is not None:
+            return self._ray.evaluate_all(parameters, round=round)
+        return {c: self.clients[c].on_evaluate(p, round=round) for c, p in parameters.items()}
+
+    def close(self) -> None:
+        """Stop the Ray actors (a no-op in memory)."""
+        if self._ray is not None:
+            self._ray.shutdown()
+            self._ray = None
 
     def evaluate_client(self, c: int) -> dict[str, float]:
         """Client-side evaluation of the model the client would use (global parts + its own)."""

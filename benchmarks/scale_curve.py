@@ -12,8 +12,9 @@ Per (protocol, N, d, dropout) it measures, in one run:
                     stage, summed (what a deployment whose clients run in parallel would wait, less
                     the network; see --latency in docs for round trips)
     up_B / down_B   payload bytes per client sent to / received from the server (median client)
-    server_peak_MB  the server's peak memory: what it allocated and still held, the replies it
-                    buffered, and the most it allocated within one step (tracemalloc, a separate round)
+    server_peak_MB  the server's peak memory: what it allocated and still held, the received replies
+                    it still references, and the most it allocated within one step (tracemalloc, a
+                    separate round)
 
 A protocol stops at the first N whose round would take this process more than --cap CPU seconds to
 simulate (server and all N clients, one after another), predicted from the previous N (N^2 for
@@ -79,7 +80,7 @@ class _Meter:
 
     def __init__(self) -> None:
         self.held = 0          # bytes the server allocated and kept across its steps
-        self.buffered = 0      # reply bytes accepted in the current stage (a deployment decodes them server-side)
+        self.buffered = 0      # bytes of the current stage's replies the server still references
         self.peak = 0
 
     def step(self, fn, *args):
@@ -142,8 +143,8 @@ def run_point(protocol: str, *, n: int, d: int, dropout: float, seed: int = 0, m
                 up[cid] += reply.nbytes()
                 _, s = timed_server(server.accept, reply)
                 stage_server += s
-                if meter:
-                    meter.buffered += reply.nbytes()
+                if meter:   # what the server keeps of the stage's replies (a deployment decodes them server-side)
+                    meter.buffered = sum(m.nbytes() for m in server._replies.values())
             requests, s = timed_server(server.advance)
             if meter:
                 meter.buffered = 0

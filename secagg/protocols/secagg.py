@@ -190,6 +190,18 @@ class SecAggPlusServer(ServerProtocol):
     def on_stage_complete(self, replies: dict[int, Message]) -> dict[int, Message]:
         return getattr(self, f"_after_{self.stage}")(replies)
 
+    def accept(self, msg: Message) -> None:
+        """As `ServerProtocol.accept`; a valid masked input is added into the running sum at once and
+        only its envelope is kept, so the server holds O(d) of masked inputs, not O(N d). (No client is
+        dropped after its masked input is accepted: accusations are settled in the check stage.)"""
+        super().accept(msg)
+        if self.stage == "masked":
+            if self._sum is None:
+                self._sum = np.zeros(self.length, dtype=np.uint32)
+            np.add(self._sum, msg["vector"], out=self._sum)
+            self._replies[msg.sender] = Message(kind=msg.kind, round=msg.round, sender=msg.sender,
+                                                receiver=msg.receiver)
+
     def _viable(self, alive: set[int], stage: str) -> frozenset[int]:
         """Drop clients whose live neighbourhood (self included) is below the threshold, repeatedly."""
         alive = set(alive)
@@ -251,10 +263,8 @@ class SecAggPlusServer(ServerProtocol):
             raise AbortError(stage="masked", survivors=len(u3), required=self.min_clients,
                              detail="survivors' masking graph is disconnected: partial sums would leak")
         self._u3 = u3
-        acc = np.zeros(self.length, dtype=np.uint32)
-        for c in u3:
-            np.add(acc, replies[c]["vector"], out=acc)
-        self._sum = acc
+        if self._sum is None:          # nobody's input arrived (the checks above have aborted by now)
+            self._sum = np.zeros(self.length, dtype=np.uint32)
         return self._enter("unmask", {
             c: self._request("unmask_request", c, alive=tuple(sorted(self._unmask_sets(c)[0])))
             for c in u3

@@ -48,6 +48,10 @@ def test_exponent_and_crossover():
     points = [_point("secagg+", 100, 1.0, 0.0), _point("lightsecagg", 100, 2.0, 0.0),
               _point("secagg+", 100, 3.0, 0.3), _point("lightsecagg", 100, 2.5, 0.3)]
     assert crossovers(points) == {(100, 100): 0.3}
+    aborted = [_point("secagg+", 50, 1.0, 0.0), _point("lightsecagg", 50, 2.0, 0.0),
+               Point(**{**_point("secagg+", 50, float("nan"), 0.3).__dict__, "aborted": "too few share holders"}),
+               _point("lightsecagg", 50, 2.5, 0.3)]
+    assert crossovers(aborted) == {(50, 100): 0.3}        # LightSecAgg finishes where SecAgg+ aborts
 
 
 def test_cli_writes_tables_and_ends_with_one_line_per_protocol(tmp_path, capsys):

@@ -37,9 +37,10 @@ What the server learns: per-cluster means and member counts (ASSIGN), one noisy 
 
 SIMPLIFICATIONS relative to the paper (stated in the README): k-means with private assignments
 replaces agglomerative clustering of raw updates; neighbours come from one DP sketch of the client's
-data embedding (after ASSIGN) rather than from each round's raw representations; the public inputs
-are public text rather than mixtures of the clients' own features; the group sums carry no DP noise
-(the protection is the guard: minimum size and no exposure).
+data embedding (after ASSIGN) rather than from each round's raw model updates; the negative is the
+mean over the K farthest clients (one group sum) where the paper sums over every other client
+individually; the public inputs are public text rather than mixtures of the clients' own features;
+the group sums carry no DP noise (the protection is the guard: minimum size and no exposure).
 """
 from __future__ import annotations
 

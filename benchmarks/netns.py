@@ -38,7 +38,14 @@ def unavailable() -> str | None:
     made = _run("ip", "netns", "add", probe)
     if made.returncode != 0:
         return f"`ip netns add` failed: {made.stderr.strip() or made.stdout.strip()}"
-    _run("ip", "netns", "del", probe)
+    try:
+        tag = secrets.token_hex(3)
+        veth = _run("ip", "link", "add", f"p{tag}a", "netns", probe, "type", "veth", "peer", "name", f"p{tag}b",
+                    "netns", probe)
+        if veth.returncode != 0:
+            return f"cannot create a veth pair: {veth.stderr.strip() or veth.stdout.strip()}"
+    finally:
+        _run("ip", "netns", "del", probe)
     return None
 
 

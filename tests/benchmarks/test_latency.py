@@ -64,5 +64,6 @@ def test_a_plain_round_costs_one_round_trip(capsys):
 
     results = main(["--rtts", "0,200", "--protocols", "plain", "--clients", "3", "--dim", "100", "--rounds", "2",
                     "--loopback"])
-    assert results[("plain", 200.0)] - results[("plain", 0.0)] == pytest.approx(0.2, abs=0.08)
+    added = results[("plain", 200.0)] - results[("plain", 0.0)]
+    assert 0.15 < added < 0.4          # one round trip of 200 ms, not two
     assert capsys.readouterr().out.strip().splitlines()[-1].startswith("latency protocol=plain rtt_ms=200 ")

@@ -58,7 +58,9 @@ class RunConfig:
     checkpoint_dir: str | None = None
     backend: str = "memory"
     """'memory': every client in this process, one after another; 'ray': clients as Ray actors over the
-    cores of this machine or a Ray cluster (`fl_algorithms.engine.ray_backend`), same results per seed."""
+    cores of this machine or a Ray cluster (`fl_algorithms.engine.ray_backend`), same results per seed.
+    With 'ray' the clients' trainers and states live in the actors: read them through
+    `SimulationRunner.clients` (handles), not `SimulationRunner.trainers` (the driver's initial copies)."""
     ray_address: str | None = None
     """With backend 'ray': a running cluster's address ('auto', 'ray://host:10001'); None starts one here."""
     ray_workers: int | None = None

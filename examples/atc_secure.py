@@ -29,12 +29,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import torch
 
 from fl_algorithms.algorithms.atc import ATCConfig
 from fl_algorithms.experiments.atc_grid import (METHODS, SECURE, ATCPlan, aggregate, cell_key, plot_curves, run_atc_cell,
                                                 write_table)
-from fl_algorithms.experiments.cli import append_cell, comma_list, open_run, parse_grid_args, read_cells
+from fl_algorithms.experiments.cli import append_cell, comma_list, open_grid, parse_grid_args
 from fl_algorithms.tasks.hetero import build_clients, layout_table, public_texts
 from fl_algorithms.training.hetero_trainer import HeteroConfig, HeteroFactory
 from nlp_models._offline import ensure_offline
@@ -92,14 +91,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     ensure_offline()
     parser = _parser()
     args, device = parse_grid_args(parser, argv)
-    run, plan = open_run(parser, args, default_out=RESULTS, build=lambda: build_plan(args, parser),
-                         load=ATCPlan.from_record, record=ATCPlan.record)
-    torch.set_num_threads(args.threads)
-    print(f"run directory: {run}  (device {device}, torch threads {args.threads}, {plan.protocol})", flush=True)
-    cells_path = run / "cells.jsonl"
-    done = read_cells(cells_path, key=cell_key)
-    if done:
-        print(f"{len(done)} already done", flush=True)
+    run, plan, cells_path, done = open_grid(parser, args, device, default_out=RESULTS,
+                                            build=lambda: build_plan(args, parser), load=ATCPlan.from_record,
+                                            record=ATCPlan.record, key=cell_key)
     start = time.perf_counter()
     backbone, tokenizer = load_named_backbone(args.backbone)
     clients = factory = None

@@ -27,9 +27,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import torch
 
-from fl_algorithms.experiments.cli import append_cell, comma_list, open_run, parse_grid_args, read_cells
+from fl_algorithms.experiments.cli import append_cell, comma_list, open_grid, parse_grid_args
 from fl_algorithms.experiments.continual_grid import (METHODS, PROTOCOLS, ContinualClients, ContinualPlan, aggregate,
                                                       cell_key, plot_curves, run_continual_cell, write_table)
 from fl_algorithms.tasks.continual import task_statistics
@@ -88,14 +87,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     ensure_offline()
     parser = _parser()
     args, device = parse_grid_args(parser, argv)
-    run, plan = open_run(parser, args, default_out=RESULTS, build=lambda: build_plan(args, parser),
-                         load=ContinualPlan.from_record, record=ContinualPlan.record)
-    torch.set_num_threads(args.threads)
-    print(f"run directory: {run}  (device {device}, torch threads {args.threads}, {plan.protocol})", flush=True)
-    cells_path = run / "cells.jsonl"
-    done = read_cells(cells_path, key=cell_key)
-    if done:
-        print(f"{len(done)} already done", flush=True)
+    run, plan, cells_path, done = open_grid(parser, args, device, default_out=RESULTS,
+                                            build=lambda: build_plan(args, parser), load=ContinualPlan.from_record,
+                                            record=ContinualPlan.record, key=cell_key)
     start = time.perf_counter()
     clients = None
     for cell in plan.cells():

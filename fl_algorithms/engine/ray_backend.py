@@ -78,11 +78,6 @@ class RayEndpoint:
     def state(self) -> dict[str, Any]:
         return self._ray.get(self._worker.attribute.remote(self.client_id, "state"))
 
-    @property
-    def trainer(self) -> Any:
-        """A copy of the remote trainer as it is now (changing it changes nothing remote)."""
-        return self._ray.get(self._worker.attribute.remote(self.client_id, "trainer"))
-
 
 class RayClients:
     """Clients sharded over `workers` Ray actors; `broadcast_all` / `evaluate_all` run the shards in parallel."""

@@ -29,11 +29,14 @@ from fl_algorithms.algorithms.fedprox import FedProx
 from fl_algorithms.algorithms.local import Local
 from fl_algorithms.engine.secure_sum import SecureAggregationConfig
 from fl_algorithms.engine.sim import RoundRecord, RunConfig, SimulationRunner
+from fl_algorithms.experiments.tables import grouped, plot_mean_curves, pyplot, save_figure, summarise
 from fl_algorithms.tasks.hetero import LAYOUT, HeteroClient
 from fl_algorithms.training.hetero_trainer import METRIC, HeteroConfig, HeteroFactory, HeteroTrainer
 
 METHODS = ("atc_secure", "atc_reference", "assign_only", "fedavg", "fedavg_ft", "isolated", "ditto", "fedprox", "fedbn")
 SECURE = tuple(m for m in METHODS if m != "atc_reference")
+ASSIGNING = ("atc_secure", "atc_reference", "assign_only")
+"""The methods that run ATC's ASSIGN rounds before the task rounds."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,7 +92,7 @@ def cell_key(cell: Mapping[str, Any]) -> str:
 
 def total_rounds(method: str, plan: ATCPlan) -> int:
     """ATC's methods run ASSIGN before the task rounds every method gets."""
-    return plan.rounds + (plan.atc.assign_rounds if method in ("atc_secure", "atc_reference", "assign_only") else 0)
+    return plan.rounds + (plan.atc.assign_rounds if method in ASSIGNING else 0)
 
 
 def make_algorithm(method: str, *, plan: ATCPlan, seed: int, dim: int):
@@ -215,17 +218,13 @@ def _validation_metric(metrics: Mapping[str, float], client: HeteroClient) -> fl
 
 def aggregate(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """Mean ± sample std over seeds per method: each dataset's metric and the average."""
-    groups: dict[str, list[Mapping[str, Any]]] = {}
-    for row in rows:
-        groups.setdefault(row["method"], []).append(row)
+    groups = grouped(rows, lambda row: row["method"])
     out = []
     for method in [m for m in METHODS if m in groups]:
         members = groups[method]
-        entry: dict[str, Any] = {"method": method, "seeds": len(members)}
-        for name in [e.name for e in LAYOUT if e.name in members[0]["datasets"]] + ["avg"]:
-            values = [m["avg"] if name == "avg" else m["datasets"][name] for m in members]
-            entry[name] = float(np.mean(values))
-            entry[f"{name}_std"] = float(np.std(values, ddof=1)) if len(values) > 1 else 0.0
+        names = [e.name for e in LAYOUT if e.name in members[0]["datasets"]]
+        entry = summarise({"method": method, "seeds": len(members)},
+                          {**{n: [m["datasets"][n] for m in members] for n in names}, "avg": [m["avg"] for m in members]})
         entry["recovered_clients"] = int(sum(m["leakage"]["recovered_clients"] for m in members))
         entry["smallest_group"] = int(min(m["leakage"]["smallest_group"] for m in members))
         entry["sketch_epsilon"] = float(max(m["sketch_epsilon"] for m in members))
@@ -260,29 +259,15 @@ def write_table(rows: Sequence[Mapping[str, Any]], *, csv_path: Path, md_path: P
 
 
 def plot_curves(rows: Sequence[Mapping[str, Any]], *, path: Path, assign_rounds: int) -> Path:
-    """Mean validation metric over clients per round (before the last), mean over seeds, per method."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6.5, 3.6))
-    for method in METHODS:
-        curves = [r["curve"] for r in rows if r["method"] == method and r["curve"]]
-        if curves:
-            mean = np.mean(np.asarray(curves, dtype=float), axis=0)
-            first = 1 - (assign_rounds if method in ("atc_secure", "atc_reference", "assign_only") else 0)
-            ax.plot(range(first, first + len(mean)), 100 * mean, marker="o", markersize=3, label=method)
+    """Mean validation metric over clients per round (before the last), mean over seeds, per method;
+    ATC's ASSIGN rounds are drawn before round 1."""
+    fig, ax = pyplot().subplots(figsize=(6.5, 3.6))
+    plot_mean_curves(ax, rows, METHODS, first=lambda m: 1 - (assign_rounds if m in ASSIGNING else 0))
     ax.axvline(0.5, color="grey", linestyle="--", linewidth=0.7)
     ax.set_xlabel("task round (ATC's ASSIGN rounds before the dashed line)")
     ax.set_ylabel("mean validation metric over clients")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
-__all__ = ["METHODS", "SECURE", "ATCPlan", "cell_key", "total_rounds", "make_algorithm", "client_scores", "dataset_scores",
+__all__ = ["METHODS", "SECURE", "ASSIGNING", "ATCPlan", "cell_key", "total_rounds", "make_algorithm", "client_scores", "dataset_scores",
            "leakage_report", "neighbour_guard_report", "run_atc_cell", "aggregate", "write_table", "plot_curves"]

@@ -69,6 +69,24 @@ def open_run(parser: argparse.ArgumentParser, args: argparse.Namespace, *, defau
     return run, plan
 
 
+def open_grid(parser: argparse.ArgumentParser, args: argparse.Namespace, device: str, *, default_out: Path,
+              build: Callable[[], Any], load: Callable[[Any], Any], record: Callable[[Any], Any],
+              key: Callable[[Any], str]) -> tuple[Path, Any, Path, dict[str, dict[str, Any]]]:
+    """A grid example's start after `parse_grid_args`: the run directory and plan (`open_run`), torch's
+    thread count from --threads, and the cells already finished there (for --resume); prints both.
+    Returns (run directory, plan, path of cells.jsonl, finished cells by `key`)."""
+    import torch
+
+    run, plan = open_run(parser, args, default_out=default_out, build=build, load=load, record=record)
+    torch.set_num_threads(args.threads)
+    print(f"run directory: {run}  (device {device}, torch threads {args.threads}, {plan.protocol})", flush=True)
+    cells_path = run / "cells.jsonl"
+    done = read_cells(cells_path, key=key)
+    if done:
+        print(f"{len(done)} already done", flush=True)
+    return run, plan, cells_path, done
+
+
 def read_cells(path: Path, *, key: Callable[[Any], str]) -> dict[str, dict[str, Any]]:
     """The finished cells of a grid (one JSON object per line of `path`), by `key(row)`; {} before the first."""
     if not path.exists():
@@ -82,4 +100,4 @@ def append_cell(path: Path, row: Mapping[str, Any]) -> None:
         handle.write(json.dumps(row) + "\n")
 
 
-__all__ = ["append_cell", "check_run_location", "comma_list", "open_run", "parse_grid_args", "read_cells"]
+__all__ = ["append_cell", "check_run_location", "comma_list", "open_grid", "open_run", "parse_grid_args", "read_cells"]

@@ -25,6 +25,7 @@ from fl_algorithms.algorithms.fedseit import ContinualFedAvg, FedSeIT, FedWeIT, 
 from fl_algorithms.engine.peer_channel import PeerDirectory
 from fl_algorithms.engine.secure_sum import SecureAggregationConfig
 from fl_algorithms.engine.sim import RoundRecord, RunConfig, SimulationRunner
+from fl_algorithms.experiments.tables import grouped, plot_mean_curves, pyplot, save_figure, summarise
 from fl_algorithms.tasks.continual import ContinualSettings, TaskData, build_tasks
 from fl_algorithms.training.continual_trainer import BASE_PART, ContinualTrainer, ContinualTrainerConfig
 from nlp_models.backbone import load_named_backbone
@@ -214,19 +215,11 @@ def run_continual_cell(cell: Mapping[str, Any], clients: ContinualClients, plan:
 
 def aggregate(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """Mean ± sample std over seeds per method of final accuracy, forgetting and descriptor epsilon."""
-    groups: dict[str, list[Mapping[str, Any]]] = {}
-    for row in rows:
-        groups.setdefault(row["method"], []).append(row)
-    out = []
-    for method in [m for m in METHODS if m in groups]:
-        members = groups[method]
-        entry: dict[str, Any] = {"method": method, "seeds": len(members)}
-        for key in ("accuracy", "forgetting", "descriptor_epsilon", "seconds"):
-            values = [m[key] for m in members]
-            entry[key] = float(np.mean(values))
-            entry[f"{key}_std"] = float(np.std(values, ddof=1)) if len(values) > 1 else 0.0
-        out.append(entry)
-    return out
+    groups = grouped(rows, lambda row: row["method"])
+    return [summarise({"method": method, "seeds": len(groups[method])},
+                      {key: [m[key] for m in groups[method]]
+                       for key in ("accuracy", "forgetting", "descriptor_epsilon", "seconds")})
+            for method in METHODS if method in groups]
 
 
 def write_table(rows: Sequence[Mapping[str, Any]], *, csv_path: Path, md_path: Path) -> None:
@@ -250,27 +243,13 @@ def write_table(rows: Sequence[Mapping[str, Any]], *, csv_path: Path, md_path: P
 
 def plot_curves(rows: Sequence[Mapping[str, Any]], *, path: Path, schedule: Schedule) -> Path:
     """Mean accuracy over the tasks seen so far, per round (task boundaries dashed), mean over seeds."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6.5, 3.6))
-    for method in METHODS:
-        curves = [r["curve"] for r in rows if r["method"] == method]
-        if curves:
-            mean = np.mean(np.asarray(curves, dtype=float), axis=0)
-            ax.plot(range(1, len(mean) + 1), 100 * mean, marker="o", markersize=3, label=method)
+    fig, ax = pyplot().subplots(figsize=(6.5, 3.6))
+    plot_mean_curves(ax, rows, METHODS)
     for task in range(1, schedule.tasks):
         ax.axvline(task * schedule.rounds_per_task + 0.5, color="grey", linestyle="--", linewidth=0.7)
     ax.set_xlabel("round (dashed: a new task starts)")
     ax.set_ylabel("mean test accuracy over seen tasks")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 __all__ = ["METHODS", "PROTOCOLS", "ContinualPlan", "standardised_embeddings", "ContinualClients", "cell_key", "make_method", "accuracy_matrix",

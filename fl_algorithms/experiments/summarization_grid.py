@@ -23,6 +23,7 @@ from fl_algorithms.algorithms.fedavg import FedAvg
 from fl_algorithms.algorithms.local import Local
 from fl_algorithms.engine.sim import RoundRecord, RunConfig, SimulationRunner
 from fl_algorithms.engine.secure_sum import SecureAggregationConfig
+from fl_algorithms.experiments.tables import grouped, plot_mean_curves, pyplot, save_figure, summarise
 from fl_algorithms.tasks.summarization import SETTINGS, SummaryClients, SummarySettings
 
 METHODS = ("adafedselectkd", "adafedkd", "adafedavg", "adacentralized", "local")
@@ -150,22 +151,15 @@ def run_summary_cell(cell: Mapping[str, Any], clients: SummaryClients, plan: Sum
 
 def aggregate(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """Mean ± sample std over seeds per (setting, method): ROUGE means and each client's ROUGE-L."""
-    groups: dict[tuple[str, str], list[Mapping[str, Any]]] = {}
-    for row in rows:
-        groups.setdefault((row["setting"], row["method"]), []).append(row)
     out = []
-    for (setting, method), members in groups.items():
-        entry: dict[str, Any] = {"setting": setting, "method": method, "seeds": len(members)}
+    for (setting, method), members in grouped(rows, lambda row: (row["setting"], row["method"])).items():
         series = {key: [m[key] for m in members] for key in ROUGE}
         for name in members[0]["clients"]:
             for key in ROUGE:
                 series[f"{name}_{key}"] = [m["clients"][name][key] for m in members]
         if "kd_token_share" in members[0]:
             series["kd_token_share"] = [m["kd_token_share"] for m in members]
-        for key, values in series.items():
-            entry[key] = float(np.mean(values))
-            entry[f"{key}_std"] = float(np.std(values, ddof=1)) if len(values) > 1 else 0.0
-        out.append(entry)
+        out.append(summarise({"setting": setting, "method": method, "seeds": len(members)}, series))
     return out
 
 
@@ -207,28 +201,14 @@ def write_table(rows: Sequence[Mapping[str, Any]], *, csv_path: Path, md_path: P
 
 def plot_curves(rows: Sequence[Mapping[str, Any]], *, path: Path) -> Path:
     """Validation ROUGE-L per round, one panel per setting, mean over seeds per method."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     settings = list(dict.fromkeys(r["setting"] for r in rows))
-    fig, axes = plt.subplots(1, len(settings), figsize=(4.5 * len(settings), 3.4), squeeze=False)
+    fig, axes = pyplot().subplots(1, len(settings), figsize=(4.5 * len(settings), 3.4), squeeze=False)
     for ax, setting in zip(axes[0], settings):
-        for method in METHODS:
-            curves = [r["curve"] for r in rows if r["setting"] == setting and r["method"] == method]
-            if curves:
-                mean = np.mean(np.asarray(curves, dtype=float), axis=0)
-                ax.plot(range(1, len(mean) + 1), 100 * mean, marker="o", markersize=3, label=method)
+        plot_mean_curves(ax, [r for r in rows if r["setting"] == setting], METHODS)
         ax.set_title(setting)
         ax.set_xlabel("round")
         ax.set_ylabel("validation ROUGE-L (mean over clients)")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 __all__ = ["METHODS", "DISTILLING", "ROUGE", "PROTOCOLS", "SummaryPlan", "cell_key", "make_algorithm", "run_federated",

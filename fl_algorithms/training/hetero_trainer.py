@@ -169,7 +169,7 @@ class HeteroTrainer(SeededTorchTrainer):
                          eval_batches={s: (lambda d=data[s]: d.batches(64)) for s in ("validation", "test")},
                          num_examples=len(train), loss_fn=loss_fn, metric_fn=metric_fn,
                          optimizer=OptimizerConfig(name="adamw", lr=config.lr))
-        self.formulation, self.dataset, self.config = client.formulation, client.dataset, config
+        self.formulation, self.dataset, self.config, self.train_split = client.formulation, client.dataset, config, train
         self.metric = METRIC[client.formulation]
         self.backbone, self.split = backbone, prefix_split(backbone, config.adapter_layers)
         self.pretrain_ids, self.public, self.corruptor = pretrain_ids, public, corruptor
@@ -227,7 +227,7 @@ class HeteroTrainer(SeededTorchTrainer):
         self.model.eval()
         try:
             rows = []
-            for batch in self.train_batches():
+            for batch in self.train_split.batches(self.config.batch_size):   # in order: no RNG drawn
                 hidden, mask = _inputs_of(batch)
                 rows.append(self.model.pooled(hidden, mask).float().cpu())
             return torch.cat(rows).numpy().astype(np.float64)

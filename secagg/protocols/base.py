@@ -63,6 +63,8 @@ class ServerProtocol(ABC):
         self.stage = "init"
         self.finished = False
         self._replies: dict[int, Message] = {}
+        self.running_sum: np.ndarray | None = None
+        """Inputs folded so far in the current stage (`fold_input`)."""
         self._expected: frozenset[int] = frozenset()
         self._dropped: dict[str, frozenset[int]] = {}
         self._faulty: dict[int, str] = {}
@@ -96,6 +98,21 @@ class ServerProtocol(ABC):
             self.mark_faulty(msg.sender, str(exc))
             raise
         self._replies[msg.sender] = msg
+
+    def fold_input(self, msg: Message) -> None:
+        """Add an accepted reply's `vector` into the stage's running sum (`running_sum`) and keep only
+        its envelope: the server then holds O(d) of inputs instead of O(N d). Only for a stage after
+        which no accepted client can be dropped (its vector could not be taken back out)."""
+        if self.running_sum is None:
+            self.running_sum = np.zeros(self.length, dtype=np.uint32)
+        self.ring.add_(self.running_sum, msg["vector"])
+        self._replies[msg.sender] = Message(kind=msg.kind, round=msg.round, sender=msg.sender, receiver=msg.receiver)
+
+    def take_running_sum(self) -> np.ndarray:
+        """The folded sum of the stage (zeros if nothing arrived), reset for the next use."""
+        out = self.running_sum if self.running_sum is not None else np.zeros(self.length, dtype=np.uint32)
+        self.running_sum = None
+        return out
 
     def mark_faulty(self, client: int, reason: str) -> None:
         """Drop `client` at the current stage for `reason` (its reply, if any, is discarded)."""

@@ -5,7 +5,6 @@ the secure protocols produce exactly the same ring sum.
 """
 from __future__ import annotations
 
-import numpy as np
 
 from secagg.messages import AbortError, Array, Int, Message, ProtocolError, Schema
 from secagg.protocols.base import MAX_VECTOR_LENGTH, ClientProtocol, RoundResult, ServerProtocol
@@ -24,7 +23,6 @@ class PlainServer(ServerProtocol):
     def __init__(self, *, round_id: int, clients, length: int, ring: Ring = RING_2_32, min_clients: int = 1) -> None:
         super().__init__(round_id=round_id, clients=clients, length=length, ring=ring)
         self.min_clients = min_clients
-        self._sum: np.ndarray | None = None
         self._result: RoundResult | None = None
 
     def start(self) -> dict[int, Message]:
@@ -42,17 +40,12 @@ class PlainServer(ServerProtocol):
         """Validate, then add the input into the running sum at once and keep only its envelope: the
         server holds O(d), not O(N d)."""
         super().accept(msg)
-        if self._sum is None:
-            self._sum = np.zeros(self.length, dtype=np.uint32)
-        self.ring.add_(self._sum, msg["vector"])
-        self._replies[msg.sender] = Message(kind=msg.kind, round=msg.round, sender=msg.sender, receiver=msg.receiver)
+        self.fold_input(msg)
 
     def on_stage_complete(self, replies: dict[int, Message]) -> dict[int, Message]:
         if len(replies) < self.min_clients:
             raise AbortError(stage="collect", survivors=len(replies), required=self.min_clients)
-        acc = self._sum if self._sum is not None else np.zeros(self.length, dtype=np.uint32)
-        self._sum = None
-        self._result = self._finish(acc, replies)
+        self._result = self._finish(self.take_running_sum(), replies)
         return {}
 
     def result(self) -> RoundResult:

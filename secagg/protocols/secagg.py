@@ -196,11 +196,7 @@ class SecAggPlusServer(ServerProtocol):
         dropped after its masked input is accepted: accusations are settled in the check stage.)"""
         super().accept(msg)
         if self.stage == "masked":
-            if self._sum is None:
-                self._sum = np.zeros(self.length, dtype=np.uint32)
-            np.add(self._sum, msg["vector"], out=self._sum)
-            self._replies[msg.sender] = Message(kind=msg.kind, round=msg.round, sender=msg.sender,
-                                                receiver=msg.receiver)
+            self.fold_input(msg)
 
     def _viable(self, alive: set[int], stage: str) -> frozenset[int]:
         """Drop clients whose live neighbourhood (self included) is below the threshold, repeatedly."""
@@ -263,8 +259,7 @@ class SecAggPlusServer(ServerProtocol):
             raise AbortError(stage="masked", survivors=len(u3), required=self.min_clients,
                              detail="survivors' masking graph is disconnected: partial sums would leak")
         self._u3 = u3
-        if self._sum is None:          # nobody's input arrived (the checks above have aborted by now)
-            self._sum = np.zeros(self.length, dtype=np.uint32)
+        self._sum = self.take_running_sum()
         return self._enter("unmask", {
             c: self._request("unmask_request", c, alive=tuple(sorted(self._unmask_sets(c)[0])))
             for c in u3

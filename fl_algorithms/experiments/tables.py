@@ -1,0 +1,60 @@
+"""What the grid modules share to summarise cells: group rows, mean ± sample std over seeds, and the
+learning-curve figure (one line per method, the mean over seeds)."""
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+
+def grouped(rows: Iterable[Mapping[str, Any]], key: Callable[[Mapping[str, Any]], Hashable]) -> dict[Hashable, list]:
+    """Rows by `key(row)`, in order of first appearance."""
+    out: dict[Hashable, list] = {}
+    for row in rows:
+        out.setdefault(key(row), []).append(row)
+    return out
+
+
+def summarise(entry: dict[str, Any], series: Mapping[str, Sequence[float]]) -> dict[str, Any]:
+    """entry[k] = mean of series[k], entry[k + '_std'] = its sample std (0 for a single seed)."""
+    for key, values in series.items():
+        entry[key] = float(np.mean(values))
+        entry[f"{key}_std"] = float(np.std(values, ddof=1)) if len(values) > 1 else 0.0
+    return entry
+
+
+def pyplot():
+    """matplotlib's pyplot on the file-only Agg backend (no display needed)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_mean_curves(ax: Any, rows: Sequence[Mapping[str, Any]], methods: Sequence[str], *,
+                     first: Callable[[str], int] = lambda method: 1) -> None:
+    """Per method (in `methods` order), the mean over its rows of `row['curve']` (x 100), from round `first(method)`."""
+    for method in methods:
+        curves = [r["curve"] for r in rows if r["method"] == method and r["curve"]]
+        if curves:
+            mean = np.mean(np.asarray(curves, dtype=float), axis=0)
+            start = first(method)
+            ax.plot(range(start, start + len(mean)), 100 * mean, marker="o", markersize=3, label=method)
+
+
+def save_figure(fig: Any, path: Path) -> Path:
+    """Grid, legend, tight layout, 120 dpi, closed."""
+    for ax in fig.axes:
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    pyplot().close(fig)
+    return path
+
+
+__all__ = ["grouped", "summarise", "pyplot", "plot_mean_curves", "save_figure"]

@@ -5,6 +5,7 @@
     python examples/fedmcp_secure.py --dp                 # Opacus DP-SGD on the adapters, epsilon per client
     python examples/fedmcp_secure.py --runtime deploy     # server here, each client its own process over tcp
     python examples/fedmcp_secure.py --resume results/fedmcp/<run>   # finish an interrupted run
+    python examples/fedmcp_secure.py --combine results/fedmcp/seed0 results/fedmcp/seed1 ...  # parts run in parallel, one report
 
 Options every example shares: --algorithms fedmcp,fedavg_peft,local,fedrep (alias --methods; add
 fedavg_full or --with-full-ft, fedlr, moon, ditto, and the ablations fedmcp_no_cl, fedmcp_no_bl)  --protocol secagg+ (any secure protocol of `python -m fl_algorithms
@@ -60,6 +61,7 @@ fedmcp_no_bl) and ``avg_acc fedmcp=.. fedavg_peft=.. local=.. fedrep=.. secure_v
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import time
 from collections import defaultdict
@@ -181,6 +183,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help=f"parent directory of run directories (default {DEFAULT_OUT})")
     p.add_argument("--run-name", help="run directory name (default: a timestamp)")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR with its saved settings")
+    p.add_argument("--combine", nargs="+", metavar="RUN_DIR",
+                   help="report finished runs of one setting made in parts (a seed or a group of methods each, e.g. "
+                        "in parallel processes or on several GPUs) as one run, in a new run directory")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--verbose", action="store_true", help="print where the time goes")
     return p
@@ -223,6 +228,64 @@ def read_saved(path: Path) -> tuple[FedMCPSettings, Plan]:
     return FedMCPSettings(**saved["settings"]), Plan(**plan)
 
 
+def combine_plans(parts: Sequence[Path]) -> tuple[FedMCPSettings, Plan]:
+    """One setting and plan for runs made in parts: the settings must agree; seeds and methods are the
+    union (the plaintext twin is kept if every part that ran FedMCP ran it)."""
+    if len(parts) < 2 or len(set(parts)) < len(parts):
+        raise ValueError("name at least two different run directories")
+    saved = [read_saved(p) for p in parts]
+    settings = saved[0][0]
+    for path, (other, plan) in zip(parts, saved):
+        differ = [f.name for f in fields(FedMCPSettings) if getattr(other, f.name) != getattr(settings, f.name)]
+        if differ:
+            raise ValueError(f"{path} differs from {parts[0]} in {differ}: not parts of one run")
+        if (plan.protocol, plan.runtime) != (saved[0][1].protocol, saved[0][1].runtime):
+            raise ValueError(f"{path} used another protocol or runtime than {parts[0]}")
+    methods = {m for _, plan in saved for m in plan.algorithms}
+    seeds = sorted({s for _, plan in saved for s in plan.seeds})
+    plain = all(plan.plain_check for _, plan in saved if "fedmcp" in plan.algorithms)
+    return settings, Plan(algorithms=tuple(m for m in TABLE_ORDER if m in methods), protocol=saved[0][1].protocol,
+                          seeds=tuple(seeds), runtime=saved[0][1].runtime, plain_check=plain)
+
+
+def combined_runs(parts: Sequence[Path], plan: Plan, run: RunDirectory) -> dict[str, list[MethodRun]]:
+    """Every (method, seed) of `plan` from the parts' results.json, exactly once; their rounds are
+    logged to `run` so the combined directory holds the whole record."""
+    found: dict[tuple[str, int], MethodRun] = {}
+    for path in parts:
+        try:
+            document = json.loads((path / "results.json").read_text())
+        except FileNotFoundError:
+            raise SystemExit(f"error: {path} has no results.json: finish it with --resume first") from None
+        summary = document["summary"]["methods"]
+        first_of_method: set[str] = set()
+        for key, raw in document["runs"].items():
+            method, seed = key.rsplit("/seed", 1)
+            if (method, int(seed)) in found:
+                raise SystemExit(f"error: {method} seed {seed} is in more than one part")
+            history = [RoundRecord.from_json(r) for r in raw]
+            meta = summary[method]
+            # a part's timer and clip count are totals over its seeds: carried once, so the sums stay right
+            once = method not in first_of_method
+            first_of_method.add(method)
+            found[method, int(seed)] = MethodRun(
+                method=method, seed=int(seed), history=history, trainable=meta["trainable_params"],
+                shared=meta["shared_params"], epsilon=last_epsilon(history),
+                timer=dict(meta["timer"]) if once else {}, clipped=meta["clipped_values"] if once else 0)
+        for record in RunDirectory.open(path).rounds():
+            run.log_round(record)
+    missing = [f"{m} seed {s}" for s in plan.seeds for m in plan.run_list() if (m, s) not in found]
+    if missing:
+        raise SystemExit(f"error: the parts do not cover {', '.join(missing)}")
+    if len({len(r.history) for r in found.values()}) > 1:
+        raise SystemExit("error: the parts ran different numbers of rounds (an unfinished part? --resume it)")
+    runs: dict[str, list[MethodRun]] = defaultdict(list)
+    for seed in plan.seeds:
+        for method in plan.run_list():
+            runs[method].append(found[method, seed])
+    return runs
+
+
 def parse_settings(argv: Sequence[str] | None = None) -> tuple[argparse.Namespace, FedMCPSettings, Plan]:
     """The command line as settings and plan (saved ones under --resume); a bad argument exits with code 2."""
     parser = _parser()
@@ -233,7 +296,14 @@ def parse_settings(argv: Sequence[str] | None = None) -> tuple[argparse.Namespac
     chosen, planned = _given_settings(args), _given_plan(args)
     try:
         resolve_device(args.device)
-        if args.resume:
+        if args.combine:
+            if args.resume or chosen or planned:
+                parser.error("--combine takes the parts' saved settings: give only --out/--run-name/--device/--threads")
+            try:
+                settings, plan = combine_plans([Path(p) for p in args.combine])
+            except (OSError, ValueError, TypeError, KeyError) as error:
+                parser.error(f"--combine: {error}")
+        elif args.resume:
             try:
                 settings, plan = read_saved(Path(args.resume))
             except (OSError, ValueError, TypeError, KeyError) as error:
@@ -634,7 +704,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
 
     logged = {(r.get("seed"), r.get("method"), r.get("round")) for r in run.rounds()}
     runs: dict[str, list[MethodRun]] = defaultdict(list)
-    plan_runs = [(seed, method) for seed in plan.seeds for method in plan.run_list()]
+    plan_runs = [] if args.combine else [(seed, method) for seed in plan.seeds for method in plan.run_list()]
+    if args.combine:
+        runs = combined_runs([Path(p) for p in args.combine], plan, run)
+        print(f"combined {len(args.combine)} parts: seeds {list(plan.seeds)}, methods {plan.run_list()}")
     outer = tqdm(plan_runs, desc="methods", disable=not progress, leave=False)
     prefix_seconds = 0.0
     for seed, method in outer:

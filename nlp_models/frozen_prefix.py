@@ -82,19 +82,23 @@ def build_prefix_cache(backbone: nn.Module, input_ids: torch.Tensor, attention_m
     row (positions past it stay zero; all are masked): much less padding when lengths vary a lot.
     """
     layers = _frozen_layers(backbone, split)
+    # batches run where the backbone is; the cache stays where the inputs were given (CPU inputs with a
+    # GPU backbone: states come back to the CPU, e.g. to be split per client before moving)
+    runs_on = next(backbone.parameters()).device
     was_training = backbone.training
     backbone.eval()
     try:
         if by_length:
             lengths = attention_mask.sum(dim=1)
             order = torch.argsort(lengths, descending=True, stable=True)
-            hidden = torch.zeros(*input_ids.shape, backbone.config.hidden_size, dtype=dtype)
+            hidden = torch.zeros(*input_ids.shape, backbone.config.hidden_size, dtype=dtype, device=input_ids.device)
             for start in tqdm(range(0, len(order), batch_size), desc="frozen prefix", disable=not progress,
                               leave=False):
                 rows = order[start : start + batch_size]
                 width = int(lengths[rows].max())
-                states = _prefix_states(backbone, layers, input_ids[rows, :width], attention_mask[rows, :width])
-                hidden[rows, :width] = states.to(dtype)
+                states = _prefix_states(backbone, layers, input_ids[rows, :width].to(runs_on),
+                                        attention_mask[rows, :width].to(runs_on))
+                hidden[rows, :width] = states.to(hidden.device, dtype)
         else:
             out = []
             for start in tqdm(range(0, input_ids.shape[0], batch_size), desc="frozen prefix", disable=not progress,
@@ -102,7 +106,7 @@ def build_prefix_cache(backbone: nn.Module, input_ids: torch.Tensor, attention_m
                 ids = input_ids[start : start + batch_size]
                 mask = attention_mask[start : start + batch_size]
                 with torch.inference_mode():
-                    out.append(_prefix_states(backbone, layers, ids, mask).to(dtype))
+                    out.append(_prefix_states(backbone, layers, ids.to(runs_on), mask.to(runs_on)).to(ids.device, dtype))
             with torch.inference_mode():
                 hidden = torch.cat(out)
     finally:

@@ -264,3 +264,43 @@ def test_the_other_table_i_baselines_run_through_secure_aggregation(tmp_path, ca
     # MOON and Ditto share what FedAvg (PEFT) shares (both adapters); FedLR its LoRA matrices
     assert methods["moon"]["shared_params"] == methods["ditto"]["shared_params"] == methods["fedavg_peft"]["shared_params"]
     assert methods["fedlr"]["shared_params"] not in (0, methods["fedavg_peft"]["shared_params"])
+
+
+def test_parts_run_in_parallel_combine_into_one_report(tmp_path, capsys):
+    """Seeds (or groups of methods) run as separate processes combine into the table one run would give."""
+    part = TINY + ["--algorithms", "local,fedavg_peft", "--out", str(tmp_path)]
+    a = fedmcp_secure.main(part + ["--seeds", "0", "--run-name", "a"])
+    b = fedmcp_secure.main(part + ["--seeds", "1", "--run-name", "b"])
+    capsys.readouterr()
+    both = fedmcp_secure.main(["--combine", str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(tmp_path),
+                               "--run-name", "ab", "--no-progress"])
+    assert "combined 2 parts: seeds [0, 1]" in capsys.readouterr().out
+    assert both["seeds"] == [0, 1]
+    for method in ("local", "fedavg_peft"):
+        by_seed = {**a["methods"][method]["average_by_seed"], **b["methods"][method]["average_by_seed"]}
+        assert both["methods"][method]["average_by_seed"] == pytest.approx(by_seed)
+        assert both["methods"][method]["average"]["mean"] == pytest.approx(np.mean(list(by_seed.values())))
+        assert both["methods"][method]["timer"] == pytest.approx(
+            {k: a["methods"][method]["timer"][k] + b["methods"][method]["timer"][k] for k in a["methods"][method]["timer"]})
+    logged = [json.loads(x) for x in (tmp_path / "ab" / "metrics.jsonl").read_text().splitlines()]
+    assert sorted({(r["seed"], r["method"]) for r in logged}) == [(0, "fedavg_peft"), (0, "local"),
+                                                                 (1, "fedavg_peft"), (1, "local")]
+    assert len(logged) == 2 * 2 * 2  # seeds x methods x rounds
+
+
+def test_combine_refuses_parts_that_are_not_one_run(tmp_path, capsys):
+    part = TINY + ["--rounds", "1", "--algorithms", "local", "--out", str(tmp_path)]
+    fedmcp_secure.main(part + ["--seeds", "0", "--run-name", "a"])
+    fedmcp_secure.main(part + ["--seeds", "1", "--run-name", "b", "--algorithms", "fedavg_peft"])
+    fedmcp_secure.main(part + ["--seeds", "1", "--run-name", "c", "--lr", "0.01"])
+    fedmcp_secure.main(part + ["--seeds", "0", "--run-name", "d"])
+    capsys.readouterr()
+    a, b, c, d = (str(tmp_path / n) for n in "abcd")
+    for parts, message in ([[a], "at least two different"], [[a, a], "at least two different"],
+                           [[a, c], "differs from"], [[a, b, "--rounds", "3"], "give only"]):
+        with pytest.raises(SystemExit) as exc:
+            fedmcp_secure.parse_settings(["--combine", *parts])
+        assert exc.value.code == 2 and message in capsys.readouterr().err
+    for parts, message in ([a, b], "do not cover"), ([a, d], "more than one part"):
+        with pytest.raises(SystemExit, match=message):
+            fedmcp_secure.main(["--combine", *parts, "--out", str(tmp_path), "--no-progress"])

@@ -29,9 +29,11 @@ from pathlib import Path
 from typing import Any
 
 
-from fl_algorithms.experiments.cli import append_cell, comma_list, open_grid, parse_grid_args
+from fl_algorithms.experiments.cli import (add_worker_args, append_cell, comma_list, open_grid, parse_grid_args,
+                                             start_workers)
 from fl_algorithms.experiments.summarization_grid import (METHODS, PROTOCOLS, SummaryPlan, aggregate, cell_key,
                                                           plot_curves, run_summary_cell, write_table)
+from fl_algorithms.experiments.parallel import pending
 from fl_algorithms.tasks.summarization import SETTINGS, SummarySettings
 from nlp_models._offline import ensure_offline
 from nlp_models.device import DEVICES
@@ -60,6 +62,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--run-name", metavar="NAME")
     p.add_argument("--resume", metavar="RUN_DIR", help="finish a grid: its saved plan, finished cells skipped")
     p.add_argument("--no-progress", action="store_true")
+    add_worker_args(p)
     return p
 
 
@@ -86,9 +89,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     cache = Path(args.cache) if args.cache else RESULTS / "cache"
     start = time.perf_counter()
     clients = None
-    for cell in plan.cells():
-        if cell_key(cell) in done:
-            continue
+    done = start_workers(args, run, script=__file__, device=device, cells=plan.cells(), cells_path=cells_path,
+                         key=cell_key, forward=["--backbone", args.backbone, "--cache", str(cache)])
+    for cell in pending(plan.cells(), done, key=cell_key, run=run if args.worker else None):
         if clients is None or (clients.settings.setting, clients.settings.seed) != (cell["setting"], cell["seed"]):
             clients = plan.clients_for(setting=cell["setting"], seed=cell["seed"], backbone=args.backbone,
                                        device=device, cache_dir=cache, progress=not args.no_progress)
@@ -101,6 +104,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         share = f", KD tokens {row['kd_token_share']:.1%}" if "kd_token_share" in row else ""
         print(f"{cell_key(cell)}: ROUGE-1/2/L {row['rouge1']:.4f} / {row['rouge2']:.4f} / {row['rougeL']:.4f}"
               f"{share}, {row['seconds']:.0f} s", flush=True)
+    if args.worker:
+        return {"run": run, "worker": True}
     rows = [done[cell_key(c)] for c in plan.cells()]
     write_table(rows, csv_path=run / "summary.csv", md_path=run / "summary.md")
     plot_curves(rows, path=run / "curves.png")

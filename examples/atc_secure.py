@@ -33,7 +33,9 @@ from typing import Any
 from fl_algorithms.algorithms.atc import ATCConfig
 from fl_algorithms.experiments.atc_grid import (METHODS, SECURE, ATCPlan, aggregate, cell_key, plot_curves, run_atc_cell,
                                                 write_table)
-from fl_algorithms.experiments.cli import append_cell, comma_list, open_grid, parse_grid_args
+from fl_algorithms.experiments.cli import (add_worker_args, append_cell, comma_list, open_grid, parse_grid_args,
+                                             start_workers)
+from fl_algorithms.experiments.parallel import pending
 from fl_algorithms.tasks.hetero import build_clients, layout_table, public_texts
 from fl_algorithms.training.hetero_trainer import HeteroConfig, HeteroFactory
 from nlp_models._offline import ensure_offline
@@ -69,6 +71,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--run-name", metavar="NAME")
     p.add_argument("--resume", metavar="RUN_DIR", help="finish a grid: its saved plan, finished cells skipped")
     p.add_argument("--no-progress", action="store_true")
+    add_worker_args(p)
     return p
 
 
@@ -97,9 +100,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     start = time.perf_counter()
     backbone, tokenizer = load_named_backbone(args.backbone)
     clients = factory = None
-    for cell in plan.cells():
-        if cell_key(cell) in done:
-            continue
+    done = start_workers(args, run, script=__file__, device=device, cells=plan.cells(), cells_path=cells_path,
+                         key=cell_key, forward=["--backbone", args.backbone])
+    for cell in pending(plan.cells(), done, key=cell_key, run=run if args.worker else None):
         seed = cell["seed"]
         if clients is None or factory.config.seed != seed:
             model = dataclasses.replace(plan.model, max_length=plan.model.max_length, seed=seed)
@@ -117,6 +120,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         append_cell(cells_path, row)
         done[cell_key(cell)] = row
         print(f"{cell_key(cell)}: avg {row['avg']:.4f}, leakage {row['leakage']}, {row['seconds']:.0f} s", flush=True)
+    if args.worker:
+        return {"run": run, "worker": True}
     rows = [done[cell_key(c)] for c in plan.cells()]
     write_table(rows, csv_path=run / "summary.csv", md_path=run / "summary.md")
     plot_curves(rows, path=run / "curves.png", assign_rounds=plan.atc.assign_rounds)

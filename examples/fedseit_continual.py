@@ -28,9 +28,11 @@ from pathlib import Path
 from typing import Any
 
 
-from fl_algorithms.experiments.cli import append_cell, comma_list, open_grid, parse_grid_args
+from fl_algorithms.experiments.cli import (add_worker_args, append_cell, comma_list, open_grid, parse_grid_args,
+                                             start_workers)
 from fl_algorithms.experiments.continual_grid import (METHODS, PROTOCOLS, ContinualClients, ContinualPlan, aggregate,
                                                       cell_key, plot_curves, run_continual_cell, write_table)
+from fl_algorithms.experiments.parallel import pending
 from fl_algorithms.tasks.continual import task_statistics
 from nlp_models._offline import ensure_offline
 from nlp_models.device import DEVICES
@@ -60,6 +62,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--run-name", metavar="NAME")
     p.add_argument("--resume", metavar="RUN_DIR", help="finish a grid: its saved plan, finished cells skipped")
     p.add_argument("--no-progress", action="store_true")
+    add_worker_args(p)
     return p
 
 
@@ -92,9 +95,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                                             record=ContinualPlan.record, key=cell_key)
     start = time.perf_counter()
     clients = None
-    for cell in plan.cells():
-        if cell_key(cell) in done:
-            continue
+    done = start_workers(args, run, script=__file__, device=device, cells=plan.cells(), cells_path=cells_path,
+                         key=cell_key, forward=["--backbone", args.backbone])
+    for cell in pending(plan.cells(), done, key=cell_key, run=run if args.worker else None):
         if clients is None or clients.settings.seed != cell["seed"]:
             clients = ContinualClients(dataclasses.replace(plan.data, seed=cell["seed"]), backbone=args.backbone,
                                        device=device)
@@ -109,6 +112,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         done[cell_key(cell)] = row
         print(f"{cell_key(cell)}: final accuracy {row['accuracy']:.4f}, forgetting {row['forgetting']:.4f}, "
               f"{row['seconds']:.0f} s", flush=True)
+    if args.worker:
+        return {"run": run, "worker": True}
     rows = [done[cell_key(c)] for c in plan.cells()]
     write_table(rows, csv_path=run / "summary.csv", md_path=run / "summary.md")
     plot_curves(rows, path=run / "curves.png", schedule=plan.schedule)

@@ -36,7 +36,31 @@ def parse_grid_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None)
     check_run_location(parser, args)
     if args.threads < 1:
         parser.error("--threads must be at least 1")
+    if getattr(args, "workers", 1) < 1:
+        parser.error("--workers must be at least 1")
+    if getattr(args, "worker", False) and (not args.resume or args.workers > 1):
+        parser.error("--worker is how --workers starts its processes: it needs --resume and no --workers")
     return args, str(resolve_device(args.device))
+
+
+def add_worker_args(parser: argparse.ArgumentParser) -> None:
+    """--workers N (cells in N processes sharing the machine and its GPU) and the hidden --worker of each."""
+    parser.add_argument("--workers", type=int, default=1,
+                        help="run the unfinished cells in N processes sharing this machine and its GPU (one process "
+                             "leaves a GPU idle between small kernels); this one waits and writes the tables")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+
+
+def start_workers(args: argparse.Namespace, run: Path, *, script: str | Path, device: str, cells: Sequence[Any],
+                  cells_path: Path, key: Callable[[Any], str], forward: Sequence[str] = ()) -> dict[str, dict[str, Any]]:
+    """Under --workers N > 1: run the grid's unfinished cells in N processes (`parallel.run_workers`) and
+    return the finished cells as recorded; else the finished cells as they are."""
+    from fl_algorithms.experiments.parallel import run_workers
+
+    if args.workers > 1:
+        run_workers(run, script=script, workers=args.workers, total=len(cells), progress=not args.no_progress,
+                    forward=["--device", device, "--threads", str(args.threads), "--no-progress", *forward])
+    return read_cells(cells_path, key=key)
 
 
 def check_run_location(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
@@ -100,4 +124,5 @@ def append_cell(path: Path, row: Mapping[str, Any]) -> None:
         handle.write(json.dumps(row) + "\n")
 
 
-__all__ = ["append_cell", "check_run_location", "comma_list", "open_grid", "open_run", "parse_grid_args", "read_cells"]
+__all__ = ["add_worker_args", "append_cell", "check_run_location", "comma_list", "open_grid", "open_run", "parse_grid_args",
+           "read_cells", "start_workers"]

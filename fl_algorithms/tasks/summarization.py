@@ -41,6 +41,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from fl_algorithms.algorithms.adafedselectkd import ADAPTER_PART, GLOBAL, LOCAL
+from fl_algorithms.experiments.parallel import file_lock
 from fl_algorithms.tasks.seq2seq import HeadlineBatch, HeadlineSplit, encode_headlines, headline_loss, headline_metrics
 from fl_algorithms.training.loop import run_epochs, seeded, sequence_seed, tagged_seed
 from fl_algorithms.training.trainer import OptimizerConfig, SeededTorchTrainer, flatten
@@ -288,16 +289,17 @@ class SummaryClients:
     def pretrained(self) -> dict[str, dict[str, torch.Tensor]]:
         """The generator's decoder and copy gate after pre-training on the public topics (from the
         cache when one is there)."""
-        path = None
-        if self.cache_dir is not None:
-            path = self.cache_dir / f"generator-{self.settings.pretraining_key(self.backbone_name)}.pt"
+        if self.cache_dir is None:
+            state, self.pretraining = self._pretrain()
+            return state
+        path = self.cache_dir / f"generator-{self.settings.pretraining_key(self.backbone_name)}.pt"
+        with file_lock(path.with_suffix(".lock")):  # grid workers wait for the first one's pre-training
             if path.exists():
                 blob = torch.load(path, map_location="cpu", weights_only=True)
                 self.pretraining = {k: float(v) for k, v in blob["metrics"].items()}
                 return {"decoder": blob["decoder"], "copy_gate": blob["copy_gate"]}
-        state, self.pretraining = self._pretrain()
-        if path is not None:
-            path.parent.mkdir(parents=True, exist_ok=True)
+            print(f"pre-training the generator once; it is cached as {path}", flush=True)
+            state, self.pretraining = self._pretrain()
             partial = path.with_suffix(".tmp")
             torch.save({**state, "metrics": self.pretraining}, partial)
             partial.replace(path)

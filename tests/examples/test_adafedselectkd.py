@@ -47,3 +47,17 @@ def test_bad_arguments_are_refused_before_any_run(tmp_path):
         with pytest.raises(SystemExit):
             example.main(["--quick", *bad, "--out", str(tmp_path)])
     assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.slow
+def test_workers_share_one_pretrained_generator(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(example, "QUICK", {**example.QUICK, "rounds": 1})
+    out = example.main(["--quick", "--backbone", "tiny", "--fraction", "0.05", "--no-progress", "--methods",
+                        "adafedavg,local", "--workers", "2", "--threads", "1", "--cache", str(tmp_path / "cache"),
+                        "--out", str(tmp_path), "--run-name", "w"])
+    assert capsys.readouterr().out.strip().splitlines()[-1].startswith("summ setting=non_iid adafedavg=")
+    rows = [json.loads(x) for x in (out["run"] / "cells.jsonl").read_text().splitlines()]
+    assert sorted(r["method"] for r in rows) == ["adafedavg", "local"]  # each once
+    assert len(list((tmp_path / "cache").glob("generator-*.pt"))) == 1
+    logs = "".join(p.read_text() for p in (out["run"] / "logs").iterdir())
+    assert logs.count("pre-training the generator once") == 1  # the other worker waited for it, then loaded it

@@ -56,3 +56,19 @@ def test_bad_arguments_are_refused_before_any_run(tmp_path):
         with pytest.raises(SystemExit):
             example.main(["--quick", *bad, "--out", str(tmp_path)] if "--full" not in bad else [*bad, "--out", str(tmp_path)])
     assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.slow
+def test_workers_run_each_cell_once_and_write_the_tables(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(example, "QUICK", {**example.QUICK, "rounds": 2, "max_per_client": 15,
+                                           "max_cosine_noise_std": 100.0,
+                                           "atc": ATCConfig(assign_rounds=1, clusters=2),
+                                           "model": HeteroConfig(pretrain_batches=1, pretrain_length=16, max_length=32)})
+    out = example.main(["--quick", "--backbone", "tiny", "--no-progress", "--methods", "fedavg,isolated,fedbn",
+                        "--workers", "2", "--threads", "1", "--out", str(tmp_path), "--run-name", "w"])
+    assert capsys.readouterr().out.strip().splitlines()[-1].startswith("atc avg ")
+    rows = [json.loads(x) for x in (out["run"] / "cells.jsonl").read_text().splitlines()]
+    assert sorted(r["method"] for r in rows) == ["fedavg", "fedbn", "isolated"]  # each once
+    claimed = [p.read_text().splitlines()[0] for p in (out["run"] / "claims").iterdir()]
+    assert sorted(claimed) == sorted(example.cell_key(r) for r in rows)
+    assert (out["run"] / "summary.md").stat().st_size > 0

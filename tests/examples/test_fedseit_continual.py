@@ -55,3 +55,22 @@ def test_bad_arguments_are_refused_before_any_run(tmp_path):
         with pytest.raises(SystemExit):
             example.main(["--quick", *bad, "--out", str(tmp_path)])
     assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.slow
+def test_workers_run_each_cell_once_and_write_the_tables(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(example, "QUICK", {**example.QUICK, "filters": 4, "rounds_per_task": 2, "local_epochs": 1,
+                                           "data": ContinualSettings(tasks_per_client=2, max_train=24, max_test=8),
+                                           "descriptor": CentroidConfig(max_centroid_noise=100.0)})
+    out = example.main(["--quick", "--backbone", "tiny", "--no-progress", "--workers", "2", "--threads", "1",
+                        "--out", str(tmp_path), "--run-name", "w"])
+    assert LINE.match(capsys.readouterr().out.strip().splitlines()[-1])
+    run = out["run"]
+    rows = [json.loads(x) for x in (run / "cells.jsonl").read_text().splitlines()]
+    assert sorted(r["method"] for r in rows) == sorted(["fedseit_k3", "fedweit", "fedavg_b", "local"])  # each once
+    claimed = [p.read_text().splitlines()[0] for p in (run / "claims").iterdir()]
+    assert sorted(claimed) == sorted(example.cell_key(r) for r in rows)
+    assert sorted(p.name for p in (run / "logs").iterdir()) == ["worker-0.log", "worker-1.log"]
+    assert (run / "summary.md").stat().st_size > 0
+    with pytest.raises(SystemExit):  # --worker is internal: it needs --resume
+        example.main(["--quick", "--worker", "--out", str(tmp_path)])

@@ -42,14 +42,17 @@ from typing import Any
 import numpy as np
 import torch
 
-from fl_algorithms.experiments.cli import append_cell, comma_list, open_run, parse_grid_args, read_cells
+from fl_algorithms.experiments.cli import (add_worker_args, append_cell, comma_list, open_run, parse_grid_args,
+                                           read_cells, start_workers)
 from fl_algorithms.experiments.fednlp_grid import (ALGORITHMS, METRIC_NAMES, PROTOCOLS, GridPlan, aggregate,
                                                    cell_key, encoder_bound, flat_vector, load_formulation, partition_for,
                                                    plan_from_record, plan_record, plot_curves, run_cell,
                                                    write_table)
 from fl_algorithms.experiments.layer_freezing import FreezingPlan, plot_freezing, run_freezing, write_freezing
+from fl_algorithms.experiments.parallel import pending
 from fl_algorithms.tasks.formulation import TASKS, PartitionSpec
 from nlp_models._offline import ensure_offline
+from nlp_models.data.partition import Partition
 from nlp_models.data.partition_stats import partition_summary, plot_partitions, summary_line
 from nlp_models.device import DEVICES
 
@@ -92,6 +95,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="federated algorithm of the freezing study (default: fedopt as FedNLP; fedavg with --quick, "
                         "since FedOPT at FedNLP's server lr 0.1 has moved less than one FedAvg round after 4 rounds)")
     p.add_argument("--no-progress", action="store_true")
+    add_worker_args(p)
     return p
 
 
@@ -179,6 +183,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser = _parser()
     args, device = parse_grid_args(parser, argv)
     if args.freezing is not None:
+        if args.workers > 1 or args.worker:
+            parser.error("--workers runs the grid's cells; the freezing study runs in one process")
         return freezing_main(args, parser, device=device)
     run, plan = open_run(parser, args, default_out=DEFAULT_OUT, build=lambda: build_plan(args, parser),
                          load=plan_from_record, record=plan_record)
@@ -187,14 +193,15 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     cells_path = run / "cells.jsonl"
     done = read_cells(cells_path, key=cell_key)
     trajectories: dict[tuple[str, str], list[np.ndarray]] = {}  # secure FedAvg's parameters per round
-    partitions_md, partition_sets = [], {}
     clients_cache: dict[tuple, Any] = {}
     print(f"run directory: {run}  (device {device}, torch threads {args.threads}, {len(plan.cells())} runs, "
           f"{len(done)} already done)", flush=True)
-    for cell in plan.cells():
+    done = start_workers(args, run, script=__file__, device=device, cells=plan.cells(), cells_path=cells_path,
+                         key=cell_key, forward=["--backbone", args.backbone])
+    # a task's clients, and FedAvg's secure run with its plaintext twin, stay in one worker
+    for cell in pending(plan.cells(), done, key=cell_key, unit=lambda c: f"{c['task']} {c['partition']} seed {c['seed']}",
+                        run=run if args.worker else None):
         key = cell_key(cell)
-        if key in done:
-            continue
         ident = (cell["task"], cell["partition"], cell["seed"])
         if ident not in clients_cache:
             clients_cache.clear()  # one task's clients in memory at a time
@@ -215,15 +222,18 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             summary.update(secure_vs_plain(trajectories.pop((cell["task"], cell["partition"])), trajectory,
                                            initial=flat_vector(clients.initial()),
                                            bound=encoder_bound(plan, clients, plan.protocols[0])))
-            stats = partition_summary(clients.partition)
-            partitions_md.append(f"- {cell['task']} {cell['partition']}: {summary_line(stats)}")
-            partition_sets[f"{cell['task']} {cell['partition']}"] = clients.partition
+            summary["partition_record"] = clients.partition.record()  # for partitions.md/.png, whoever writes them
         append_cell(cells_path, summary)
         done[key] = summary
         print(f"{key}: {summary['metric']}={summary['score']:.4f} (trivial {summary['trivial']:.4f}), "
               f"{summary['round_seconds']:.1f} s/round, secure {summary['secure_seconds_per_round']:.2f} s/round",
               flush=True)
+    if args.worker:
+        return {"run": run, "worker": True}
     rows = list(done.values())
+    partition_sets = {f"{r['task']} {r['partition']}": Partition.from_record(r["partition_record"])
+                      for r in rows if "partition_record" in r}
+    partitions_md = [f"- {name}: {summary_line(partition_summary(p))}" for name, p in partition_sets.items()]
     table = aggregate(rows)
     write_table(table, csv_path=run / "grid.csv", md_path=run / "grid.md")
     plot_curves(rows, path=run / "curves.png")

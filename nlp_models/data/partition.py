@@ -54,6 +54,17 @@ class Partition:
     def sizes(self) -> np.ndarray:
         return np.array([len(client) for client in self.clients], dtype=np.int64)
 
+    def record(self) -> dict:
+        """A JSON-ready record (``from_record`` rebuilds the partition)."""
+        return {"method": self.method, "n": self.n, "clients": [c.tolist() for c in self.clients],
+                "keys": list(self.keys) if self.keys is not None else None}
+
+    @classmethod
+    def from_record(cls, record: dict) -> "Partition":
+        keys = record.get("keys")
+        return cls(clients=tuple(np.asarray(c, dtype=np.int64) for c in record["clients"]), n=int(record["n"]),
+                   method=str(record["method"]), keys=tuple(keys) if keys is not None else None)
+
     def label_counts(self, labels: np.ndarray, num_labels: int) -> np.ndarray:
         """(clients, classes) matrix of example counts."""
         labels = np.asarray(labels)

@@ -51,6 +51,25 @@ def test_quick_grid_prints_one_line_per_task_and_resumes(tmp_path, capsys):
     assert again["lines"] == out["lines"]
 
 
+@pytest.mark.slow
+def test_workers_keep_a_task_and_its_plaintext_twin_together(tmp_path, capsys):
+    out = bench.main(TINY + ["--tasks", "classification,qa", "--workers", "2", "--threads", "1",
+                             "--out", str(tmp_path), "--run-name", "w"])
+    lines = capsys.readouterr().out.strip().splitlines()[-2:]
+    assert [LINE.match(line).group(1) for line in lines] == ["classification", "qa"]
+    run = out["run"]
+    rows = [json.loads(x) for x in (run / "cells.jsonl").read_text().splitlines()]
+    assert sorted(bench.cell_key(r) for r in rows) == sorted(bench.cell_key(c) for c in out["rows"])
+    assert len(rows) == len({bench.cell_key(r) for r in rows}) == 2 * 3  # each cell once
+    # the twin was compared with its secure run in the same worker, and the partition came back in its row
+    assert all(r["round1_within_bound"] for r in rows if r["protocol"] == "plain")
+    claimed = sorted(p.read_text().splitlines()[0] for p in (run / "claims").iterdir())
+    assert claimed == ["classification iid seed 0", "qa iid seed 0"]
+    assert "classification iid" in (run / "partitions.md").read_text()
+    with pytest.raises(SystemExit):
+        bench.main(["--quick", "--freezing", "0,2", "--workers", "2", "--out", str(tmp_path)])
+
+
 def test_bad_arguments_are_refused_before_any_run(tmp_path):
     with pytest.raises(SystemExit):
         bench.main(["--quick", "--partitions", "dirichlet:1", "--out", str(tmp_path)])

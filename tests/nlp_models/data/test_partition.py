@@ -152,3 +152,17 @@ def test_public_groups_are_whole_and_disjoint_from_every_client(sizes, fraction,
     split = movie_clients(data, num_clients=2, test_fraction=0.25, public_fraction=fraction, seed=seed)
     held = {int(i) for c in split.clients for i in (*c.train, *c.test)}
     assert held.isdisjoint(int(i) for i in split.public) and set(split.public) == set(public)
+
+
+@settings(max_examples=20, deadline=None)
+@given(n=st.integers(10, 200), clients=st.integers(1, 5), seed=seeds)
+def test_a_partition_survives_its_json_record(n, clients, seed):
+    import json
+
+    partition = dirichlet_quantity_skew(n, num_clients=clients, beta=1.0, min_size=1, seed=seed)
+    back = Partition.from_record(json.loads(json.dumps(partition.record())))
+    assert same(back, partition) and (back.n, back.method, back.keys) == (partition.n, partition.method, partition.keys)
+    keyed = natural_partition([f"g{i % clients}" for i in range(n)], seed=seed)
+    assert Partition.from_record(json.loads(json.dumps(keyed.record()))).keys == keyed.keys
+    with pytest.raises(PartitionError):  # a damaged record is refused, not half-built
+        Partition.from_record({**partition.record(), "n": n + 1})

@@ -5,7 +5,8 @@
     python examples/fedmcp_secure.py --dp                 # Opacus DP-SGD on the adapters, epsilon per client
     python examples/fedmcp_secure.py --runtime deploy     # server here, each client its own process over tcp
     python examples/fedmcp_secure.py --resume results/fedmcp/<run>   # finish an interrupted run
-    python examples/fedmcp_secure.py --combine results/fedmcp/seed0 results/fedmcp/seed1 ...  # parts run in parallel, one report
+    python examples/fedmcp_secure.py --full --seeds 0,1,2 --workers 9  # each seed x method a process, 9 at a time
+    python examples/fedmcp_secure.py --combine results/fedmcp/seed0 results/fedmcp/seed1 ...  # parts run elsewhere, one report
 
 Options every example shares: --algorithms fedmcp,fedavg_peft,local,fedrep (alias --methods; add
 fedavg_full or --with-full-ft, fedlr, moon, ditto, and the ablations fedmcp_no_cl, fedmcp_no_bl)  --protocol secagg+ (any secure protocol of `python -m fl_algorithms
@@ -63,6 +64,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import time
 from collections import defaultdict
 from collections.abc import Sequence
@@ -79,6 +81,7 @@ from fl_algorithms.engine.round import RoundRecord
 from fl_algorithms.engine.secure_sum import SecureAggregationConfig
 from fl_algorithms.engine.sim import RunConfig, SimulationRunner
 from fl_algorithms.experiments.cli import check_run_location, comma_list
+from fl_algorithms.experiments.parallel import run_pool
 from fl_algorithms.experiments.rundir import RunDirectory
 from fl_algorithms.tasks.fedmcp import (BACKBONES, DEFAULT_METHODS, FULL_PRESET, METHODS, ClientInfo, FedMCPClients,
                                         FedMCPSettings, check_method)
@@ -183,6 +186,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help=f"parent directory of run directories (default {DEFAULT_OUT})")
     p.add_argument("--run-name", help="run directory name (default: a timestamp)")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR with its saved settings")
+    p.add_argument("--workers", type=int, default=1,
+                   help="simulation: run each seed x method as its own process, N at a time, sharing this machine "
+                        "and its GPU (one process leaves a GPU idle between small kernels), then report them as one")
     p.add_argument("--combine", nargs="+", metavar="RUN_DIR",
                    help="report finished runs of one setting made in parts (a seed or a group of methods each, e.g. "
                         "in parallel processes or on several GPUs) as one run, in a new run directory")
@@ -248,9 +254,11 @@ def combine_plans(parts: Sequence[Path]) -> tuple[FedMCPSettings, Plan]:
                           seeds=tuple(seeds), runtime=saved[0][1].runtime, plain_check=plain)
 
 
-def combined_runs(parts: Sequence[Path], plan: Plan, run: RunDirectory) -> dict[str, list[MethodRun]]:
+def combined_runs(parts: Sequence[Path], plan: Plan, run: RunDirectory,
+                  logged: set[tuple[int, str, int]] | None = None) -> dict[str, list[MethodRun]]:
     """Every (method, seed) of `plan` from the parts' results.json, exactly once; their rounds are
-    logged to `run` so the combined directory holds the whole record."""
+    logged to `run` (those not in `logged` yet) so the combined directory holds the whole record."""
+    logged = set() if logged is None else logged
     found: dict[tuple[str, int], MethodRun] = {}
     for path in parts:
         try:
@@ -273,7 +281,9 @@ def combined_runs(parts: Sequence[Path], plan: Plan, run: RunDirectory) -> dict[
                 shared=meta["shared_params"], epsilon=last_epsilon(history),
                 timer=dict(meta["timer"]) if once else {}, clipped=meta["clipped_values"] if once else 0)
         for record in RunDirectory.open(path).rounds():
-            run.log_round(record)
+            if (record.get("seed"), record.get("method"), record.get("round")) not in logged:
+                run.log_round(record)
+                logged.add((record.get("seed"), record.get("method"), record.get("round")))
     missing = [f"{m} seed {s}" for s in plan.seeds for m in plan.run_list() if (m, s) not in found]
     if missing:
         raise SystemExit(f"error: the parts do not cover {', '.join(missing)}")
@@ -286,12 +296,51 @@ def combined_runs(parts: Sequence[Path], plan: Plan, run: RunDirectory) -> dict[
     return runs
 
 
+# FedMCP and its twin (4 passes per step, plus the plaintext rerun) first, then the costlier baselines
+PART_ORDER = ("fedmcp", "fedavg_full", "fedmcp_no_cl", "fedmcp_no_bl", "moon", "ditto", "fedrep", "fedavg_peft",
+              "fedlr", "local")
+
+
+def run_parts(run: RunDirectory, settings: FedMCPSettings, plan: Plan, *, workers: int, device: str, threads: int,
+              progress: bool) -> list[Path]:
+    """--workers: each seed x method its own run directory under run/parts (FedMCP with its plaintext twin),
+    run as `--resume PART` processes, `workers` at a time; finished parts (results.json) are not rerun
+    and unfinished ones continue from their checkpoints. Returns every part's directory."""
+    folder = run.path / "parts"
+    parts = []
+    for seed in plan.seeds:
+        for method in sorted(plan.algorithms, key=lambda m: PART_ORDER.index(m) if m in PART_ORDER else len(PART_ORDER)):
+            path = folder / f"seed{seed}-{method}"
+            if not (path / "config.toml").is_file():
+                part = Plan(algorithms=(method,), protocol=plan.protocol, seeds=(seed,), runtime=plan.runtime,
+                            plain_check=plan.plain_check and method == "fedmcp")
+                path.mkdir(parents=True, exist_ok=True)  # (or left without its config by an interrupted start)
+                RunDirectory(path).write_config({"settings": settings, "plan": part})
+            parts.append(path)
+    todo = [p for p in parts if not (p / "results.json").is_file()]
+    commands = [[sys.executable, str(Path(__file__).resolve()), "--resume", str(p), "--device", device,
+                 "--threads", str(threads), "--no-progress"] for p in todo]
+    print(f"{len(todo)} of {len(parts)} runs to do, {workers} at a time: logs in {folder}/*/log.txt", flush=True)
+    failed = run_pool(commands, workers=workers, logs=[p / "log.txt" for p in todo], progress=progress)
+    if failed:
+        for i in failed:
+            tail = (todo[i] / "log.txt").read_text().splitlines()[-10:]
+            print(f"--- {todo[i].name} failed; the end of its log:\n" + "\n".join(tail), file=sys.stderr)
+        raise SystemExit(f"error: {len(failed)} run(s) failed; finished ones are kept: --resume {run.path} "
+                         f"--workers {workers} continues")
+    return parts
+
+
 def parse_settings(argv: Sequence[str] | None = None) -> tuple[argparse.Namespace, FedMCPSettings, Plan]:
     """The command line as settings and plan (saved ones under --resume); a bad argument exits with code 2."""
     parser = _parser()
     args = parser.parse_args(argv)
     if args.threads is not None and args.threads < 1:
         parser.error("--threads must be at least 1")
+    if args.workers < 1:
+        parser.error("--workers must be at least 1")
+    if args.workers > 1 and args.combine:
+        parser.error("--workers runs a plan; --combine reports finished parts")
     check_run_location(parser, args)
     chosen, planned = _given_settings(args), _given_plan(args)
     try:
@@ -316,6 +365,8 @@ def parse_settings(argv: Sequence[str] | None = None) -> tuple[argparse.Namespac
             settings, plan = FedMCPSettings(**chosen), Plan(**planned)
         for method in plan.algorithms:
             check_method(method, settings)
+        if args.workers > 1 and plan.runtime != "sim":
+            raise ValueError("--workers is for the simulation; --runtime deploy already runs every client as a process")
     except (ValueError, TypeError) as error:
         parser.error(str(error))
     return args, settings, plan
@@ -704,9 +755,14 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
 
     logged = {(r.get("seed"), r.get("method"), r.get("round")) for r in run.rounds()}
     runs: dict[str, list[MethodRun]] = defaultdict(list)
-    plan_runs = [] if args.combine else [(seed, method) for seed in plan.seeds for method in plan.run_list()]
-    if args.combine:
-        runs = combined_runs([Path(p) for p in args.combine], plan, run)
+    parallel = bool(args.combine) or args.workers > 1
+    plan_runs = [] if parallel else [(seed, method) for seed in plan.seeds for method in plan.run_list()]
+    if args.workers > 1:
+        parts = run_parts(run, settings, plan, workers=args.workers, device=clients.device.type, threads=threads,
+                          progress=progress)
+        runs = combined_runs(parts, plan, run, logged)
+    elif args.combine:
+        runs = combined_runs([Path(p) for p in args.combine], plan, run, logged)
         print(f"combined {len(args.combine)} parts: seeds {list(plan.seeds)}, methods {plan.run_list()}")
     outer = tqdm(plan_runs, desc="methods", disable=not progress, leave=False)
     prefix_seconds = 0.0

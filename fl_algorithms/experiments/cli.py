@@ -119,9 +119,14 @@ def read_cells(path: Path, *, key: Callable[[Any], str]) -> dict[str, dict[str, 
 
 
 def append_cell(path: Path, row: Mapping[str, Any]) -> None:
-    """Record one finished cell (a JSON line), so that `--resume` skips it (`read_cells`)."""
-    with open(path, "a") as handle:
-        handle.write(json.dumps(row) + "\n")
+    """Record one finished cell (a JSON line), so that `--resume` skips it (`read_cells`). Under a lock:
+    grid workers append to the same file, and a long line may take several writes."""
+    from fl_algorithms.experiments.parallel import file_lock
+
+    line = json.dumps(row) + "\n"
+    with file_lock(path.with_name(path.name + ".lock")):
+        with open(path, "a") as handle:
+            handle.write(line)
 
 
 __all__ = ["add_worker_args", "append_cell", "check_run_location", "comma_list", "open_grid", "open_run", "parse_grid_args",

@@ -136,4 +136,39 @@ def run_workers(run: Path, *, script: str | Path, workers: int, forward: Sequenc
                          f"--resume {run} finishes the grid")
 
 
-__all__ = ["CLAIMS", "claim", "file_lock", "pending", "run_workers"]
+def run_pool(commands: Sequence[Sequence[str]], *, workers: int, logs: Sequence[Path], progress: bool = True,
+             poll: float = 1.0, desc: str = "runs") -> list[int]:
+    """Run `commands` as child processes, at most `workers` at a time in list order, each one's output to
+    its log; wait for all and return the indices of those that failed."""
+    if len(logs) != len(commands) or workers < 1:
+        raise ValueError("one log per command and at least one worker")
+    queue = list(range(len(commands)))
+    running: dict[int, tuple[subprocess.Popen, Any]] = {}
+    failed: list[int] = []
+    bar = tqdm(total=len(commands), desc=desc, disable=not progress)
+    try:
+        while queue or running:
+            while queue and len(running) < workers:
+                i = queue.pop(0)
+                Path(logs[i]).parent.mkdir(parents=True, exist_ok=True)
+                log = open(logs[i], "w")
+                running[i] = (subprocess.Popen(list(commands[i]), stdout=log, stderr=subprocess.STDOUT), log)
+            time.sleep(poll)
+            for i, (child, log) in list(running.items()):
+                if child.poll() is not None:
+                    log.close()
+                    del running[i]
+                    bar.update(1)
+                    if child.returncode:
+                        failed.append(i)
+    except BaseException:
+        for child, log in running.values():
+            child.terminate()
+            log.close()
+        raise
+    finally:
+        bar.close()
+    return sorted(failed)
+
+
+__all__ = ["CLAIMS", "claim", "file_lock", "pending", "run_pool", "run_workers"]

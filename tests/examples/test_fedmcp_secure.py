@@ -304,3 +304,29 @@ def test_combine_refuses_parts_that_are_not_one_run(tmp_path, capsys):
     for parts, message in ([a, b], "do not cover"), ([a, d], "more than one part"):
         with pytest.raises(SystemExit, match=message):
             fedmcp_secure.main(["--combine", *parts, "--out", str(tmp_path), "--no-progress"])
+
+
+@pytest.mark.slow
+def test_workers_run_each_seed_and_method_as_a_process_and_report_them_as_one(tmp_path, capsys):
+    argv = TINY + ["--algorithms", "fedmcp,local", "--seeds", "0,1", "--workers", "2", "--out", str(tmp_path),
+                   "--run-name", "w"]
+    document = fedmcp_secure.main(argv)
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[-1].startswith("avg_acc fedmcp=") and "4 of 4 runs to do, 2 at a time" in "\n".join(lines)
+    parts = sorted(p.name for p in (tmp_path / "w" / "parts").iterdir())
+    assert parts == ["seed0-fedmcp", "seed0-local", "seed1-fedmcp", "seed1-local"]
+    assert document["seeds"] == [0, 1] and set(document["methods"]) == {"fedmcp", "fedmcp_plain", "local"}
+    for method, stats in document["methods"].items():  # each part's own result, carried over unchanged
+        for seed in (0, 1):
+            part = json.loads((tmp_path / "w" / "parts" / f"seed{seed}-{method.replace('_plain', '')}"
+                               / "results.json").read_text())["summary"]["methods"][method]
+            assert stats["average_by_seed"][str(seed)] == pytest.approx(part["average_by_seed"][str(seed)])
+    logged = [json.loads(x) for x in (tmp_path / "w" / "metrics.jsonl").read_text().splitlines()]
+    assert len(logged) == 3 * 2 * 2  # (fedmcp, its twin, local) x seeds x rounds, each once
+    # resuming the finished run reruns nothing and logs nothing twice
+    again = fedmcp_secure.main(["--resume", str(tmp_path / "w"), "--workers", "2", "--no-progress"])
+    assert "0 of 4 runs to do" in capsys.readouterr().out
+    assert again["methods"]["fedmcp"]["average"] == document["methods"]["fedmcp"]["average"]
+    assert len((tmp_path / "w" / "metrics.jsonl").read_text().splitlines()) == len(logged)
+    with pytest.raises(SystemExit):
+        fedmcp_secure.parse_settings(["--workers", "2", "--runtime", "deploy"])

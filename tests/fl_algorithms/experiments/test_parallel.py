@@ -134,3 +134,22 @@ def test_a_failed_worker_stops_the_run_and_keeps_the_finished_cells(tmp_path, mo
     assert 5 not in finished and len(finished) == len(set(finished)) >= 1
     with pytest.raises(ValueError):
         run_workers(run, script=script, workers=1, forward=[], total=8)
+
+
+def test_run_pool_runs_at_most_n_at_a_time_and_reports_failures(tmp_path):
+    import sys
+
+    from fl_algorithms.experiments.parallel import run_pool
+
+    script = ("import sys, time, pathlib; d = pathlib.Path(sys.argv[1]); i = sys.argv[2]; "
+              "(d / f'{i}.start').write_text(str(time.time())); time.sleep(0.3); "
+              "(d / f'{i}.end').write_text(str(time.time())); print('ran', i); sys.exit(int(i) == 3)")
+    commands = [[sys.executable, "-c", script, str(tmp_path), str(i)] for i in range(6)]
+    logs = [tmp_path / "logs" / f"{i}.log" for i in range(6)]
+    assert run_pool(commands, workers=2, logs=logs, progress=False, poll=0.02) == [3]
+    spans = [(float((tmp_path / f"{i}.start").read_text()), float((tmp_path / f"{i}.end").read_text())) for i in range(6)]
+    for t, _ in spans:  # at any start, at most 2 commands are running
+        assert sum(start <= t < end for start, end in spans) <= 2
+    assert all(log.read_text().strip() == f"ran {i}" for i, log in enumerate(logs))
+    with pytest.raises(ValueError):
+        run_pool(commands, workers=2, logs=logs[:2])

@@ -88,7 +88,7 @@ from fl_algorithms.tasks.fedmcp import (BACKBONES, DEFAULT_METHODS, FULL_PRESET,
 from fl_algorithms.training.dp_trainer import quiet_dp_libraries
 from nlp_models._offline import ensure_offline
 from nlp_models.classifiers import make_head
-from nlp_models.device import DEVICES, resolve_device
+from nlp_models.device import DEVICES, deterministic_kernels, resolve_device
 from secagg.protocols import registry
 
 PLAIN_TWIN = "fedmcp_plain"
@@ -186,6 +186,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help=f"parent directory of run directories (default {DEFAULT_OUT})")
     p.add_argument("--run-name", help="run directory name (default: a timestamp)")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR with its saved settings")
+    p.add_argument("--deterministic", action="store_true",
+                   help="bit-reproducible GPU kernels (slower): same seed, same numbers; secure vs plaintext "
+                        "then differ only by the fixed-point encoding")
     p.add_argument("--workers", type=int, default=1,
                    help="simulation: run each seed x method as its own process, N at a time, sharing this machine "
                         "and its GPU (one process leaves a GPU idle between small kernels), then report them as one")
@@ -302,7 +305,7 @@ PART_ORDER = ("fedmcp", "fedavg_full", "fedmcp_no_cl", "fedmcp_no_bl", "moon", "
 
 
 def run_parts(run: RunDirectory, settings: FedMCPSettings, plan: Plan, *, workers: int, device: str, threads: int,
-              progress: bool) -> list[Path]:
+              progress: bool, deterministic: bool = False) -> list[Path]:
     """--workers: each seed x method its own run directory under run/parts (FedMCP with its plaintext twin),
     run as `--resume PART` processes, `workers` at a time; finished parts (results.json) are not rerun
     and unfinished ones continue from their checkpoints. Returns every part's directory."""
@@ -319,7 +322,8 @@ def run_parts(run: RunDirectory, settings: FedMCPSettings, plan: Plan, *, worker
             parts.append(path)
     todo = [p for p in parts if not (p / "results.json").is_file()]
     commands = [[sys.executable, str(Path(__file__).resolve()), "--resume", str(p), "--device", device,
-                 "--threads", str(threads), "--no-progress"] for p in todo]
+                 "--threads", str(threads), "--no-progress", *(["--deterministic"] if deterministic else [])]
+                for p in todo]
     print(f"{len(todo)} of {len(parts)} runs to do, {workers} at a time: logs in {folder}/*/log.txt", flush=True)
     failed = run_pool(commands, workers=workers, logs=[p / "log.txt" for p in todo], progress=progress)
     if failed:
@@ -730,6 +734,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     wall_start = time.perf_counter()
     args, settings, plan = parse_settings(argv)
     progress = not args.no_progress
+    if args.deterministic:
+        deterministic_kernels()
     threads = choose_threads(args.threads)
     torch.set_num_threads(threads)
     clients = FedMCPClients(settings, device=args.device)
@@ -759,7 +765,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     plan_runs = [] if parallel else [(seed, method) for seed in plan.seeds for method in plan.run_list()]
     if args.workers > 1:
         parts = run_parts(run, settings, plan, workers=args.workers, device=clients.device.type, threads=threads,
-                          progress=progress)
+                          progress=progress, deterministic=args.deterministic)
         runs = combined_runs(parts, plan, run, logged)
     elif args.combine:
         runs = combined_runs([Path(p) for p in args.combine], plan, run, logged)
@@ -796,7 +802,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                 "prefix_cache_seconds": prefix_seconds, "wall_seconds": wall,
                 "clients": {c.key: {"title": c.title, "labels": c.num_labels, **c.sizes} for c in clients.info},
                 "backbone_params": backbone_params, "timing": timing, "seeds": list(plan.seeds),
-                "runtime": plan.runtime, "device": clients.device.type}
+                "runtime": plan.runtime, "device": clients.device.type, "deterministic": args.deterministic}
     run.write_results({"config": {"settings": settings, "plan": plan}, "summary": document,
                        "runs": {f"{m}/seed{r.seed}": r.history for m, rs in runs.items() for r in rs}})
     plot_curves(summary, run.path / "accuracy.png")

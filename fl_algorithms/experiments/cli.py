@@ -53,14 +53,17 @@ def add_worker_args(parser: argparse.ArgumentParser) -> None:
 
 def start_workers(args: argparse.Namespace, run: Path, *, script: str | Path, device: str, cells: Sequence[Any],
                   cells_path: Path, key: Callable[[Any], str], forward: Sequence[str] = ()) -> dict[str, dict[str, Any]]:
-    """Under --workers N > 1: run the grid's unfinished cells in N processes (`parallel.run_workers`) and
-    return the finished cells as recorded; else the finished cells as they are."""
+    """Under --workers N > 1: run the grid's unfinished cells in N processes (`parallel.run_workers`; no more
+    processes than cells left) and return the finished cells as recorded; else the finished cells as they are."""
     from fl_algorithms.experiments.parallel import run_workers
 
-    if args.workers > 1:
-        run_workers(run, script=script, workers=args.workers, total=len(cells), progress=not args.no_progress,
+    done = read_cells(cells_path, key=key)
+    workers = min(args.workers, sum(key(cell) not in done for cell in cells))
+    if workers > 1:  # (one cell left: this process runs it)
+        run_workers(run, script=script, workers=workers, total=len(cells), progress=not args.no_progress,
                     forward=["--device", device, "--threads", str(args.threads), "--no-progress", *forward])
-    return read_cells(cells_path, key=key)
+        done = read_cells(cells_path, key=key)
+    return done
 
 
 def check_run_location(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:

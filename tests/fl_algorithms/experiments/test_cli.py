@@ -83,3 +83,24 @@ def test_parse_grid_args_checks_threads_and_resolves_the_device():
     assert device == "cpu" and args.threads == 1
     with pytest.raises(SystemExit):
         parse_grid_args(parser, ["--threads", "0"])
+
+
+def test_start_workers_starts_none_when_at_most_one_cell_is_left(tmp_path, monkeypatch):
+    import argparse
+    import json
+
+    from fl_algorithms.experiments import cli, parallel
+
+    started = []
+    monkeypatch.setattr(parallel, "run_workers", lambda *a, **k: started.append(k["workers"]))
+    cells = [{"i": i} for i in range(3)]
+    path = tmp_path / "cells.jsonl"
+    path.write_text("".join(json.dumps(c) + "\n" for c in cells[:2]))
+    args = argparse.Namespace(workers=4, threads=1, no_progress=True)
+    done = cli.start_workers(args, tmp_path, script="x.py", device="cpu", cells=cells, cells_path=path,
+                             key=lambda c: str(c["i"]))
+    assert set(done) == {"0", "1"} and started == []  # one cell left: the caller runs it itself
+    path.write_text("")
+    cli.start_workers(args, tmp_path, script="x.py", device="cpu", cells=cells, cells_path=path,
+                      key=lambda c: str(c["i"]))
+    assert started == [3]  # no more workers than cells left

@@ -62,13 +62,11 @@ fedmcp_no_bl) and ``avg_acc fedmcp=.. fedavg_peft=.. local=.. fedrep=.. secure_v
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import sys
 import time
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -76,67 +74,22 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from dp.leakage.stats import mean_ci
-from fl_algorithms.engine.round import RoundRecord
-from fl_algorithms.engine.secure_sum import SecureAggregationConfig
-from fl_algorithms.engine.sim import RunConfig, SimulationRunner
 from fl_algorithms.experiments.cli import check_run_location, comma_list
-from fl_algorithms.experiments.parallel import run_pool
+from fl_algorithms.experiments.fedmcp_grid import (PLAIN_TWIN, RUNTIMES, TABLE_ORDER, TITLES, MethodRun, Plan,
+                                                   ablation_line, cache_clients, combine_plans, combined_runs,
+                                                   final_line, format_paired, format_table, full_ft_estimate,
+                                                   paired_differences, percent_columns, plot_curves, read_saved,
+                                                   run_method, run_parts, summarise, timing_report)
 from fl_algorithms.experiments.rundir import RunDirectory
-from fl_algorithms.tasks.fedmcp import (BACKBONES, DEFAULT_METHODS, FULL_PRESET, METHODS, ClientInfo, FedMCPClients,
-                                        FedMCPSettings, check_method)
+from fl_algorithms.tasks.fedmcp import (BACKBONES, DEFAULT_METHODS, FULL_PRESET, METHODS, FedMCPClients, FedMCPSettings,
+                                        check_method)
 from fl_algorithms.training.dp_trainer import quiet_dp_libraries
 from nlp_models._offline import ensure_offline
 from nlp_models.classifiers import make_head
 from nlp_models.device import DEVICES, deterministic_kernels, resolve_device
 from secagg.protocols import registry
 
-PLAIN_TWIN = "fedmcp_plain"
-"""FedMCP rerun with a plaintext sum, added to the run when FedMCP runs (unless --no-plain-check)."""
-TITLES = {"fedavg_full": "FedAvg (Full FT)", "local": "Local", "fedavg_peft": "FedAvg (PEFT)", "fedrep": "FedRep",
-          "fedlr": "FedLR (LoRA)", "moon": "MOON", "ditto": "Ditto",
-          "fedmcp": "FedMCP", "fedmcp_no_cl": "FedMCP w/o L_c", "fedmcp_no_bl": "FedMCP w/o L_b",
-          PLAIN_TWIN: "FedMCP (plaintext agg.)"}
-TABLE_ORDER = ("fedavg_full", "local", "fedavg_peft", "fedlr", "fedrep", "moon", "ditto", "fedmcp", "fedmcp_no_cl",
-               "fedmcp_no_bl", PLAIN_TWIN)
-RUNTIMES = ("sim", "deploy")
-TASK_SPEC = "fl_algorithms.tasks.fedmcp:build"
 DEFAULT_OUT = Path("results/fedmcp")
-
-
-@dataclass(frozen=True)
-class Plan:
-    """What the run does beyond the clients' settings (saved in config.toml with them)."""
-
-    algorithms: tuple[str, ...] = DEFAULT_METHODS
-    protocol: str = "secagg+"
-    seeds: tuple[int, ...] = (0,)
-    runtime: str = "sim"
-    plain_check: bool = True
-    """Rerun FedMCP with a plaintext sum to show what secure aggregation costs in accuracy."""
-
-    def __post_init__(self) -> None:
-        unknown = [m for m in self.algorithms if m not in METHODS]
-        secure = [p for p in registry.names() if p != "plain"]
-        checks = [
-            (bool(self.algorithms), "--algorithms must name at least one method"),
-            (not unknown, f"unknown method(s) {unknown}; choose from {', '.join(METHODS)}"),
-            (len(set(self.algorithms)) == len(self.algorithms), "--algorithms repeats a method"),
-            (self.protocol in secure, f"--protocol must be a secure protocol: {', '.join(secure)}"),
-            (bool(self.seeds) and all(s >= 0 for s in self.seeds), "--seeds must be non-negative integers"),
-            (len(set(self.seeds)) == len(self.seeds), "--seeds repeats a seed"),
-            (self.runtime in RUNTIMES, f"--runtime must be one of {', '.join(RUNTIMES)}"),
-        ]
-        for ok, message in checks:
-            if not ok:
-                raise ValueError(message)
-
-    def run_list(self) -> list[str]:
-        """The chosen methods in table order, then FedMCP's plaintext twin."""
-        runs = [m for m in TABLE_ORDER if m in self.algorithms]
-        if self.plain_check and "fedmcp" in self.algorithms:
-            runs.append(PLAIN_TWIN)
-        return runs
 
 
 # ---------------------------------------------------------------- command line
@@ -226,115 +179,6 @@ def _given_plan(args: argparse.Namespace) -> dict[str, Any]:
     return values
 
 
-def read_saved(path: Path) -> tuple[FedMCPSettings, Plan]:
-    """The settings and plan saved in run directory `path`."""
-    legacy = not (path / "config.toml").is_file() and (path / "config.json").is_file()
-    saved = None if legacy else RunDirectory.open(path).read_config()
-    if legacy or "cap" in saved["settings"]:
-        raise ValueError("this run predates per-seed splits with whole test sets (its 'cap' was applied before "
-                         "the split): it cannot be resumed exactly; start a new run")
-    plan = {k: tuple(v) if isinstance(v, list) else v for k, v in saved["plan"].items()}
-    return FedMCPSettings(**saved["settings"]), Plan(**plan)
-
-
-def combine_plans(parts: Sequence[Path]) -> tuple[FedMCPSettings, Plan]:
-    """One setting and plan for runs made in parts: the settings must agree; seeds and methods are the
-    union (the plaintext twin is kept if every part that ran FedMCP ran it)."""
-    if len(parts) < 2 or len(set(parts)) < len(parts):
-        raise ValueError("name at least two different run directories")
-    saved = [read_saved(p) for p in parts]
-    settings = saved[0][0]
-    for path, (other, plan) in zip(parts, saved):
-        differ = [f.name for f in fields(FedMCPSettings) if getattr(other, f.name) != getattr(settings, f.name)]
-        if differ:
-            raise ValueError(f"{path} differs from {parts[0]} in {differ}: not parts of one run")
-        if (plan.protocol, plan.runtime) != (saved[0][1].protocol, saved[0][1].runtime):
-            raise ValueError(f"{path} used another protocol or runtime than {parts[0]}")
-    methods = {m for _, plan in saved for m in plan.algorithms}
-    seeds = sorted({s for _, plan in saved for s in plan.seeds})
-    plain = all(plan.plain_check for _, plan in saved if "fedmcp" in plan.algorithms)
-    return settings, Plan(algorithms=tuple(m for m in TABLE_ORDER if m in methods), protocol=saved[0][1].protocol,
-                          seeds=tuple(seeds), runtime=saved[0][1].runtime, plain_check=plain)
-
-
-def combined_runs(parts: Sequence[Path], plan: Plan, run: RunDirectory,
-                  logged: set[tuple[int, str, int]] | None = None) -> dict[str, list[MethodRun]]:
-    """Every (method, seed) of `plan` from the parts' results.json, exactly once; their rounds are
-    logged to `run` (those not in `logged` yet) so the combined directory holds the whole record."""
-    logged = set() if logged is None else logged
-    found: dict[tuple[str, int], MethodRun] = {}
-    for path in parts:
-        try:
-            document = json.loads((path / "results.json").read_text())
-        except FileNotFoundError:
-            raise SystemExit(f"error: {path} has no results.json: finish it with --resume first") from None
-        summary = document["summary"]["methods"]
-        first_of_method: set[str] = set()
-        for key, raw in document["runs"].items():
-            method, seed = key.rsplit("/seed", 1)
-            if (method, int(seed)) in found:
-                raise SystemExit(f"error: {method} seed {seed} is in more than one part")
-            history = [RoundRecord.from_json(r) for r in raw]
-            meta = summary[method]
-            # a part's timer and clip count are totals over its seeds: carried once, so the sums stay right
-            once = method not in first_of_method
-            first_of_method.add(method)
-            found[method, int(seed)] = MethodRun(
-                method=method, seed=int(seed), history=history, trainable=meta["trainable_params"],
-                shared=meta["shared_params"], epsilon=last_epsilon(history),
-                timer=dict(meta["timer"]) if once else {}, clipped=meta["clipped_values"] if once else 0)
-        for record in RunDirectory.open(path).rounds():
-            if (record.get("seed"), record.get("method"), record.get("round")) not in logged:
-                run.log_round(record)
-                logged.add((record.get("seed"), record.get("method"), record.get("round")))
-    missing = [f"{m} seed {s}" for s in plan.seeds for m in plan.run_list() if (m, s) not in found]
-    if missing:
-        raise SystemExit(f"error: the parts do not cover {', '.join(missing)}")
-    if len({len(r.history) for r in found.values()}) > 1:
-        raise SystemExit("error: the parts ran different numbers of rounds (an unfinished part? --resume it)")
-    runs: dict[str, list[MethodRun]] = defaultdict(list)
-    for seed in plan.seeds:
-        for method in plan.run_list():
-            runs[method].append(found[method, seed])
-    return runs
-
-
-# FedMCP and its twin (4 passes per step, plus the plaintext rerun) first, then the costlier baselines
-PART_ORDER = ("fedmcp", "fedavg_full", "fedmcp_no_cl", "fedmcp_no_bl", "moon", "ditto", "fedrep", "fedavg_peft",
-              "fedlr", "local")
-
-
-def run_parts(run: RunDirectory, settings: FedMCPSettings, plan: Plan, *, workers: int, device: str, threads: int,
-              progress: bool, deterministic: bool = False) -> list[Path]:
-    """--workers: each seed x method its own run directory under run/parts (FedMCP with its plaintext twin),
-    run as `--resume PART` processes, `workers` at a time; finished parts (results.json) are not rerun
-    and unfinished ones continue from their checkpoints. Returns every part's directory."""
-    folder = run.path / "parts"
-    parts = []
-    for seed in plan.seeds:
-        for method in sorted(plan.algorithms, key=lambda m: PART_ORDER.index(m) if m in PART_ORDER else len(PART_ORDER)):
-            path = folder / f"seed{seed}-{method}"
-            if not (path / "config.toml").is_file():
-                part = Plan(algorithms=(method,), protocol=plan.protocol, seeds=(seed,), runtime=plan.runtime,
-                            plain_check=plan.plain_check and method == "fedmcp")
-                path.mkdir(parents=True, exist_ok=True)  # (or left without its config by an interrupted start)
-                RunDirectory(path).write_config({"settings": settings, "plan": part})
-            parts.append(path)
-    todo = [p for p in parts if not (p / "results.json").is_file()]
-    commands = [[sys.executable, str(Path(__file__).resolve()), "--resume", str(p), "--device", device,
-                 "--threads", str(threads), "--no-progress", *(["--deterministic"] if deterministic else [])]
-                for p in todo]
-    print(f"{len(todo)} of {len(parts)} runs to do, {workers} at a time: logs in {folder}/*/log.txt", flush=True)
-    failed = run_pool(commands, workers=workers, logs=[p / "log.txt" for p in todo], progress=progress)
-    if failed:
-        for i in failed:
-            tail = (todo[i] / "log.txt").read_text().splitlines()[-10:]
-            print(f"--- {todo[i].name} failed; the end of its log:\n" + "\n".join(tail), file=sys.stderr)
-        raise SystemExit(f"error: {len(failed)} run(s) failed; finished ones are kept: --resume {run.path} "
-                         f"--workers {workers} continues")
-    return parts
-
-
 def parse_settings(argv: Sequence[str] | None = None) -> tuple[argparse.Namespace, FedMCPSettings, Plan]:
     """The command line as settings and plan (saved ones under --resume); a bad argument exits with code 2."""
     parser = _parser()
@@ -385,298 +229,6 @@ def choose_threads(threads: int | None) -> int:
     return max(1, min(2, cores - int(round(busy))))
 
 
-# ---------------------------------------------------------------- runs
-
-@dataclass
-class MethodRun:
-    method: str
-    seed: int
-    history: list[RoundRecord]
-    trainable: float
-    """Mean trainable parameters per client."""
-    shared: int
-    """Parameters uploaded per client per round (0 for Local)."""
-    epsilon: dict[int, float]
-    timer: dict[str, float] = field(default_factory=dict)
-    """The clients' timers summed (simulation only: in a deployment they stay in the client processes)."""
-    clipped: int = 0
-
-
-def last_epsilon(history: Sequence[RoundRecord]) -> dict[int, float]:
-    """Each client's epsilon as it last reported it: the largest '*epsilon' metric of its last report
-    (FedRep reports one per step; the accountant's epsilon only grows)."""
-    out: dict[int, float] = {}
-    for rec in history:
-        for client, metrics in rec.metrics.items():
-            spent = [v for k, v in metrics.items() if k.endswith("epsilon")]
-            if spent:
-                out[int(client)] = float(max(spent))
-    return dict(sorted(out.items()))
-
-
-def run_method(method: str, seed: int, clients: FedMCPClients, plan: Plan, run: RunDirectory, *, progress: bool,
-               threads: int, logged: set[tuple[int, str, int]]) -> MethodRun:
-    """One method for one seed in the chosen runtime, each round logged to the run directory as it completes."""
-    name = "fedmcp" if method == PLAIN_TWIN else method
-    protocol = "plain" if method == PLAIN_TWIN else plan.protocol
-    where = f"{method}-seed{seed}"
-    secure = SecureAggregationConfig(protocol=protocol, clip=1.0,  # per-coordinate range of one round's update
-                                     max_weight=float(max(c.sizes["train"] for c in clients.info)),
-                                     max_clients=clients.num_clients,
-                                     # FedMCP's benchmark has 4 clients in all: every sum is over all of them
-                                     min_release_group=min(5, clients.num_clients))
-    # the learning curve on the (small) validation splits every round, the whole test splits in the last round
-    config = RunConfig(rounds=clients.settings.rounds, seed=seed, secure=secure, curve_split="validation",
-                       checkpoint_dir=str(run.checkpoint_dir / where))
-    task = clients.task(name, seed=seed)
-
-    def log(rec: RoundRecord) -> None:
-        if (seed, method, rec.round) not in logged:
-            run.log_round({"seed": seed, "method": method, **asdict(rec), "mean_accuracy": rec.mean("accuracy"),
-                           "mean_validation_accuracy": rec.mean("validation_accuracy")})
-            logged.add((seed, method, rec.round))
-
-    timer: dict[str, float] = defaultdict(float)
-    if plan.runtime == "sim":
-        trainers = {c: task.make_trainer(c) for c in range(1, clients.num_clients + 1)}
-        runner = SimulationRunner(algorithm=task.algorithm, trainers=trainers, config=config, initial=task.initial(),
-                                  on_round=log)
-        history = runner.run(resume=True, progress=progress, desc=f"{method} seed {seed}")
-        for t in trainers.values():
-            for k, v in t.timer.items():
-                timer[k] += v
-    else:
-        from fl_algorithms.engine.launch import run_on_loopback
-
-        bar = tqdm(total=config.rounds, desc=f"{method} seed {seed} (deployed)", disable=not progress, leave=False)
-
-        def on_round(rec: RoundRecord, server: Any) -> None:
-            log(rec)
-            bar.update(1)
-
-        try:
-            server = run_on_loopback(
-                task=task, task_spec=TASK_SPEC, config=config, clients=clients.num_clients, on_round=on_round,
-                options=clients.options(name, seed=seed, threads=max(1, threads // clients.num_clients)),
-                log_dir=run.path / "logs" / where, resume=True, client_checkpoints=run.checkpoint_dir / where / "clients")
-        finally:
-            bar.close()
-        history = server.history
-    for rec in history:  # a round checkpointed just before a crash, but not yet logged
-        log(rec)
-    counts = clients.parameter_counts(name, seed=seed)
-    return MethodRun(method=method, seed=seed, history=list(history), trainable=counts.trainable, shared=counts.shared,
-                     epsilon=last_epsilon(history), timer=dict(timer), clipped=sum(r.clipped for r in history))
-
-
-# ---------------------------------------------------------------- summary, table, plot
-
-def _mean_std(values: Sequence[float]) -> tuple[float, float]:
-    arr = np.asarray(values, dtype=float)
-    return float(arr.mean()), float(arr.std(ddof=1)) if len(arr) > 1 else 0.0
-
-
-def summarise(runs: dict[str, list[MethodRun]], clients: Sequence[ClientInfo], *, dp: bool) -> dict[str, Any]:
-    """Per method, over its seeds: per-client and average accuracy (mean, std), curve, costs, epsilon, timers."""
-    methods: dict[str, Any] = {}
-    for method, seed_runs in runs.items():
-        per_client = {c.key: _mean_std([100 * r.history[-1].metrics[c.client_id]["accuracy"] for r in seed_runs])
-                      for c in clients}
-        averages = [100 * float(np.mean([r.history[-1].metrics[c.client_id]["accuracy"] for c in clients]))
-                    for r in seed_runs]
-        by_seed = {str(r.seed): a for r, a in zip(seed_runs, averages)}
-        curve = np.mean([[100 * rec.mean("validation_accuracy") for rec in r.history] for r in seed_runs], axis=0)
-        first = seed_runs[0]
-        seconds = sum(rec.seconds for r in seed_runs for rec in r.history)
-        secure = sum(rec.secure_seconds for r in seed_runs for rec in r.history)
-        uploaded = [sum(rec.bytes_uploaded.values()) for rec in first.history]
-        timer: dict[str, float] = defaultdict(float)
-        for r in seed_runs:
-            for key, value in r.timer.items():
-                timer[key] += value
-        methods[method] = {
-            "title": TITLES[method],
-            "per_client": {k: {"mean": m, "std": s} for k, (m, s) in per_client.items()},
-            "average": dict(zip(("mean", "std"), _mean_std(averages))),
-            "average_by_seed": by_seed,
-            "curve": [float(v) for v in curve],
-            "trainable_params": first.trainable,
-            "shared_params": first.shared,
-            "bytes_uploaded_per_round": float(np.mean(uploaded)) if first.shared else 0.0,
-            "secure_seconds": secure,
-            "seconds": seconds,
-            "rounds_run": sum(len(r.history) for r in seed_runs),
-            "secure_share": secure / seconds if seconds and first.shared else 0.0,
-            "epsilon": {str(c): e for c, e in first.epsilon.items()} if dp else {},
-            "timer": dict(timer),
-            "clipped_values": sum(r.clipped for r in seed_runs),
-        }
-    return methods
-
-
-def percent_columns(summary: dict[str, Any], *, backbone_params: int, head_params: float) -> None:
-    """Trainable and communicated parameters as % of FedAvg (Full FT) (backbone + one head; upload = backbone)."""
-    full_trainable = backbone_params + head_params
-    for method, row in summary.items():
-        if method == "fedavg_full":
-            row["param_pct"], row["comm_pct"] = 100.0, 100.0
-            continue
-        row["param_pct"] = 100 * row["trainable_params"] / full_trainable
-        row["comm_pct"] = 100 * row["shared_params"] / backbone_params if row["shared_params"] else None
-
-
-def full_ft_estimate(summary: dict[str, Any], *, backbone_params: int, depth: int, adapter_layers: int) -> str:
-    """Why FedAvg (Full FT) is not in the default run, with its estimated cost."""
-    peft = summary.get("fedavg_peft")
-    if peft is None:
-        return "not run (use --with-full-ft)"
-    rounds = max(peft["rounds_run"], 1)
-    if peft["timer"]:
-        train = sum(v for k, v in peft["timer"].items() if k != "evaluation") / rounds
-        what = "training"
-    else:  # deploy: the clients' timers stay in their processes; the server sees round time less SecAgg
-        train = (peft["seconds"] - peft["secure_seconds"]) / rounds
-        what = "round time less SecAgg"
-    flops = 3 * depth / (2 * adapter_layers)  # fwd+bwd(input, weight) over all layers vs fwd+bwd(input) over adapted
-    secure = peft["secure_seconds"] / rounds * backbone_params / max(peft["shared_params"], 1)
-    estimate = train * flops + secure
-    return (f"not run: est. {estimate:.0f} s/round (~{flops:.1f}x FedAvg-PEFT {what} {train:.1f} s + SecAgg of "
-            f"{backbone_params / 1e6:.1f} M values/client ~{secure:.0f} s); use --with-full-ft")
-
-
-def format_table(summary: dict[str, Any], clients: Sequence[ClientInfo], *, seeds: int, dp: bool,
-                 full_ft_note: str | None) -> str:
-    def cell(stat: dict[str, float]) -> str:
-        return f"{stat['mean']:.2f}" + (f"±{stat['std']:.2f}" if seeds > 1 else "")
-
-    header = ["Method"] + [c.title for c in clients] + ["Avg.", "Param.(%)", "Comm.(%)", "Upload/round", "SecAgg time"]
-    if dp:
-        header.append("epsilon per client")
-    rows = [header]
-    if full_ft_note is not None:
-        rows.append([TITLES["fedavg_full"], full_ft_note])
-    for method in TABLE_ORDER:
-        if method not in summary:
-            continue
-        s = summary[method]
-        row = [s["title"]] + [cell(s["per_client"][c.key]) for c in clients] + [
-            cell(s["average"]), f"{s['param_pct']:.2f}",
-            "-" if s["comm_pct"] is None else f"{s['comm_pct']:.2f}",
-            "-" if not s["shared_params"] else f"{s['bytes_uploaded_per_round'] / 1e6:.2f} MB",
-            "-" if not s["shared_params"] else f"{100 * s['secure_share']:.1f}%"]
-        if dp:
-            row.append("/".join(f"{e:.2f}" for e in s["epsilon"].values()))
-        rows.append(row)
-    widths = [max(len(r[i]) for r in rows if len(r) > i and len(r) == len(header)) for i in range(len(header))]
-    lines = []
-    for r in rows:
-        if len(r) != len(header):  # a note row spanning the table
-            lines.append(f"{r[0]:<{widths[0]}}  {r[1]}")
-        else:
-            lines.append("  ".join(v.ljust(w) if i == 0 else v.rjust(w) for i, (v, w) in enumerate(zip(r, widths))))
-        if r is header:
-            lines.append("-" * len(lines[-1]))
-    return "\n".join(lines)
-
-
-def paired_differences(summary: dict[str, Any], *, level: float = 0.95) -> dict[str, dict[str, float]]:
-    """FedMCP minus each other method in average accuracy, paired by seed (same split, same initial
-    adapters): the mean difference and its Student-t interval over the common seeds (nan with one seed)."""
-    if "fedmcp" not in summary:
-        return {}
-    ours = summary["fedmcp"]["average_by_seed"]
-    out = {}
-    for method in (m for m in TABLE_ORDER if m in summary and m != "fedmcp"):
-        theirs = summary[method]["average_by_seed"]
-        common = sorted(set(ours) & set(theirs), key=int)
-        if common:
-            mean, low, high = mean_ci([ours[s] - theirs[s] for s in common], level=level)
-            out[method] = {"mean": mean, "low": low, "high": high, "seeds": len(common)}
-    return out
-
-
-def format_paired(paired: dict[str, dict[str, float]], summary: dict[str, Any]) -> str:
-    if not paired:
-        return ""
-    cells = []
-    for method, d in paired.items():
-        interval = "n/a with one seed" if np.isnan(d["low"]) else f"[{d['low']:+.2f}, {d['high']:+.2f}]"
-        cells.append(f"{summary[method]['title']} {d['mean']:+.2f} {interval}")
-    n = max(d["seeds"] for d in paired.values())
-    return f"FedMCP minus each method, average accuracy paired by seed (95% t-interval, {n} seeds): " + "; ".join(cells)
-
-
-def ablation_line(summary: dict[str, Any], clients: Sequence[ClientInfo]) -> str:
-    """FedMCP's Table II in one line, with the smallest client's test-set size (one example's weight)."""
-    def value(method: str) -> str:
-        return f"{summary[method]['average']['mean']:.2f}" if method in summary else "n/a"
-    return (f"ablation full={value('fedmcp')} no_cl={value('fedmcp_no_cl')} no_bl={value('fedmcp_no_bl')} "
-            f"min_test_per_client={min(c.sizes['test'] for c in clients)}")
-
-
-def final_line(summary: dict[str, Any]) -> str:
-    parts = []
-    for method in ("fedmcp", "fedavg_peft", "local", "fedrep", "fedavg_full", "fedlr", "moon", "ditto"):
-        if method in summary:
-            parts.append(f"{method}={summary[method]['average']['mean']:.2f}")
-    diff = "n/a"
-    if "fedmcp" in summary and "fedmcp_plain" in summary:
-        diff = f"{summary['fedmcp']['average']['mean'] - summary['fedmcp_plain']['average']['mean']:+.2f}"
-    return "avg_acc " + " ".join(parts) + f" secure_vs_plain_diff={diff}"
-
-
-def plot_curves(summary: dict[str, Any], path: Path) -> Path:
-    import matplotlib
-    matplotlib.use("Agg")
-    from matplotlib import pyplot as plt
-    from matplotlib.ticker import MaxNLocator
-    fig, ax = plt.subplots(figsize=(6.5, 4))
-    for method in TABLE_ORDER:
-        if method in summary:
-            curve = summary[method]["curve"]
-            ax.plot(range(1, len(curve) + 1), curve, marker="o", label=summary[method]["title"],
-                    linestyle="--" if method == "fedmcp_plain" else "-")
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_xlabel("round")
-    ax.set_ylabel("average validation accuracy (%)")
-    ax.set_title("Cross-task clients, SecAgg+ aggregation")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
-
-
-def timing_report(summary: dict[str, Any], prefix_seconds: float, wall: float, *, runtime: str) -> str:
-    """Where the time went, per method; under deploy only what the server sees."""
-    if runtime == "deploy":
-        lines = [f"time: {wall:.1f} s total; deploy runtime: the clients' timers (frozen-prefix cache, training, "
-                 "forward passes, evaluation) stay in the client processes; per method, the server's view over all "
-                 "its seeds:"]
-        for method in (m for m in TABLE_ORDER if m in summary):
-            s = summary[method]
-            lines.append(f"  {method:<13} {s['seconds']:6.1f} s of rounds: secure agg {s['secure_seconds']:.1f}, "
-                         f"clients and transport {s['seconds'] - s['secure_seconds']:.1f}")
-        return "\n".join(lines)
-    lines = [f"time: {wall:.1f} s total; frozen-prefix cache {prefix_seconds:.1f} s (once per seed, shared by its methods); "
-             "per method over all its seeds (work done by this invocation; a resumed method shows only its rest):"]
-    for method in TABLE_ORDER:
-        if method not in summary:
-            continue
-        s = summary[method]
-        timer = s["timer"]
-        evaluation = timer.get("evaluation", 0.0)
-        train = sum(v for k, v in timer.items() if k != "evaluation")
-        forward = {k.removeprefix("forward "): v for k, v in timer.items() if k.startswith("forward")}
-        other = s["seconds"] - s["secure_seconds"] - train - evaluation
-        detail = ", ".join(f"{k} {v:.1f}" for k, v in sorted(timer.items()) if k != "evaluation" and not k.startswith("forward"))
-        fwd = ", ".join(f"{k} {v:.1f}" for k, v in forward.items())
-        lines.append(f"  {method:<13} {s['seconds']:6.1f} s: train {train:.1f} (forward passes [{fwd}]; {detail}), "
-                     f"eval {evaluation:.1f}, secure agg {s['secure_seconds']:.1f}, other {other:.1f}")
-    return "\n".join(lines)
-
-
 # ---------------------------------------------------------------- main
 
 def open_run(args: argparse.Namespace, settings: FedMCPSettings, plan: Plan) -> RunDirectory:
@@ -689,18 +241,6 @@ def open_run(args: argparse.Namespace, settings: FedMCPSettings, plan: Plan) -> 
         raise SystemExit(f"error: {error}") from None
     run.write_config({"settings": settings, "plan": plan})
     return run
-
-
-def cache_clients(clients: FedMCPClients, *, seed: int, progress: bool) -> float:
-    """Simulation: every client's splits of `seed` cached below the adapted layers once, for all methods
-    of that seed; seconds taken."""
-    start = time.perf_counter()
-    bar = tqdm(total=clients.num_clients, desc=f"frozen prefix (seed {seed})", disable=not progress, leave=False)
-    for info in clients.info:
-        clients.client_data(info.client_id, seed=seed)
-        bar.update(1)
-    bar.close()
-    return time.perf_counter() - start
 
 
 def print_report(document: dict[str, Any], settings: FedMCPSettings, plan: Plan, *, verbose: bool,
@@ -764,7 +304,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parallel = bool(args.combine) or args.workers > 1
     plan_runs = [] if parallel else [(seed, method) for seed in plan.seeds for method in plan.run_list()]
     if args.workers > 1:
-        parts = run_parts(run, settings, plan, workers=args.workers, device=clients.device.type, threads=threads,
+        parts = run_parts(run, settings, plan, script=Path(__file__).resolve(), workers=args.workers, device=clients.device.type, threads=threads,
                           progress=progress, deterministic=args.deterministic)
         runs = combined_runs(parts, plan, run, logged)
     elif args.combine:

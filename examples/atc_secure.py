@@ -98,10 +98,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                                             build=lambda: build_plan(args, parser), load=ATCPlan.from_record,
                                             record=ATCPlan.record, key=cell_key)
     start = time.perf_counter()
-    backbone, tokenizer = load_named_backbone(args.backbone)
-    clients = factory = None
     done = start_workers(args, run, script=__file__, device=device, cells=plan.cells(), cells_path=cells_path,
                          key=cell_key, forward=["--backbone", args.backbone])
+    backbone, tokenizer = load_named_backbone(args.backbone)
+    clients = factory = None
     for cell in pending(plan.cells(), done, key=cell_key, run=run if args.worker else None):
         seed = cell["seed"]
         if clients is None or factory.config.seed != seed:

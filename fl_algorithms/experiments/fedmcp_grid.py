@@ -489,8 +489,6 @@ def cache_clients(clients: FedMCPClients, *, seed: int, progress: bool) -> float
     return time.perf_counter() - start
 
 
-
-
 __all__ = ["PART_ORDER", "PLAIN_TWIN", "RUNTIMES", "TABLE_ORDER", "TASK_SPEC", "TITLES", "MethodRun", "Plan",
            "ablation_line", "cache_clients", "combine_plans", "combined_runs", "final_line", "format_paired",
            "format_table", "full_ft_estimate", "last_epsilon", "paired_differences", "percent_columns", "plot_curves",

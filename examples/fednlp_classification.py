@@ -71,6 +71,7 @@ from fl_algorithms.engine.sim import RoundRecord, RunConfig, SimulationRunner
 from fl_algorithms.experiments.cli import check_run_location, comma_list
 from fl_algorithms.experiments.results import write_results
 from fl_algorithms.experiments.rundir import RunDirectory
+from fl_algorithms.experiments.tables import pyplot, save_figure
 from fl_algorithms.experiments.task import Task
 from fl_algorithms.tasks.fednlp import (BACKBONES, METHODS, QUICK, FedNLPClients, FedNLPSettings, make_algorithm,
                                         secure_config)
@@ -331,12 +332,7 @@ def secure_vs_plain(runs: Mapping[str, Any], settings: Settings, plan: Plan) -> 
 # ---- report ------------------------------------------------------------------------------------
 
 def plot_curves(path: Path, curves: Mapping[str, Sequence[float]], protocol: str, title: str) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    fig, ax = pyplot().subplots(figsize=(6.4, 4.2))
     styles = {"fedavg": "-o", "fedprox": "-s", "fedopt": "-^", PLAIN_TWIN: ":x"}
     for method, values in curves.items():
         label = LABELS[method] + (" (plaintext sum)" if method == PLAIN_TWIN else f" ({protocol})")
@@ -344,12 +340,7 @@ def plot_curves(path: Path, curves: Mapping[str, Sequence[float]], protocol: str
     ax.set_xlabel("round")
     ax.set_ylabel("mean client test accuracy")
     ax.set_title(title, fontsize=9)
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def format_table(summaries: Mapping[str, Mapping[str, Any]], protocol: str) -> str:

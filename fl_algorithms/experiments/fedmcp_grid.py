@@ -26,6 +26,7 @@ from fl_algorithms.engine.secure_sum import SecureAggregationConfig
 from fl_algorithms.engine.sim import RunConfig, SimulationRunner
 from fl_algorithms.experiments.parallel import run_pool
 from fl_algorithms.experiments.rundir import RunDirectory
+from fl_algorithms.experiments.tables import pyplot, save_figure
 from fl_algorithms.tasks.fedmcp import DEFAULT_METHODS, METHODS, ClientInfo, FedMCPClients, FedMCPSettings
 from secagg.protocols import registry
 
@@ -426,11 +427,10 @@ def final_line(summary: dict[str, Any]) -> str:
 
 
 def plot_curves(summary: dict[str, Any], path: Path) -> Path:
-    import matplotlib
-    matplotlib.use("Agg")
-    from matplotlib import pyplot as plt
+    """Average validation accuracy per round, one line per method (the twin dashed)."""
     from matplotlib.ticker import MaxNLocator
-    fig, ax = plt.subplots(figsize=(6.5, 4))
+
+    fig, ax = pyplot().subplots(figsize=(6.5, 4))
     for method in TABLE_ORDER:
         if method in summary:
             curve = summary[method]["curve"]
@@ -440,12 +440,7 @@ def plot_curves(summary: dict[str, Any], path: Path) -> Path:
     ax.set_xlabel("round")
     ax.set_ylabel("average validation accuracy (%)")
     ax.set_title("Cross-task clients, SecAgg+ aggregation")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def timing_report(summary: dict[str, Any], prefix_seconds: float, wall: float, *, runtime: str) -> str:

@@ -91,6 +91,36 @@ def _count_lines(path: Path) -> int:
         return 0
 
 
+def _run_children(commands: Sequence[Sequence[str]], *, workers: int, logs: Sequence[Path], poll: float,
+                  tick: Callable[[int], None]) -> dict[int, int]:
+    """Run `commands` as child processes, at most `workers` at a time in list order, each one's output to
+    its log; `tick(finished)` after every poll. Returns each command's exit code; on an interrupt the
+    running children are terminated."""
+    queue = list(range(len(commands)))
+    running: dict[int, tuple[subprocess.Popen, Any]] = {}
+    codes: dict[int, int] = {}
+    try:
+        while queue or running:
+            while queue and len(running) < workers:
+                i = queue.pop(0)
+                Path(logs[i]).parent.mkdir(parents=True, exist_ok=True)
+                log = open(logs[i], "w")
+                running[i] = (subprocess.Popen(list(commands[i]), stdout=log, stderr=subprocess.STDOUT), log)
+            time.sleep(poll)
+            for i, (child, log) in list(running.items()):
+                if child.poll() is not None:
+                    log.close()
+                    del running[i]
+                    codes[i] = child.returncode
+            tick(len(codes))
+    except BaseException:
+        for child, log in running.values():
+            child.terminate()
+            log.close()
+        raise
+    return codes
+
+
 def run_workers(run: Path, *, script: str | Path, workers: int, forward: Sequence[str], total: int,
                 progress: bool = True, poll: float = 2.0) -> None:
     """Run the unfinished cells of the grid in `run` in `workers` child processes of `script` and wait.
@@ -104,35 +134,22 @@ def run_workers(run: Path, *, script: str | Path, workers: int, forward: Sequenc
         raise ValueError("run_workers needs at least 2 workers")
     shutil.rmtree(run / CLAIMS, ignore_errors=True)  # claims of an interrupted start: their cells are unfinished
     (run / CLAIMS).mkdir()
-    logs = run / "logs"
-    logs.mkdir(exist_ok=True)
+    logs = [run / "logs" / f"worker-{i}.log" for i in range(workers)]
     cells = run / "cells.jsonl"
-    children = []
-    for i in range(workers):
-        log = open(logs / f"worker-{i}.log", "w")
-        command = [sys.executable, str(script), "--resume", str(run), "--worker", *forward]
-        children.append((i, subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT), log))
-    print(f"{workers} worker processes: logs in {logs}", flush=True)
+    command = [sys.executable, str(script), "--resume", str(run), "--worker", *forward]
+    print(f"{workers} worker processes: logs in {run / 'logs'}", flush=True)
     bar = tqdm(total=total, initial=_count_lines(cells), desc="cells", disable=not progress)
     try:
-        while any(child.poll() is None for _, child, _ in children):
-            time.sleep(poll)
-            bar.update(_count_lines(cells) - bar.n)
-        bar.update(_count_lines(cells) - bar.n)
-    except BaseException:
-        for _, child, _ in children:
-            child.terminate()
-        raise
+        codes = _run_children([command] * workers, workers=workers, logs=logs, poll=poll,
+                              tick=lambda _: bar.update(_count_lines(cells) - bar.n))
     finally:
         bar.close()
-        for _, _, log in children:
-            log.close()
-    failed = [(i, child.returncode) for i, child, _ in children if child.returncode]
+    failed = {i: code for i, code in sorted(codes.items()) if code}
     if failed:
-        for i, code in failed:
-            tail = (logs / f"worker-{i}.log").read_text().splitlines()[-15:]
+        for i, code in failed.items():
+            tail = logs[i].read_text().splitlines()[-15:]
             print(f"--- worker {i} exited with {code}; the end of its log:\n" + "\n".join(tail), file=sys.stderr)
-        raise SystemExit(f"error: worker(s) {[i for i, _ in failed]} failed; the cells they finished are kept: "
+        raise SystemExit(f"error: worker(s) {list(failed)} failed; the cells they finished are kept: "
                          f"--resume {run} finishes the grid")
 
 
@@ -142,33 +159,12 @@ def run_pool(commands: Sequence[Sequence[str]], *, workers: int, logs: Sequence[
     its log; wait for all and return the indices of those that failed."""
     if len(logs) != len(commands) or workers < 1:
         raise ValueError("one log per command and at least one worker")
-    queue = list(range(len(commands)))
-    running: dict[int, tuple[subprocess.Popen, Any]] = {}
-    failed: list[int] = []
     bar = tqdm(total=len(commands), desc=desc, disable=not progress)
     try:
-        while queue or running:
-            while queue and len(running) < workers:
-                i = queue.pop(0)
-                Path(logs[i]).parent.mkdir(parents=True, exist_ok=True)
-                log = open(logs[i], "w")
-                running[i] = (subprocess.Popen(list(commands[i]), stdout=log, stderr=subprocess.STDOUT), log)
-            time.sleep(poll)
-            for i, (child, log) in list(running.items()):
-                if child.poll() is not None:
-                    log.close()
-                    del running[i]
-                    bar.update(1)
-                    if child.returncode:
-                        failed.append(i)
-    except BaseException:
-        for child, log in running.values():
-            child.terminate()
-            log.close()
-        raise
+        codes = _run_children(commands, workers=workers, logs=logs, poll=poll, tick=lambda done: bar.update(done - bar.n))
     finally:
         bar.close()
-    return sorted(failed)
+    return sorted(i for i, code in codes.items() if code)
 
 
 __all__ = ["CLAIMS", "claim", "file_lock", "pending", "run_pool", "run_workers"]

@@ -24,12 +24,17 @@ LINE = re.compile(r"^atc avg " + " ".join(rf"{m}=(\d\.\d{{4}})" for m in NAMES)
                   + r" individual_vectors_seen_by_server=(\d+)$")
 
 
-@pytest.mark.slow
-def test_quick_run_ends_with_the_atc_line_and_resumes(tmp_path, capsys, monkeypatch):
+def _small_quick(monkeypatch) -> None:
+    """The quick plan cut to a smoke run's size (the plan is saved, so --workers' processes get it too)."""
     monkeypatch.setattr(example, "QUICK", {**example.QUICK, "rounds": 2, "max_per_client": 15,
                                            "max_cosine_noise_std": 100.0,
                                            "atc": ATCConfig(assign_rounds=1, clusters=2),
                                            "model": HeteroConfig(pretrain_batches=1, pretrain_length=16, max_length=32)})
+
+
+@pytest.mark.slow
+def test_quick_run_ends_with_the_atc_line_and_resumes(tmp_path, capsys, monkeypatch):
+    _small_quick(monkeypatch)
     out = example.main(["--quick", "--backbone", "tiny", "--no-progress", "--out", str(tmp_path), "--run-name", "q"])
     last = capsys.readouterr().out.strip().splitlines()[-1]
     match = LINE.match(last)
@@ -60,10 +65,7 @@ def test_bad_arguments_are_refused_before_any_run(tmp_path):
 
 @pytest.mark.slow
 def test_workers_run_each_cell_once_and_write_the_tables(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(example, "QUICK", {**example.QUICK, "rounds": 2, "max_per_client": 15,
-                                           "max_cosine_noise_std": 100.0,
-                                           "atc": ATCConfig(assign_rounds=1, clusters=2),
-                                           "model": HeteroConfig(pretrain_batches=1, pretrain_length=16, max_length=32)})
+    _small_quick(monkeypatch)
     out = example.main(["--quick", "--backbone", "tiny", "--no-progress", "--methods", "fedavg,isolated,fedbn",
                         "--workers", "2", "--threads", "1", "--out", str(tmp_path), "--run-name", "w"])
     assert capsys.readouterr().out.strip().splitlines()[-1].startswith("atc avg ")

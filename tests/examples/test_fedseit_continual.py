@@ -23,11 +23,16 @@ LINE = re.compile(r"^fcl fedseit_acc=(\d\.\d{4}) fedweit_acc=(\d\.\d{4}) fedavg_
                   r"fedseit_forgetting=(-?\d\.\d{4}) fedweit_forgetting=(-?\d\.\d{4}) descriptor_epsilon=(\d+\.\d{4})$")
 
 
-@pytest.mark.slow
-def test_quick_run_ends_with_the_fcl_line_and_resumes(tmp_path, capsys, monkeypatch):
+def _small_quick(monkeypatch) -> None:
+    """The quick plan cut to a smoke run's size (the plan is saved, so --workers' processes get it too)."""
     monkeypatch.setattr(example, "QUICK", {**example.QUICK, "filters": 4, "rounds_per_task": 2, "local_epochs": 1,
                                            "data": ContinualSettings(tasks_per_client=2, max_train=24, max_test=8),
                                            "descriptor": CentroidConfig(max_centroid_noise=100.0)})
+
+
+@pytest.mark.slow
+def test_quick_run_ends_with_the_fcl_line_and_resumes(tmp_path, capsys, monkeypatch):
+    _small_quick(monkeypatch)
     out = example.main(["--quick", "--backbone", "tiny", "--no-progress", "--out", str(tmp_path), "--run-name", "q"])
     last = capsys.readouterr().out.strip().splitlines()[-1]
     match = LINE.match(last)
@@ -59,9 +64,7 @@ def test_bad_arguments_are_refused_before_any_run(tmp_path):
 
 @pytest.mark.slow
 def test_workers_run_each_cell_once_and_write_the_tables(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(example, "QUICK", {**example.QUICK, "filters": 4, "rounds_per_task": 2, "local_epochs": 1,
-                                           "data": ContinualSettings(tasks_per_client=2, max_train=24, max_test=8),
-                                           "descriptor": CentroidConfig(max_centroid_noise=100.0)})
+    _small_quick(monkeypatch)
     out = example.main(["--quick", "--backbone", "tiny", "--no-progress", "--workers", "2", "--threads", "1",
                         "--out", str(tmp_path), "--run-name", "w"])
     assert LINE.match(capsys.readouterr().out.strip().splitlines()[-1])

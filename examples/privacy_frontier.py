@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -23,8 +24,9 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from dp.leakage.stats import mean_ci
-from fl_algorithms.experiments.frontier import MECHANISMS, FrontierConfig, run_frontier
+from fl_algorithms.experiments.frontier import COHORT_TAIL, MECHANISMS, FrontierConfig, run_frontier
+from fl_algorithms.experiments.frontier_report import (combine, csv_text, load_results, markdown, plot_cost,
+                                                       plot_frontier, summarise)
 from fl_algorithms.training.dp_trainer import quiet_dp_libraries
 from nlp_models._offline import ensure_offline
 from nlp_models.adapter_sentiment import AdapterTaskConfig, load_adapter_task
@@ -50,10 +52,16 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--epsilons", type=float, nargs="+", default=None)
     p.add_argument("--mechanisms", nargs="+", choices=MECHANISMS, default=list(MECHANISMS))
     p.add_argument("--sampler", choices=("poisson", "fixed_size", "seeded"), default="poisson")
+    p.add_argument("--cohort-tail", type=float, default=COHORT_TAIL,
+                   help="Poisson cohorts: DDP's noise is sized for this lower quantile of the cohort size; rounds "
+                        "below it release nothing (default %(default)g)")
     p.add_argument("--local-epochs", type=int, default=5)
     p.add_argument("--max-examples", type=int, default=None)
     p.add_argument("--save-transcripts", action="store_true", help="export each run's server transcript (large)")
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--combine", nargs="+", type=Path, metavar="RUN_DIR", default=None,
+                   help="report finished runs (made in parallel, e.g. one per cohort) as one: writes the tables, "
+                        "plots and last line under --out/--run-name; runs nothing")
     return p.parse_args(argv)
 
 
@@ -69,103 +77,12 @@ def configs(args: argparse.Namespace) -> list[FrontierConfig]:
                                      seed=seed, backbone=args.backbone)
         for cohort in args.cohorts or ([20] if q else [5, 20, 50]):
             out.append(FrontierConfig(task=task, rounds=args.rounds or (8 if q else 20), cohort=cohort,
-                                      sampler=args.sampler, local_epochs=args.local_epochs,
+                                      sampler=args.sampler, cohort_tail=args.cohort_tail,
+                                      local_epochs=args.local_epochs,
                                       epsilons=tuple(args.epsilons or ((8.0,) if q else (1.0, 2.0, 4.0, 8.0))),
                                       mechanisms=tuple(args.mechanisms), save_transcripts=args.save_transcripts,
                                       seed=seed))
     return out
-
-
-def _eps(v: Any) -> float:
-    return float("inf") if v in ("inf", None) else float(v)
-
-
-def summarise(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One row per (cohort, setting): mean and 95% CI over seeds of accuracy and advantages."""
-    rows = []
-    keys = sorted({(r["cohort"], name) for r in runs for name in r["results"]},
-                  key=lambda k: (k[0], list(runs[0]["results"]).index(k[1]) if k[1] in runs[0]["results"] else 99))
-    for cohort, name in keys:
-        per = [r["results"][name] for r in runs if r["cohort"] == cohort and name in r["results"]]
-        unit = per[0]["epsilon_unit"]
-        row = {"cohort": cohort, "setting": name, "label": per[0]["setting"]["label"], "seeds": len(per), "unit": unit,
-               "epsilon_target": per[0]["setting"]["epsilon"]}
-        for key, get in (("accuracy", lambda x: x["accuracy"]),
-                         ("realistic_advantage", lambda x: x["realistic_advantage"]),
-                         ("oracle_advantage", lambda x: x["oracle_advantage"]),
-                         ("mia_advantage", lambda x: x["membership"]["calibrated"]["advantage"]),
-                         ("mia_auc", lambda x: x["membership"]["auc"]),
-                         ("mia_tpr_1pct", lambda x: x["membership"]["tpr_at_1pct_fpr"]),
-                         ("mia_tpr_01pct", lambda x: x["membership"]["tpr_at_01pct_fpr"])):
-            m, lo, hi = mean_ci([get(x) for x in per])
-            row[key], row[key + "_ci"] = m, (None if lo != lo else [lo, hi])
-        row["eps_server"] = max(_eps(x["epsilon"].get(f"{unit}/server")) for x in per)
-        outsider = [min(_eps(x["epsilon"].get(f"{unit}/outsider")), _eps(x["epsilon"].get(f"{unit}/server"))) for x in per]
-        row["eps_outsider"] = max(outsider)
-        row["skipped_rounds"] = sum(x["skipped_rounds"] for x in per)
-        rows.append(row)
-    return rows
-
-
-def _pm(row: dict[str, Any], key: str, fmt: str = ".3f") -> str:
-    ci = row.get(key + "_ci")
-    return f"{row[key]:{fmt}}" + ("" if ci is None else f" ± {(ci[1] - ci[0]) / 2:{fmt}}")
-
-
-def markdown(rows: list[dict[str, Any]]) -> str:
-    head = ("| cohort | setting | acc | realistic adv | oracle adv | MIA adv | MIA AUC | TPR@1% | TPR@0.1% | "
-            "eps server | eps outsider | unit | seeds |")
-    lines = [head, "|" + "---|" * 13]
-    for r in rows:
-        lines.append(f"| {r['cohort']} | {r['label']} | {_pm(r, 'accuracy')} | {_pm(r, 'realistic_advantage')} | "
-                     f"{_pm(r, 'oracle_advantage')} | {_pm(r, 'mia_advantage')} | {_pm(r, 'mia_auc')} | "
-                     f"{r['mia_tpr_1pct']:.3f} | "
-                     f"{r['mia_tpr_01pct']:.3f} | {r['eps_server']:.2f} | {r['eps_outsider']:.2f} | {r['unit']} | "
-                     f"{r['seeds']} |")
-    return "\n".join(lines)
-
-
-def csv_text(rows: list[dict[str, Any]]) -> str:
-    cols = ["cohort", "setting", "unit", "epsilon_target", "seeds", "accuracy", "realistic_advantage", "oracle_advantage",
-            "mia_advantage", "mia_auc", "mia_tpr_1pct", "mia_tpr_01pct", "eps_server", "eps_outsider", "skipped_rounds"]
-    out = [",".join(cols)]
-    for r in rows:
-        out.append(",".join("" if r[c] is None else str(r[c]) for c in cols))
-    return "\n".join(out)
-
-
-def plot(rows: list[dict[str, Any]], path: Path) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    cohorts = sorted({r["cohort"] for r in rows})
-    fig, axes = plt.subplots(1, len(cohorts), figsize=(5.5 * len(cohorts), 4.4), squeeze=False)
-    markers = {"plain": "s", "secagg": "D", "ddp": "o", "central": "^", "dpsgd": "v"}
-    colors = {"plain": "black", "secagg": "grey", "ddp": "tab:blue", "central": "tab:orange", "dpsgd": "tab:green"}
-    for ax, cohort in zip(axes[0], cohorts):
-        for r in (r for r in rows if r["cohort"] == cohort):
-            kind = r["setting"].split("_")[0]
-            xerr = None if r["realistic_advantage_ci"] is None else [[r["realistic_advantage"] - r["realistic_advantage_ci"][0]],
-                                                                     [r["realistic_advantage_ci"][1] - r["realistic_advantage"]]]
-            yerr = None if r["accuracy_ci"] is None else [[r["accuracy"] - r["accuracy_ci"][0]],
-                                                         [r["accuracy_ci"][1] - r["accuracy"]]]
-            ax.errorbar(r["realistic_advantage"], r["accuracy"], xerr=xerr, yerr=yerr, marker=markers.get(kind, "o"),
-                        color=colors.get(kind, "tab:red"), capsize=2, linestyle="none")
-            eps = r["epsilon_target"]
-            ax.annotate("inf" if eps is None else f"{eps:g}", (r["realistic_advantage"], r["accuracy"]), fontsize=7,
-                        xytext=(3, 3), textcoords="offset points")
-        ax.set_title(f"expected cohort {cohort}", fontsize=10)
-        ax.set_xlabel("realistic attacker's advantage over chance")
-        ax.set_ylabel("mean client test accuracy")
-        ax.grid(alpha=0.3)
-    handles = [plt.Line2D([], [], marker=m, color=colors[k], linestyle="none", label=k) for k, m in markers.items()]
-    axes[0][0].legend(handles=handles, fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
 
 
 def _write_json(path: Path, doc: Any) -> None:
@@ -183,6 +100,12 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                                  + ("" if args.model == "bag" else f"-{args.model}"))
     out = Path(args.out) / run_name
     out.mkdir(parents=True, exist_ok=True)
+    if args.combine:
+        docs = load_results(args.combine)
+        sampler = re.search(r"sampler='(\w+)'", docs[0][1]["runs"][0]["config"]).group(1)  # combine: all agree
+        sources = [p if p.is_dir() else p.parent for p in args.combine]
+        return report(combine(docs), out, sampler=sampler, seconds=None, ledgers=[d / "ledger.json" for d in sources],
+                      combined_from=sources)
     t0 = time.perf_counter()
     progress = not args.no_progress
     runs, ledgers, tasks = [], {}, {}
@@ -201,20 +124,29 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         runs.append({"model": args.model, "cohort": cfg.cohort, "seed": cfg.seed, "config": repr(cfg), "results": results,
                      "task": tasks[cfg.task].summary()})
         _write_json(results_path, {"runs": runs})
+    return report(runs, out, sampler=args.sampler, seconds=time.perf_counter() - t0, ledgers=[ledger_path])
+
+
+def report(runs: list[dict[str, Any]], out: Path, *, sampler: str, seconds: float | None, ledgers: list[Path],
+           combined_from: list[Path] | None = None) -> dict[str, Any]:
+    """Tables, plots, results.json and the last line for `runs` (one run or combined parts)."""
     rows = summarise(runs)
     (out / "table.md").write_text(markdown(rows) + "\n")
     (out / "table.csv").write_text(csv_text(rows) + "\n")
-    plot_path = plot(rows, out / "frontier.png")
-    seconds = time.perf_counter() - t0
-    _write_json(results_path, {"runs": runs, "rows": rows, "seconds": seconds})
+    plot_path, cost_path = plot_frontier(rows, out / "frontier.png"), plot_cost(rows, out / "cost_vs_epsilon.png")
+    doc = {"runs": runs, "rows": rows, "seconds": seconds}
+    if combined_from:
+        doc["combined_from"] = [str(p) for p in combined_from]
+    _write_json(out / "results.json", doc)
     print(markdown(rows))
-    print(f"\nresults: {results_path}  plot: {plot_path}  ({seconds:.0f} s)")
+    took = "combined" if seconds is None else f"{seconds:.0f} s"
+    print(f"\nresults: {out / 'results.json'}  plots: {plot_path}" + (f", {cost_path}" if cost_path else "") + f"  ({took})")
     head = max(r["cohort"] for r in rows)
     by = {r["setting"]: r for r in rows if r["cohort"] == head}
     top = "ddp_eps8" if "ddp_eps8" in by else max((k for k in by if k.startswith("ddp_")), default="secagg")
-    last = (f"frontier cohort={head} sampler={args.sampler} plain_adv={by['plain']['realistic_advantage']:.3f} "
+    last = (f"frontier cohort={head} sampler={sampler} plain_adv={by['plain']['realistic_advantage']:.3f} "
             f"{top}_adv={by[top]['realistic_advantage']:.3f} plain_acc={by['plain']['accuracy']:.3f} "
-            f"{top}_acc={by[top]['accuracy']:.3f} ledger={ledger_path}")
+            f"{top}_acc={by[top]['accuracy']:.3f} ledger={','.join(str(p) for p in ledgers)}")
     print(last)
     return {"rows": rows, "runs": runs, "last_line": last, "seconds": seconds, "out": str(out)}
 

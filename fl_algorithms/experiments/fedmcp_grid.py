@@ -20,13 +20,12 @@ from typing import Any
 import numpy as np
 from tqdm.auto import tqdm
 
-from dp.leakage.stats import mean_ci
 from fl_algorithms.engine.round import RoundRecord
 from fl_algorithms.engine.secure_sum import SecureAggregationConfig
 from fl_algorithms.engine.sim import RunConfig, SimulationRunner
 from fl_algorithms.experiments.parallel import run_pool
 from fl_algorithms.experiments.rundir import RunDirectory
-from fl_algorithms.experiments.tables import pyplot, save_figure
+from fl_algorithms.experiments.tables import paired_difference, pyplot, save_figure
 from fl_algorithms.tasks.fedmcp import DEFAULT_METHODS, METHODS, ClientInfo, FedMCPClients, FedMCPSettings
 from secagg.protocols import registry
 
@@ -388,11 +387,9 @@ def paired_differences(summary: dict[str, Any], *, level: float = 0.95) -> dict[
     ours = summary["fedmcp"]["average_by_seed"]
     out = {}
     for method in (m for m in TABLE_ORDER if m in summary and m != "fedmcp"):
-        theirs = summary[method]["average_by_seed"]
-        common = sorted(set(ours) & set(theirs), key=int)
-        if common:
-            mean, low, high = mean_ci([ours[s] - theirs[s] for s in common], level=level)
-            out[method] = {"mean": mean, "low": low, "high": high, "seeds": len(common)}
+        d = paired_difference(ours, summary[method]["average_by_seed"], level=level)
+        if d is not None:
+            out[method] = d
     return out
 
 

@@ -103,7 +103,7 @@ def model_kit(task: Any) -> ModelKit:
     raise TypeError(f"no frontier model for {type(task).__name__}")
 
 COHORT_TAIL = 1e-3
-"""Poisson cohorts: DDP noise is calibrated to the COHORT_TAIL lower quantile of the cohort size."""
+"""Poisson cohorts: DDP noise is calibrated, by default, to this lower quantile of the cohort size."""
 RING_TAIL = 1e-9
 """... and its ring sized for the RING_TAIL upper quantile (a larger cohort stops the run)."""
 
@@ -127,6 +127,10 @@ class FrontierConfig:
     cohort: int = 20
     """Expected clients per round (Poisson rate cohort / clients)."""
     sampler: str = "poisson"
+    cohort_tail: float = COHORT_TAIL
+    """Poisson cohorts: DDP's floor n_min is this lower quantile of the cohort size. A round with fewer
+    clients releases nothing, so a larger tail costs skipped rounds, never privacy; a smaller one costs
+    noise (each client's share is sized for n_min contributors)."""
     local_epochs: int = 5
     epsilons: tuple[float, ...] = (1.0, 2.0, 4.0, 8.0)
     mechanisms: tuple[str, ...] = MECHANISMS
@@ -150,6 +154,8 @@ class FrontierConfig:
             raise ValueError("need 2 <= cohort < clients (a cohort is a sample of the population)")
         if self.sampler not in ("poisson", "seeded", "fixed_size"):
             raise ValueError("sampler is 'poisson', 'seeded' or 'fixed_size'")
+        if not 0.0 < self.cohort_tail < 0.5:
+            raise ValueError(f"cohort_tail is a lower quantile in (0, 0.5), got {self.cohort_tail}")
         if set(self.mechanisms) - set(MECHANISMS):
             raise ValueError(f"mechanisms are among {MECHANISMS}")
         if any(not e > 0 for e in self.epsilons):
@@ -175,7 +181,7 @@ class FrontierConfig:
         n = self.task.num_clients
         if self.sampler != "poisson":
             return self.cohort, self.cohort
-        low = int(stats.binom.ppf(COHORT_TAIL, n, self.rate))
+        low = int(stats.binom.ppf(self.cohort_tail, n, self.rate))
         high = int(stats.binom.isf(RING_TAIL, n, self.rate)) + 1
         return max(2, low), min(n, high)
 

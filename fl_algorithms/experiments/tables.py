@@ -8,6 +8,8 @@ from typing import Any
 
 import numpy as np
 
+from dp.leakage.stats import mean_ci
+
 
 def grouped(rows: Iterable[Mapping[str, Any]], key: Callable[[Mapping[str, Any]], Hashable]) -> dict[Hashable, list]:
     """Rows by `key(row)`, in order of first appearance."""
@@ -23,6 +25,17 @@ def summarise(entry: dict[str, Any], series: Mapping[str, Sequence[float]]) -> d
         entry[key] = float(np.mean(values))
         entry[f"{key}_std"] = float(np.std(values, ddof=1)) if len(values) > 1 else 0.0
     return entry
+
+
+def paired_difference(ours: Mapping[Hashable, float], theirs: Mapping[Hashable, float], *,
+                      level: float = 0.95) -> dict[str, float] | None:
+    """ours - theirs paired by key (a seed: same split, same initial model): the mean difference and its
+    Student-t interval over the common keys (low/high nan with one), or None when they share no key."""
+    common = [k for k in ours if k in theirs]
+    if not common:
+        return None
+    mean, low, high = mean_ci([ours[k] - theirs[k] for k in common], level=level)
+    return {"mean": mean, "low": low, "high": high, "seeds": len(common)}
 
 
 def pyplot():
@@ -57,4 +70,4 @@ def save_figure(fig: Any, path: Path) -> Path:
     return path
 
 
-__all__ = ["grouped", "summarise", "pyplot", "plot_mean_curves", "save_figure"]
+__all__ = ["grouped", "summarise", "paired_difference", "pyplot", "plot_mean_curves", "save_figure"]

@@ -192,3 +192,18 @@ def test_adapter_model_is_attacked_by_the_calibrated_membership_attacker(tmp_pat
     rows = {r["setting"]: r for r in summary["rows"]}
     assert 0 < rows["ddp_eps8"]["eps_server"] <= 8 * (1 + 1e-6)
     assert 0 < rows["central_eps8"]["eps_outsider"] <= 8 * (1 + 1e-6)
+
+
+def test_combine_reports_finished_runs_without_running_anything(sweep, tmp_path):
+    summary, _, run = sweep
+    combined, lines = _run(["--combine", str(run), "--out", str(tmp_path), "--run-name", "both"])
+    assert combined["seconds"] is None and combined["rows"] == summary["rows"]
+    assert lines[-1] == summary["last_line"]  # the same ledger, the same numbers
+    doc = json.loads((tmp_path / "both" / "results.json").read_text())
+    assert doc["combined_from"] == [str(run)]
+    assert (tmp_path / "both" / "cost_vs_epsilon.png").stat().st_size > 0
+    ddp = next(r for r in combined["rows"] if r["setting"] == "ddp_eps8")
+    plain = next(r for r in combined["rows"] if r["setting"] == "plain")
+    assert ddp["cost_vs_plain"] == pytest.approx(100 * (plain["accuracy"] - ddp["accuracy"]))  # same two seeds
+    with pytest.raises(ValueError, match="also in"):
+        _run(["--combine", str(run), str(run), "--out", str(tmp_path), "--run-name", "twice"])

@@ -1,0 +1,28 @@
+"""fl_algorithms/experiments/frontier.py's config: the cohort floor DDP is calibrated for, per sampler."""
+import pytest
+from scipy import stats
+
+from fl_algorithms.experiments.frontier import COHORT_TAIL, FrontierConfig
+from nlp_models.bag_of_tokens import BagTaskConfig
+
+TASK = BagTaskConfig(num_clients=200, public_fraction=0.1)
+
+
+def test_poisson_floor_is_the_configured_lower_quantile_of_the_cohort_size():
+    floor, ceiling = FrontierConfig(task=TASK, cohort=20).cohort_range()
+    assert stats.binom.cdf(floor, 200, 0.1) >= COHORT_TAIL > stats.binom.cdf(floor - 1, 200, 0.1)
+    assert floor == 8 and ceiling > 40
+    wider, _ = FrontierConfig(task=TASK, cohort=20, cohort_tail=0.05).cohort_range()
+    assert wider == 13  # fewer clients' noise shares assumed: less noise, about 5% of rounds release nothing
+    assert FrontierConfig(task=TASK, cohort=5).cohort_range()[0] == 2  # never below two contributors
+
+
+def test_fixed_size_and_seeded_cohorts_are_their_own_floor():
+    assert FrontierConfig(task=TASK, cohort=20, sampler="fixed_size").cohort_range() == (20, 20)
+    assert FrontierConfig(task=TASK, cohort=50, sampler="seeded").cohort_range() == (50, 50)
+
+
+@pytest.mark.parametrize("tail", [0.0, 0.5, -1e-3, 1.0])
+def test_cohort_tail_must_be_a_lower_quantile(tail):
+    with pytest.raises(ValueError, match="cohort_tail"):
+        FrontierConfig(task=TASK, cohort=20, cohort_tail=tail)

@@ -3,11 +3,14 @@
     python examples/privacy_frontier.py --quick     # 100 clients, Poisson cohorts of 20, eps 8: < 10 min on 2 cores
     python examples/privacy_frontier.py             # 200 clients, cohorts 5/20/50, eps 1/2/4/8, 3 seeds (hours)
     python examples/privacy_frontier.py --model adapter   # MiniLM adapters (26k shared values; ~30 s a round on CPU)
+    python examples/privacy_frontier.py --combine RUN_DIR RUN_DIR ...   # parts run in parallel, one report
 
 What is run, measured and accounted is in `fl_algorithms.experiments.frontier`. Outputs under
-results/privacy_frontier/<run>/: table.md and table.csv (mean and 95% Student-t interval over seeds),
-results.json (every number of every run), frontier.png (accuracy against the realistic attacker's
-advantage, epsilon labels), ledger.json (every run's ledger with the configured mechanism).
+results/privacy_frontier/<run>/: table.md and table.csv (mean and 95% Student-t interval over seeds,
+and each setting's accuracy cost against plaintext paired by seed), results.json (every number of
+every run), frontier.png (accuracy against the realistic attacker's advantage, epsilon labels),
+cost_vs_epsilon.png (each mechanism's cost over epsilon), ledger.json (every run's ledger with the
+configured mechanism).
 The last line: `frontier cohort=C sampler=S plain_adv=A ddp_eps8_adv=B plain_acc=P ddp_eps8_acc=Q ledger=PATH`.
 """
 from __future__ import annotations

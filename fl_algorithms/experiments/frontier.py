@@ -47,7 +47,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -202,7 +202,8 @@ class RunOutput:
     history: list[RoundRecord]
     final: dict[str, np.ndarray]
     ledger: Ledger
-    transcript: Transcript
+    transcript: Transcript | None
+    """None once measured (`run_frontier` releases it)."""
     seconds: float
     parameters: dict[str, Any]
 
@@ -394,7 +395,9 @@ def measure(run: RunOutput, task: Any, cfg: FrontierConfig, *, shadow: Mapping[s
 
 def run_frontier(task: Any, cfg: FrontierConfig, *, progress: bool = True, out_dir=None,
                  on_result=None) -> tuple[dict[str, dict[str, Any]], dict[str, RunOutput]]:
-    """Every setting of `cfg` on `task`: (results by setting name, the runs)."""
+    """Every setting of `cfg` on `task`: (results by setting name, the runs). Each run's transcript is
+    released once it is measured (and exported, with `cfg.save_transcripts`): a plaintext run at
+    cohort 50 over 20 rounds holds 2 GB of uploads, and a grid has several."""
     rng = np.random.default_rng(np.random.SeedSequence([cfg.seed, 0xA77AC]))
     tokens = model_kit(task).token_attacks
     cache: dict[tuple, list] = {}
@@ -410,9 +413,10 @@ def run_frontier(task: Any, cfg: FrontierConfig, *, progress: bool = True, out_d
             export.parent.mkdir(parents=True, exist_ok=True)
         shadow = shadow_views(run, task, cfg, cache[key], rng) if tokens else None
         results[setting.name] = measure(run, task, cfg, shadow=shadow, export=export)
-        runs[setting.name] = run
         if on_result is not None:
             on_result(setting.name, run, results[setting.name])
+        runs[setting.name] = replace(run, transcript=None)
+        del run, shadow  # the next setting trains while this one's uploads are already freed
     return results, runs
 
 

@@ -26,3 +26,35 @@ def test_fixed_size_and_seeded_cohorts_are_their_own_floor():
 def test_cohort_tail_must_be_a_lower_quantile(tail):
     with pytest.raises(ValueError, match="cohort_tail"):
         FrontierConfig(task=TASK, cohort=20, cohort_tail=tail)
+
+
+def test_run_frontier_releases_each_transcript_once_it_is_measured(monkeypatch):
+    from fl_algorithms.experiments import frontier as fr
+
+    alive = []
+
+    class Uploads:  # stands in for a run's transcript (gigabytes in a real grid)
+        pass
+
+    def fake_run(setting, task, cfg, *, progress):
+        uploads = Uploads()
+        alive.append(uploads)
+        return fr.RunOutput(setting, [], {}, None, uploads, 0.0, {})
+
+    seen = []
+    monkeypatch.setattr(fr, "model_kit", lambda task: fr.ModelKit("fake", (), *[None] * 5, token_attacks=False))
+    monkeypatch.setattr(fr, "run_setting", fake_run)
+    monkeypatch.setattr(fr, "measure", lambda run, task, cfg, *, shadow, export: {"measured": run.transcript is not None})
+    cfg = FrontierConfig(task=TASK, cohort=20, epsilons=(8.0,), mechanisms=("ddp",))
+    results, runs = fr.run_frontier(object(), cfg, progress=False,
+                                    on_result=lambda name, run, result: seen.append(run.transcript is not None))
+    assert list(results) == ["plain", "secagg", "ddp_eps8"] and all(r["measured"] for r in results.values())
+    assert seen == [True, True, True]  # measured and reported with the uploads...
+    assert all(run.transcript is None for run in runs.values())  # ...then released
+    import gc
+    import weakref
+
+    refs = [weakref.ref(u) for u in alive]
+    alive.clear()
+    gc.collect()
+    assert all(r() is None for r in refs)

@@ -146,7 +146,7 @@ def plot_cost(rows: Sequence[Mapping[str, Any]], path: Path) -> Path | None:
     cohorts = sorted({r["cohort"] for r in noisy})
     fig, axes = plt.subplots(1, len(cohorts), figsize=(4.6 * len(cohorts), 3.8), squeeze=False, sharey=True)
     for ax, cohort in zip(axes[0], cohorts):
-        for k in ("ddp", "central", "dpsgd"):
+        for shift, k in zip((-0.06, 0.0, 0.06), ("ddp", "central", "dpsgd")):  # side by side: bars stay apart
             mine = sorted((r for r in noisy if r["cohort"] == cohort and kind(r["setting"]) == k),
                           key=lambda r: r["epsilon_target"])
             if not mine:
@@ -154,7 +154,7 @@ def plot_cost(rows: Sequence[Mapping[str, Any]], path: Path) -> Path | None:
             marker, colour = KIND_STYLE[k]
             lows = [r["cost_vs_plain"] - (r["cost_vs_plain_ci"] or [r["cost_vs_plain"]] * 2)[0] for r in mine]
             highs = [(r["cost_vs_plain_ci"] or [r["cost_vs_plain"]] * 2)[1] - r["cost_vs_plain"] for r in mine]
-            ax.errorbar([r["epsilon_target"] for r in mine], [r["cost_vs_plain"] for r in mine], yerr=[lows, highs],
+            ax.errorbar([r["epsilon_target"] * 2 ** shift for r in mine], [r["cost_vs_plain"] for r in mine], yerr=[lows, highs],
                         marker=marker, color=colour, capsize=2, label=k)
         ax.axhline(0.0, color="black", linewidth=0.8)
         ax.set_xscale("log", base=2)

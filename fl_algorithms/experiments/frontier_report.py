@@ -109,9 +109,9 @@ def csv_text(rows: Sequence[Mapping[str, Any]]) -> str:
     return "\n".join(out)
 
 
-def _errors(row: Mapping[str, Any], key: str, scale: float = 1.0) -> list[list[float]] | None:
+def _errors(row: Mapping[str, Any], key: str) -> list[list[float]] | None:
     ci = row.get(key + "_ci")
-    return None if ci is None else [[scale * (row[key] - ci[0])], [scale * (ci[1] - row[key])]]
+    return None if ci is None else [[row[key] - ci[0]], [ci[1] - row[key]]]
 
 
 def plot_frontier(rows: Sequence[Mapping[str, Any]], path: Path) -> Path:

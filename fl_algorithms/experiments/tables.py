@@ -59,11 +59,13 @@ def plot_mean_curves(ax: Any, rows: Sequence[Mapping[str, Any]], methods: Sequen
             ax.plot(range(start, start + len(mean)), 100 * mean, marker="o", markersize=3, label=method)
 
 
-def save_figure(fig: Any, path: Path) -> Path:
-    """Grid, legend, tight layout, 120 dpi, closed."""
+def save_figure(fig: Any, path: Path, *, legend: bool = True) -> Path:
+    """Grid, a legend on every axis (unless the caller placed its own: `legend=False`), tight layout,
+    120 dpi, closed."""
     for ax in fig.axes:
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+        if legend:
+            ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     pyplot().close(fig)

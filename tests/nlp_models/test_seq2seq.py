@@ -81,7 +81,7 @@ def test_copy_mass_goes_to_source_tokens_only(parts):
         model.copy_gate.bias.fill_(-30.0)  # gate ~0: the pure copy distribution
         model.copy_gate.weight.zero_()
     ids, mask, target = tokenize_pairs(tokenizer, ["alpha beta gamma"], ["beta"], max_source=16, max_target=4)
-    probs = model.log_probs(model.encode(ids, mask).clone(), mask, target, source_ids=ids).exp()[0, 0]
+    probs = model.log_probs(model.encode(ids, mask).clone(), mask, target, source_ids=ids).exp()[0, 0].detach()
     assert float(probs[ids[0]].sum()) >= 0.999 - 1e-6 or float(probs[ids[0].unique()].sum()) > 0.999
     outside = torch.ones_like(probs, dtype=torch.bool)
     outside[ids[0]] = False

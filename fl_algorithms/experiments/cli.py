@@ -40,7 +40,10 @@ def parse_grid_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None)
         parser.error("--workers must be at least 1")
     if getattr(args, "worker", False) and (not args.resume or args.workers > 1):
         parser.error("--worker is how --workers starts its processes: it needs --resume and no --workers")
-    return args, str(resolve_device(args.device))
+    try:
+        return args, str(resolve_device(args.device))
+    except ValueError as error:  # e.g. --device cuda where torch sees no GPU: a usage error, not a traceback
+        parser.error(str(error))
 
 
 def add_worker_args(parser: argparse.ArgumentParser) -> None:

@@ -68,21 +68,39 @@ def test_append_cell_round_trips_through_read_cells(tmp_path):
     assert done == {"0/a": {"seed": 0, "method": "a", "x": 1.5}, "1/a": {"seed": 1, "method": "a", "x": 2.5}}
 
 
-def test_parse_grid_args_checks_threads_and_resolves_the_device():
+def _grid_parser():
     import argparse
-
-    import pytest
-
-    from fl_algorithms.experiments.cli import parse_grid_args
 
     parser = argparse.ArgumentParser()
     for flag, default in (("--threads", 1), ("--device", "cpu"), ("--run-name", None), ("--out", None),
                           ("--resume", None)):
         parser.add_argument(flag, default=default, type=int if flag == "--threads" else None)
+    return parser
+
+
+def test_parse_grid_args_checks_threads_and_resolves_the_device():
+    import pytest
+
+    from fl_algorithms.experiments.cli import parse_grid_args
+
+    parser = _grid_parser()
     args, device = parse_grid_args(parser, [])
     assert device == "cpu" and args.threads == 1
     with pytest.raises(SystemExit):
         parse_grid_args(parser, ["--threads", "0"])
+
+
+def test_parse_grid_args_reports_a_missing_gpu_as_a_usage_error(monkeypatch, capsys):
+    import pytest
+    import torch
+
+    from fl_algorithms.experiments.cli import parse_grid_args
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    parser = _grid_parser()
+    with pytest.raises(SystemExit) as exc:
+        parse_grid_args(parser, ["--device", "cuda"])
+    assert exc.value.code == 2 and "no CUDA device" in capsys.readouterr().err
 
 
 def test_start_workers_starts_none_when_at_most_one_cell_is_left(tmp_path, monkeypatch):

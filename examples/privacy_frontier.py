@@ -34,6 +34,7 @@ from fl_algorithms.training.dp_trainer import quiet_dp_libraries
 from nlp_models._offline import ensure_offline
 from nlp_models.adapter_sentiment import AdapterTaskConfig, load_adapter_task
 from nlp_models.bag_of_tokens import BagTaskConfig, load_bag_task
+from nlp_models.device import DEVICES, resolve_device
 
 DEFAULT_OUT = Path(__file__).resolve().parents[1] / "results" / "privacy_frontier"
 LEDGERS_FORMAT = "fedsecure-nlp/privacy-frontier-ledgers/v2"
@@ -46,6 +47,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                    help="bag-of-embeddings (token attacks apply) or MiniLM adapters (membership attack only)")
     p.add_argument("--backbone", choices=("minilm", "tiny"), default="minilm",
                    help="the adapter model's encoder ('tiny': a random 3-layer BERT, for tests)")
+    p.add_argument("--device", choices=DEVICES, default="cpu",
+                   help="where the adapter model trains and is attacked (the bag model runs on the CPU)")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
     p.add_argument("--run-name", default=None)
     p.add_argument("--clients", type=int, default=None)
@@ -65,7 +68,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--combine", nargs="+", type=Path, metavar="RUN_DIR", default=None,
                    help="report finished runs (made in parallel, e.g. one per cohort) as one: writes the tables, "
                         "plots and last line under --out/--run-name; runs nothing")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    try:
+        args.device = str(resolve_device(args.device))
+    except ValueError as error:
+        p.error(str(error))
+    if args.model == "bag" and args.device != "cpu":
+        p.error("the bag model runs on the CPU: --device is for --model adapter")
+    return args
 
 
 def configs(args: argparse.Namespace) -> list[FrontierConfig]:
@@ -116,7 +126,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     for cfg in tqdm(configs(args), desc="cohorts x seeds", disable=not progress):
         if cfg.task not in tasks:  # one task in memory at a time
             tasks = {cfg.task: load_bag_task(cfg.task) if args.model == "bag"
-                     else load_adapter_task(cfg.task, progress=progress)}
+                     else load_adapter_task(cfg.task, progress=progress, device=args.device)}
         tag = f"cohort{cfg.cohort}-seed{cfg.seed}"
 
         def keep(name, run, _result, tag=tag):  # written as each run ends: nothing lost on a crash

@@ -23,6 +23,10 @@ snippet. CHOICE: float16 storage, float32 compute (`suffix_forward` upcasts); no
 tensor is ever allocated. The whole corpus (12.7k snippets, mean 27 WordPiece tokens) costs about
 0.5 GB instead of 1.25 GB at float32 padded to 64.
 
+Device (`load_adapter_task(..., device=)`): the backbone, every cached split and every model of the task
+live there; the prefix is computed there and kept as rows on the CPU only while the splits are cut.
+Shared parameters, losses and metrics leave as CPU numbers, so the federated layers do not change.
+
 Initialisation (deterministic given the seed): adapters near identity but not exactly (down
 projection N(0, 0.02), up projection N(0, `adapter_init_std` = 0.01), Houlsby et al. 2019; an
 exactly-zero up projection would give the down projection no gradient on the first step), the head a
@@ -254,10 +258,12 @@ class AdapterTask:
     """Frozen, cached layers below the adapted ones."""
     seconds: Mapping[str, float] = field(default_factory=dict)
     """Load timings: 'data' (corpus, partition), 'backbone', 'cache' (frozen prefix)."""
+    device: str = "cpu"
+    """Where the backbone, the cached splits and every model of the task live."""
 
     def new_model(self) -> SuffixClassifier:
-        """The seeded initial model (its shared parts equal `initial`)."""
-        return config_model(self.config, backbone=self.backbone, num_labels=self.num_labels)
+        """The seeded initial model (its shared parts equal `initial`), on the task's device."""
+        return config_model(self.config, backbone=self.backbone, num_labels=self.num_labels).to(self.device)
 
     def cache_bytes(self) -> int:
         splits = [s for c in self.clients.values() for s in (c.train, c.test)] + [self.public.examples]
@@ -274,6 +280,7 @@ class AdapterTask:
                 "parameters_per_part": {k: int(v.size) for k, v in self.initial.items()},
                 "frozen_cached_layers": self.split, "adapter_layers": self.config.adapter_layers,
                 "cache_mb": round(self.cache_bytes() / 2**20, 1), "cache_dtype": self.config.cache_dtype,
+                "device": self.device,
                 "load_seconds": {k: round(v, 2) for k, v in self.seconds.items()}}
 
 
@@ -287,15 +294,17 @@ def config_model(config: AdapterTaskConfig, *, backbone: nn.Module, num_labels: 
 def initial_parameters(model: nn.Module) -> dict[str, np.ndarray]:
     """The shared parts of `model` as flat float32 vectors."""
     named = dict(model.named_parameters())
-    return {part: torch.cat([named[n].detach().reshape(-1).float() for n in names]).numpy().copy()
+    return {part: torch.cat([named[n].detach().reshape(-1).float().cpu() for n in names]).numpy().copy()
             for part, names in shared_parts(model).items()}
 
 
 def build_adapter_task(config: AdapterTaskConfig, *, dataset: TextDataset, backbone: nn.Module, tokenizer: Any,
-                       progress: bool = True) -> AdapterTask:
-    """The task over a given corpus (with movie groups) and frozen backbone: partition, cache, initialise."""
+                       progress: bool = True, device: str | torch.device = "cpu") -> AdapterTask:
+    """The task over a given corpus (with movie groups) and frozen backbone, on `device`: partition,
+    cache, initialise. The backbone is moved to `device`."""
     t0 = time.perf_counter()
-    backbone.requires_grad_(False).eval()
+    device = str(torch.device(device))
+    backbone.requires_grad_(False).eval().to(device)
     if config.max_length > backbone.config.max_position_embeddings:
         raise ValueError(f"max_length {config.max_length} exceeds the backbone's positions")
     split = prefix_split(backbone, config.adapter_layers)
@@ -304,20 +313,22 @@ def build_adapter_task(config: AdapterTaskConfig, *, dataset: TextDataset, backb
     t1 = time.perf_counter()
     cache = cache_prefix(backbone, tokenizer, dataset.texts, dataset.label_array(), max_length=config.max_length,
                          split=split, dtype=CACHE_DTYPES[config.cache_dtype], progress=progress)
-    clients = {number: AdapterClient(train=cache.take(s.train), test=cache.take(s.test), movies=movies,
-                                     train_index=s.train, test_index=s.test)
+    clients = {number: AdapterClient(train=cache.take(s.train).to(device), test=cache.take(s.test).to(device),
+                                     movies=movies, train_index=s.train, test_index=s.test)
                for number, (s, movies) in enumerate(zip(parts.clients, parts.movies), start=1)}
-    public = PublicSplit(examples=cache.take(parts.public), index=parts.public, movies=parts.public_movies)
+    public = PublicSplit(examples=cache.take(parts.public).to(device), index=parts.public, movies=parts.public_movies)
     del cache
     seconds = {"data": t1 - t0, "cache": time.perf_counter() - t1}
     initial = initial_parameters(config_model(config, backbone=backbone, num_labels=dataset.num_labels))
     return AdapterTask(config=config, clients=clients, public=public, initial=initial, num_labels=dataset.num_labels,
                        label_names=dataset.label_names, corpus=dataset, backbone=backbone, split=split,
-                       seconds=seconds)
+                       seconds=seconds, device=device)
 
 
-def load_adapter_task(config: AdapterTaskConfig = AdapterTaskConfig(), *, progress: bool = True) -> AdapterTask:
-    """Load the deduplicated Rotten Tomatoes corpus (as `load_bag_task`) and the backbone, then build."""
+def load_adapter_task(config: AdapterTaskConfig = AdapterTaskConfig(), *, progress: bool = True,
+                      device: str | torch.device = "cpu") -> AdapterTask:
+    """Load the deduplicated Rotten Tomatoes corpus (as `load_bag_task`) and the backbone, then build
+    on `device`."""
     from nlp_models.data.loaders import load_rt_sentiment
 
     t0 = time.perf_counter()
@@ -325,7 +336,8 @@ def load_adapter_task(config: AdapterTaskConfig = AdapterTaskConfig(), *, progre
     t1 = time.perf_counter()
     backbone, tokenizer = load_named_backbone(config.backbone)
     t2 = time.perf_counter()
-    task = build_adapter_task(config, dataset=data, backbone=backbone, tokenizer=tokenizer, progress=progress)
+    task = build_adapter_task(config, dataset=data, backbone=backbone, tokenizer=tokenizer, progress=progress,
+                              device=device)
     return replace(task, seconds={"data": t1 - t0 + task.seconds["data"], "backbone": t2 - t1,
                                   "cache": task.seconds["cache"]})
 
@@ -349,7 +361,7 @@ def shadow_clients(task: AdapterTask, *, n_clients: int, examples_per_client: in
     partition = Partition(tuple(np.arange(k * examples_per_client, (k + 1) * examples_per_client)
                                 for k in range(n_clients)), total, "shadow")
     tf = task.config.test_fraction
-    labels = public.examples.labels.numpy()[chosen]
+    labels = public.examples.labels.cpu().numpy()[chosen]
     out = {}
     for number, s in enumerate(client_splits(partition, ratios=(1 - tf, 0.0, tf), seed=seed, labels=labels), start=1):
         rows_train, rows_test = chosen[s.train], chosen[s.test]

@@ -110,9 +110,9 @@ def example_losses(task: AdapterTask, shared: Mapping[str, np.ndarray], *, split
         for c in sorted(population if clients is None else set(clients)):
             data: CachedSplit = getattr(population[c], split)
             losses = torch.empty(len(data), dtype=torch.float64)
-            order = torch.argsort(data.attention_mask.sum(dim=1), stable=True)
+            order = torch.argsort(data.attention_mask.sum(dim=1).cpu(), stable=True)
             for index in order.split(EVAL_BATCH):
-                losses[index] = per_example_loss(model, data.batch(index)).double()
+                losses[index] = per_example_loss(model, data.batch(index)).double().cpu()
             out.append(losses.numpy())
     return np.concatenate(out) if out else np.zeros(0)
 

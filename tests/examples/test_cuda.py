@@ -111,3 +111,57 @@ def test_grid_examples_on_cuda(name, argv, prefix, tmp_path, capsys):
     assert results, f"{name} printed no {prefix!r} line"
     for line in results:
         _finite_numbers(line)
+
+
+FRONTIER_TINY = ["--model", "adapter", "--backbone", "tiny", "--clients", "16", "--cohorts", "6", "--rounds", "2",
+                 "--local-epochs", "1", "--max-examples", "1200", "--epsilons", "8", "--seeds", "0", "--sampler",
+                 "seeded", "--no-progress"]
+
+
+def test_privacy_frontier_adapter_on_cuda_matches_the_cpu(tmp_path, capsys):
+    """The adapter model of the privacy frontier on the GPU: every setting runs, its ledger entries are
+    finite, and with seeded cohorts the plaintext run's accuracy is the CPU's up to kernel order."""
+    cuda = _example("privacy_frontier").main(FRONTIER_TINY + ["--device", "cuda", "--out", str(tmp_path),
+                                                              "--run-name", "g"])
+    cpu = _example("privacy_frontier").main(FRONTIER_TINY + ["--device", "cpu", "--out", str(tmp_path),
+                                                             "--run-name", "c"])
+    capsys.readouterr()
+    [run] = cuda["runs"]
+    assert run["task"]["device"] == "cuda"
+    assert set(run["results"]) == {"plain", "secagg", "ddp_eps8", "central_eps8", "dpsgd_eps8"}
+    _finite_numbers(cuda["last_line"])
+    plain = {out["runs"][0]["task"]["device"]: next(r for r in out["rows"] if r["setting"] == "plain")["accuracy"]
+             for out in (cuda, cpu)}
+    assert plain["cuda"] == pytest.approx(plain["cpu"], abs=0.02)
+
+
+def test_adapter_sentiment_trainer_on_cuda_matches_the_cpu():
+    """One client's local epoch and the membership scores, on the GPU against the CPU."""
+    import numpy as np
+
+    from fl_algorithms.training.adapter_sentiment_trainer import example_losses, public_losses, sentiment_trainer
+    from nlp_models.adapter_sentiment import AdapterTaskConfig, build_adapter_task
+    from nlp_models.backbone import load_tokenizer, tiny_bert
+    from nlp_models.data.dataset import TextDataset
+
+    words = "good bad great awful fine dull superb boring fun slow".split()
+    rng = np.random.default_rng(0)
+    labels = [int(rng.integers(2)) for _ in range(120)]
+    texts = tuple(" ".join(rng.choice(words[y::2], 6)) + f" film{i % 20}" for i, y in enumerate(labels))
+    data = TextDataset(name="synthetic", texts=texts, labels=tuple(labels), label_names=("rotten", "fresh"),
+                       groups=tuple(f"movie {i % 20}" for i in range(120)))
+    config = AdapterTaskConfig(num_clients=3, bottleneck=4, backbone="tiny", max_length=16, public_fraction=0.2,
+                               batch_size=8)
+    tasks = {device: build_adapter_task(config, dataset=data, backbone=tiny_bert(layers=2, hidden=32, heads=2),
+                                        tokenizer=load_tokenizer(), progress=False, device=device)
+             for device in ("cpu", "cuda")}
+    assert tasks["cuda"].public.examples.hidden.is_cuda and next(tasks["cuda"].new_model().parameters()).is_cuda
+    shared = {}
+    for device, task in tasks.items():
+        trainer = sentiment_trainer(task, client_id=1)
+        trainer.train(epochs=1)
+        shared[device] = trainer.get_shared()
+        losses = example_losses(task, shared[device], split="train"), public_losses(task, shared[device])
+        shared[device]["losses"] = np.concatenate(losses)
+    for part, values in shared["cpu"].items():
+        np.testing.assert_allclose(shared["cuda"][part], values, atol=1e-4, err_msg=part)

@@ -176,6 +176,7 @@ def test_adapter_model_is_attacked_by_the_calibrated_membership_attacker(tmp_pat
     [run] = summary["runs"]
     assert run["model"] == "adapter" and set(run["results"]) == {"plain", "secagg", "ddp_eps8", "central_eps8",
                                                                   "dpsgd_eps8"}
+    assert run["task"]["device"] == "cpu"
     for name, res in run["results"].items():
         cal = res["membership"]["calibrated"]
         assert res["realistic_attack"] == "membership_loss_calibrated" and "skipped" in res["tokens"], name
@@ -192,6 +193,19 @@ def test_adapter_model_is_attacked_by_the_calibrated_membership_attacker(tmp_pat
     rows = {r["setting"]: r for r in summary["rows"]}
     assert 0 < rows["ddp_eps8"]["eps_server"] <= 8 * (1 + 1e-6)
     assert 0 < rows["central_eps8"]["eps_outsider"] <= 8 * (1 + 1e-6)
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--model", "bag", "--device", "cuda"], "the bag model runs on the CPU"),
+    (["--model", "adapter", "--device", "tpu"], "invalid choice"),
+])
+def test_device_choices_are_checked_before_anything_runs(argv, message, monkeypatch, capsys):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # as on the GPU machine
+    with pytest.raises(SystemExit) as exc:
+        frontier.parse_args(argv)
+    assert exc.value.code == 2 and message in capsys.readouterr().err
 
 
 def test_combine_reports_finished_runs_without_running_anything(sweep, tmp_path):

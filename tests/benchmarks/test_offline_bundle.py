@@ -43,3 +43,15 @@ def test_bundle_without_wheels_restores_a_loadable_backbone(tmp_path):
     assert mine.keys() == original.keys()
     for k, v in original.items():
         assert mine[k].dtype == v.dtype and torch.allclose(mine[k], v, rtol=2 ** -10, atol=1e-7), k
+
+
+def test_a_split_wheel_is_the_wheel_again_when_its_parts_are_joined(tmp_path):
+    wheel = tmp_path / "ray-0-cp312-cp312-manylinux2014_x86_64.whl"
+    wheel.write_bytes(bytes(range(256)) * 40)
+    first, rest = ob.split_file(wheel, tmp_path / "a", tmp_path / "b", size=1000)
+    assert first.parent.name == "a" and rest.parent.name == "b" and first.stat().st_size == 1000
+    joined = subprocess.run(["cat", str(first), str(rest)], check=True, capture_output=True).stdout
+    assert joined == wheel.read_bytes()
+    for size in (0, wheel.stat().st_size):
+        with pytest.raises(ValueError, match="cannot split"):
+            ob.split_file(wheel, tmp_path / "a", tmp_path / "b", size=size)

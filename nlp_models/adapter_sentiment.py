@@ -69,22 +69,34 @@ SHARD = 1024
 
 def _trim(hidden: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Cut a batch to its longest snippet (Opacus' loader yields rows padded to the split's longest)."""
-    if mask.shape[0] == 0:
-        return hidden, mask
     length = max(int(mask.sum(dim=1).max()), 1)
     return hidden[:, :length], mask[:, :length]
 
 
 def logits(model: nn.Module, batch: Sequence[torch.Tensor]) -> torch.Tensor:
-    """Logits of a `CachedBatch` or of Opacus' [hidden, mask, labels] list (empty batches included)."""
-    hidden, mask = _trim(batch[0], batch[1])
-    with training_attention(hidden.device):  # math SDPA kernel when gradients flow: faster backward on CPU
+    """Logits of a `CachedBatch` or of Opacus' [hidden, mask, labels] list, moved to the model's device
+    (Opacus may build an empty batch on the CPU).
+
+    An empty batch (Poisson sampling draws one now and then) cannot pass BERT's layers, which reshape
+    with an inferred dimension. It runs one all-zero dummy row instead and returns its logits cut to zero
+    rows: the loss is an empty sum, so the dummy's per-example gradient is exactly zero, and DP-SGD's step
+    (clip, sum, noise, divide by the expected batch size) is the step of an empty batch.
+    """
+    device = next(model.parameters()).device
+    hidden, mask = batch[0].to(device), batch[1].to(device)
+    if hidden.shape[0] == 0:
+        dummy, dummy_mask = hidden.new_zeros(1, 1, hidden.shape[-1]), mask.new_ones(1, 1)
+        with training_attention(device):
+            return model(dummy, dummy_mask)[:0]
+    hidden, mask = _trim(hidden, mask)
+    with training_attention(device):  # math SDPA kernel when gradients flow: faster backward on CPU
         return model(hidden, mask)
 
 
 def per_example_loss(model: nn.Module, batch: Sequence[torch.Tensor]) -> torch.Tensor:
     """Cross-entropy per example, shape [B]."""
-    return F.cross_entropy(logits(model, batch), batch[2].long(), reduction="none")
+    out = logits(model, batch)
+    return F.cross_entropy(out, batch[2].long().to(out.device), reduction="none")
 
 
 def mean_loss(model: nn.Module, batch: Sequence[torch.Tensor]) -> torch.Tensor:

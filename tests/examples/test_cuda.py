@@ -165,3 +165,8 @@ def test_adapter_sentiment_trainer_on_cuda_matches_the_cpu():
         shared[device]["losses"] = np.concatenate(losses)
     for part, values in shared["cpu"].items():
         np.testing.assert_allclose(shared["cuda"][part], values, atol=1e-4, err_msg=part)
+    # Opacus builds an empty Poisson batch on the CPU: the loss must still run on the GPU model
+    from nlp_models.adapter_sentiment import per_example_loss
+
+    empty = [torch.zeros(0, 1, 32), torch.zeros(0, 1, dtype=torch.long), torch.zeros(0, dtype=torch.long)]
+    assert per_example_loss(tasks["cuda"].new_model(), empty).shape == (0,)

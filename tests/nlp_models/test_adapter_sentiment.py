@@ -166,3 +166,32 @@ def test_config_is_validated():
         AdapterTaskConfig(public_fraction=1.0)
     with pytest.raises(ValueError, match="backbone"):
         AdapterTaskConfig(backbone="bert-base-uncased")
+
+
+def test_an_empty_poisson_batch_gives_a_zero_per_example_gradient_and_a_noise_only_dp_step(task):
+    """Opacus' Poisson sampler can draw an empty batch, which BERT's layers cannot take: the loss runs a
+    dummy row whose per-example gradient is exactly zero, so the DP-SGD step adds noise and nothing else."""
+    from opacus import GradSampleModule
+    from opacus.optimizers import DPOptimizer
+
+    from nlp_models.adapter_sentiment import per_example_loss
+
+    model = GradSampleModule(task.new_model())
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    before = [p.detach().clone() for p in trainable]
+    optimizer = DPOptimizer(torch.optim.SGD(trainable, lr=0.5), noise_multiplier=0.0, max_grad_norm=1.0,
+                            expected_batch_size=8)
+    empty = [torch.zeros(0, 7, HIDDEN, dtype=torch.float16), torch.zeros(0, 7, dtype=torch.long),
+             torch.zeros(0, dtype=torch.long)]
+    loss = per_example_loss(model, empty)
+    assert loss.shape == (0,)
+    (loss.sum() / max(loss.shape[0], 1)).backward()
+    assert all(p.grad_sample.shape[0] == 1 and not p.grad_sample.any() for p in trainable)
+    optimizer.step()
+    assert all(torch.equal(p.detach(), b) for p, b in zip(trainable, before))  # no noise: nothing moves
+    # a real batch still trains
+    optimizer.zero_grad()
+    batch = task.clients[1].train.batch(torch.arange(4))
+    per_example_loss(model, batch).mean().backward()
+    optimizer.step()
+    assert any(not torch.equal(p.detach(), b) for p, b in zip(trainable, before))

@@ -53,7 +53,8 @@ from nlp_models.classifiers import SuffixClassifier, make_head
 from nlp_models.cpu import training_attention
 from nlp_models.data.dataset import TextDataset
 from nlp_models.data.partition import Partition, client_splits, movie_clients
-from nlp_models.frozen_prefix import CachedBatch, CachedSplit, TopEncoder, build_prefix_cache, prefix_split
+from nlp_models.frozen_prefix import (CachedBatch, CachedSplit, TopEncoder, build_prefix_cache, dummy_if_empty,
+                                      prefix_split)
 from nlp_models.heads import classification_metrics
 
 ADAPTERS_PART = "adapters"
@@ -75,22 +76,14 @@ def _trim(hidden: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch
 
 def logits(model: nn.Module, batch: Sequence[torch.Tensor]) -> torch.Tensor:
     """Logits of a `CachedBatch` or of Opacus' [hidden, mask, labels] list, moved to the model's device
-    (Opacus may build an empty batch on the CPU).
-
-    An empty batch (Poisson sampling draws one now and then) cannot pass BERT's layers, which reshape
-    with an inferred dimension. It runs one all-zero dummy row instead and returns its logits cut to zero
-    rows: the loss is an empty sum, so the dummy's per-example gradient is exactly zero, and DP-SGD's step
-    (clip, sum, noise, divide by the expected batch size) is the step of an empty batch.
-    """
+    (Opacus may build an empty batch on the CPU). An empty batch runs one dummy row and returns its
+    logits cut to zero rows (`frozen_prefix.dummy_if_empty`: DP-SGD's empty-batch step)."""
     device = next(model.parameters()).device
-    hidden, mask = batch[0].to(device), batch[1].to(device)
-    if hidden.shape[0] == 0:
-        dummy, dummy_mask = hidden.new_zeros(1, 1, hidden.shape[-1]), mask.new_ones(1, 1)
-        with training_attention(device):
-            return model(dummy, dummy_mask)[:0]
-    hidden, mask = _trim(hidden, mask)
+    (hidden, mask, *_), empty = dummy_if_empty(batch)
+    hidden, mask = _trim(hidden.to(device), mask.to(device))
     with training_attention(device):  # math SDPA kernel when gradients flow: faster backward on CPU
-        return model(hidden, mask)
+        out = model(hidden, mask)
+    return out[:0] if empty else out
 
 
 def per_example_loss(model: nn.Module, batch: Sequence[torch.Tensor]) -> torch.Tensor:

@@ -213,6 +213,21 @@ class CachedSplit:
         return TensorDataset(self.hidden, self.attention_mask, self.labels)
 
 
+def dummy_if_empty(batch: Sequence[torch.Tensor]) -> tuple[list[torch.Tensor], bool]:
+    """An empty (hidden, mask, label, ...) batch from Opacus' Poisson sampler as one dummy row (zero states,
+    one attended position, label 0), and whether it was empty; other batches unchanged.
+
+    BERT's layers cannot take zero rows (they reshape with an inferred dimension). A caller that cuts its
+    per-example losses to zero rows (`losses[:0]`) gets an empty sum, so the dummy's per-example gradient
+    is exactly zero and DP-SGD takes the empty batch's step: clip, sum (nothing), noise.
+    """
+    hidden, mask = batch[0], batch[1]
+    if hidden.shape[0] > 0:
+        return list(batch), False
+    return [hidden.new_zeros(1, 1, hidden.shape[-1]), mask.new_ones(1, 1),
+            *(t.new_zeros(1, *t.shape[1:]) for t in batch[2:])], True
+
+
 def cache_splits(backbone: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, labels: torch.Tensor, *,
                  sizes: Mapping[str, int], split: int, device: torch.device | str) -> dict[str, CachedSplit]:
     """One client's consecutive splits (`sizes` in row order, e.g. train/validation/test) cached in one
@@ -244,4 +259,4 @@ def cache_texts(backbone: nn.Module, tokenizer: Any, texts: Sequence[str], label
 
 
 __all__ = ["PrefixCache", "prefix_split", "build_prefix_cache", "suffix_forward", "TopEncoder", "CachedBatch",
-           "CachedSplit", "cache_splits", "cache_texts"]
+           "CachedSplit", "dummy_if_empty", "cache_splits", "cache_texts"]

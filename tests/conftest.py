@@ -14,3 +14,24 @@ import torch  # noqa: E402
 
 # Two cores and many tiny models: one intra-op thread is faster and keeps tests independent of load.
 torch.set_num_threads(1)
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture
+def empty_first_poisson_batch(monkeypatch):
+    """Opacus' Poisson sampler serves an empty batch first, then its own draws: the case a DP-SGD loss must
+    survive. Yields the list of batch sizes served, so a test can show the empty one was used."""
+    from opacus.utils.uniform_sampler import UniformWithReplacementSampler
+
+    served: list[int] = []
+    original = UniformWithReplacementSampler.__iter__
+
+    def patched(self):
+        for i, indices in enumerate(original(self)):
+            indices = [] if i == 0 else indices
+            served.append(len(indices))
+            yield indices
+
+    monkeypatch.setattr(UniformWithReplacementSampler, "__iter__", patched)
+    return served

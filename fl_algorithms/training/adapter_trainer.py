@@ -37,7 +37,7 @@ from nlp_models.adapters import (AdapterConfig, attach_adapters, flatten_paramet
                                  set_parameters, set_trainable_sets)
 from nlp_models.classifiers import AdapterClassifier, FullModel, HeadsAndLabels, make_head
 from nlp_models.data.cross_task import ClientData
-from nlp_models.frozen_prefix import CachedSplit, TopEncoder
+from nlp_models.frozen_prefix import CachedSplit, TopEncoder, dummy_if_empty
 from nlp_models.heads import TextClassifier
 from nlp_models.lora import LoraSettings, add_lora, lora_parameters
 
@@ -317,11 +317,12 @@ class AdapterTrainer:
             with self._seeded(tag) as generator:
                 if self.dp_client is not None:
                     def per_example(m: nn.Module, batch: Sequence[torch.Tensor]) -> torch.Tensor:
+                        batch, empty = dummy_if_empty(batch)  # an empty Poisson batch: its noise-only step
                         terms = objective(getattr(m, "_module", m), batch)
                         if terms.batch is not None:
                             raise ValueError("a batch-level loss term has no per-example sensitivity bound under "
                                              "DP-SGD; set its weight to 0 (FedMCP: mu = 0)")
-                        return terms.per_example
+                        return terms.per_example[:0] if empty else terms.per_example
                     return self._dp_round(self.model, train.dataset(), per_example, epochs=epochs, round=round)
                 return run_epochs(
                     batches=lambda: (train.batch(index) for index in

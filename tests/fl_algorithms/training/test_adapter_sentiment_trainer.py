@@ -127,3 +127,13 @@ def test_fedavg_runs_over_the_plain_protocol(task):
     final = runner.algorithm.shared_parameters(runner.state)
     assert {k: v.shape for k, v in final.items()} == {k: v.shape for k, v in task.initial.items()}
     assert not np.array_equal(final[ADAPTERS_PART], task.initial[ADAPTERS_PART])
+
+
+def test_a_dp_client_takes_an_empty_poisson_batch(task, empty_first_poisson_batch):
+    quiet_dp_libraries()
+    configs = calibrated_dpsgd_configs(task, target_epsilon=8.0, delta=1e-5, max_grad_norm=1.0, local_epochs=1,
+                                       planned_rounds=3)
+    trainer = build_dp_trainers(task, dp_config=configs, ledger=Ledger(LedgerConfig(delta=1e-5)))[1]
+    report = trainer.train(epochs=1, round=1)
+    assert empty_first_poisson_batch[0] == 0 and report["steps"] == len(empty_first_poisson_batch)
+    assert np.isfinite(report["train_loss"]) and all(np.isfinite(v).all() for v in trainer.get_shared().values())

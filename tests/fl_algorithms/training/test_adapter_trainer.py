@@ -195,6 +195,17 @@ def test_dp_trainer_refuses_the_proximal_term(tiny_client):
     assert trainer.calls == 0  # refused before any training
 
 
+def test_a_dp_client_takes_an_empty_poisson_batch(tiny_client, empty_first_poisson_batch):
+    from dp.opacus_client import DPSGDConfig
+
+    backbone, client = tiny_client
+    trainer = AdapterTrainer(data=client, backbone=backbone, spec=BASELINE_MODEL, bottleneck=4, head_hidden=8, seed=0,
+                             config=TrainConfig(batch_size=4, dp=DPSGDConfig(noise_multiplier=1.0, batch_size=4)))
+    metrics = trainer.train(epochs=1)
+    assert empty_first_poisson_batch[0] == 0 and metrics["steps"] == len(empty_first_poisson_batch)
+    assert all(np.isfinite(v).all() for v in trainer.get_shared().values())
+
+
 def test_method_models_name_only_units_they_have():
     from fl_algorithms.training.adapter_trainer import LORA, LORA_MODEL, MethodModel
 

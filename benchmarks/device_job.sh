@@ -14,13 +14,9 @@
 set -u
 BUDGET=$1; shift
 T0=$(date +%s)
-if [ -f /tmp/site/.ready ]; then
-  export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
-else
-  # shellcheck disable=SC1091
-  source .bundle/setup.sh > "$OUT/setup.log" 2>&1 && touch /tmp/site/.ready
-  echo "setup: $(( $(date +%s) - T0 )) s"
-fi
+# shellcheck disable=SC1091
+source .bundle/setup.sh >> "$OUT/setup.log" 2>&1  # unpacks once per lease, then only sets the environment
+echo "setup: $(( $(date +%s) - T0 )) s"
 date -u
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"

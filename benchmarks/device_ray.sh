@@ -19,11 +19,10 @@ case "${1:-}" in
      python3 -m pip install -q --no-index --find-links $W --no-compile --prefix /tmp/rayprefix ray 2>&1 | tail -5
      PYTHONPATH=$(echo /tmp/rayprefix/lib/python3*/site-packages) python3 -c "import ray; print('ray', ray.__version__)" ;;
   run) shift
-     if [ ! -f /tmp/site/.ready ]; then
-       # shellcheck disable=SC1091
-       source .bundle/setup.sh > "$OUT/setup.log" 2>&1 && touch /tmp/site/.ready
-     fi
-     export PYTHONPATH=/tmp/site:$PWD:$(echo /tmp/rayprefix/lib/python3*/site-packages) PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+     # shellcheck disable=SC1091
+     source .bundle/setup.sh >> "$OUT/setup.log" 2>&1  # unpacks once per lease, then only sets the environment
+     set -eu
+     PYTHONPATH=$PYTHONPATH:$(echo /tmp/rayprefix/lib/python3*/site-packages)
      nproc; date -u
      python3 -m benchmarks.ray_speedup "$@" 2>&1 | tee "$OUT/ray_speedup.log" | tail -n 20 ;;
   *) echo "usage: bash benchmarks/device_ray.sh a | b | run [ray_speedup args]" >&2; exit 2 ;;

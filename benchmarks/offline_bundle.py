@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import importlib.metadata
 import io
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -127,8 +128,6 @@ def split_file(path: Path, first: Path, rest: Path, *, size: int) -> tuple[Path,
 def build_ray(out: Path, *, python: str) -> None:
     """Ray and its dependencies for the target Python in two carries: a/ the wheel's first RAY_PART
     bytes, b/ the rest and every dependency wheel."""
-    import shutil
-
     download = out / "download"
     shutil.rmtree(out / "a", ignore_errors=True)
     shutil.rmtree(out / "b", ignore_errors=True)
@@ -143,14 +142,18 @@ def build_ray(out: Path, *, python: str) -> None:
     print(f"ray bundle {out}: {RAY} for Python {python}; a/ {sizes['a']:.1f} MiB, b/ {sizes['b']:.1f} MiB")
 
 
-SETUP = """# source this on the offline host, from the repository root: unpacks the bundle under /tmp/site
+SETUP = """# source this on the offline host, from the repository root: unpacks the bundle under /tmp/site once
+# per lease (/tmp/site/.ready marks it done; later calls only set the environment)
 set -e
 B=$(cd "$(dirname "${{BASH_SOURCE[0]}}")" && pwd)
-mkdir -p /tmp/site
-tar xJf "$B/site.tar.xz" -C /tmp/site
-{python} -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$B"/whl/*.whl
-PYTHONPATH=/tmp/site {python} -m benchmarks.offline_bundle --restore "$B/minilm_fp16.safetensors" \\
-    --into /tmp/site/{model}/model/model.safetensors
+if [ ! -f /tmp/site/.ready ]; then
+  mkdir -p /tmp/site
+  tar xJf "$B/site.tar.xz" -C /tmp/site
+  {python} -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$B"/whl/*.whl
+  PYTHONPATH=/tmp/site {python} -m benchmarks.offline_bundle --restore "$B/minilm_fp16.safetensors" \\
+      --into /tmp/site/{model}/model/model.safetensors
+  touch /tmp/site/.ready
+fi
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 set +e
 """

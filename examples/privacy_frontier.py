@@ -63,6 +63,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         "below it release nothing (default %(default)g)")
     p.add_argument("--local-epochs", type=int, default=5)
     p.add_argument("--max-examples", type=int, default=None)
+    p.add_argument("--no-baselines", action="store_true",
+                   help="skip plaintext and SecAgg+: more epsilons for cells another run measured (then --combine both)")
     p.add_argument("--save-transcripts", action="store_true", help="export each run's server transcript (large)")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--combine", nargs="+", type=Path, metavar="RUN_DIR", default=None,
@@ -94,7 +96,7 @@ def configs(args: argparse.Namespace) -> list[FrontierConfig]:
                                       local_epochs=args.local_epochs,
                                       epsilons=tuple(args.epsilons or ((8.0,) if q else (1.0, 2.0, 4.0, 8.0))),
                                       mechanisms=tuple(args.mechanisms), save_transcripts=args.save_transcripts,
-                                      seed=seed))
+                                      baselines=not args.no_baselines, seed=seed))
     return out
 
 
@@ -157,9 +159,13 @@ def report(runs: list[dict[str, Any]], out: Path, *, sampler: str, seconds: floa
     head = max(r["cohort"] for r in rows)
     by = {r["setting"]: r for r in rows if r["cohort"] == head}
     top = "ddp_eps8" if "ddp_eps8" in by else max((k for k in by if k.startswith("ddp_")), default="secagg")
-    last = (f"frontier cohort={head} sampler={sampler} plain_adv={by['plain']['realistic_advantage']:.3f} "
-            f"{top}_adv={by[top]['realistic_advantage']:.3f} plain_acc={by['plain']['accuracy']:.3f} "
-            f"{top}_acc={by[top]['accuracy']:.3f} ledger={','.join(str(p) for p in ledgers)}")
+
+    def value(setting: str, key: str) -> str:  # 'na' where a part ran without it (--no-baselines, --mechanisms)
+        return f"{by[setting][key]:.3f}" if setting in by else "na"
+
+    last = (f"frontier cohort={head} sampler={sampler} plain_adv={value('plain', 'realistic_advantage')} "
+            f"{top}_adv={value(top, 'realistic_advantage')} plain_acc={value('plain', 'accuracy')} "
+            f"{top}_acc={value(top, 'accuracy')} ledger={','.join(str(p) for p in ledgers)}")
     print(last)
     return {"rows": rows, "runs": runs, "last_line": last, "seconds": seconds, "out": str(out)}
 

@@ -145,9 +145,14 @@ class FrontierConfig:
     shadow_views: int = 8
     """Aggregate shadow views (simulated cohort means) it calibrates on."""
     save_transcripts: bool = False
+    baselines: bool = True
+    """Also run plaintext and SecAgg+ (the epsilon = inf rows). False for a run that adds epsilons to cells
+    another run already measured: `--combine` joins them and pairs the costs with that run's plaintext."""
     seed: int = 0
 
     def __post_init__(self) -> None:
+        if not self.baselines and not (self.mechanisms and self.epsilons):
+            raise ValueError("without the baselines there must be a mechanism and an epsilon to run")
         if self.rounds < 1 or self.local_epochs < 1:
             raise ValueError("rounds and local_epochs must be positive")
         if not 2 <= self.cohort < self.task.num_clients:
@@ -168,7 +173,7 @@ class FrontierConfig:
         return self.cohort / self.task.num_clients
 
     def settings(self) -> list[Setting]:
-        out = [Setting("plain", "plaintext", "plain"), Setting("secagg", "SecAgg+", "secagg+")]
+        out = [Setting("plain", "plaintext", "plain"), Setting("secagg", "SecAgg+", "secagg+")] if self.baselines else []
         labels = {"ddp": "SecAgg+ + DDP", "central": "SecAgg+ + central DP", "dpsgd": "DP-SGD"}
         for mech in self.mechanisms:
             for e in self.epsilons:

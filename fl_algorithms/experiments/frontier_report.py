@@ -168,8 +168,8 @@ _VARYING = re.compile(r"\b(cohort|seed|epsilons|mechanisms|save_transcripts)=(\(
 
 def settings_key(run: Mapping[str, Any]) -> str:
     """What must agree between runs reported together: the model and the config without the cohort, seed,
-    epsilons and mechanisms (which a report may span)."""
-    config = run["config"]
+    epsilons, mechanisms and baselines (which a report may span)."""
+    config = re.sub(r", baselines=(True|False)", "", run["config"])  # which settings a part ran, like mechanisms
     if "cohort_tail=" not in config:  # recorded before the floor's quantile was configurable: the default then
         config = re.sub(r"(sampler='\w+', )", rf"\g<1>cohort_tail={COHORT_TAIL!r}, ", config, count=1)
     return f"{run['model']}:" + _VARYING.sub(r"\1=*", config)

@@ -221,3 +221,19 @@ def test_combine_reports_finished_runs_without_running_anything(sweep, tmp_path)
     assert ddp["cost_vs_plain"] == pytest.approx(100 * (plain["accuracy"] - ddp["accuracy"]))  # same two seeds
     with pytest.raises(ValueError, match="also in"):
         _run(["--combine", str(run), str(run), "--out", str(tmp_path), "--run-name", "twice"])
+
+
+def test_a_part_without_baselines_reports_na_where_plaintext_would_be(sweep, tmp_path):
+    summary, _, run = sweep
+    parts = [dict(r, results={k: v for k, v in r["results"].items() if k not in ("plain", "secagg")})
+             for r in summary["runs"]]
+    import contextlib
+    import io
+
+    with contextlib.redirect_stdout(io.StringIO()):
+        out = frontier.report(parts, tmp_path, sampler="poisson", seconds=1.0, ledgers=[run / "ledger.json"])
+    ddp = next(r for r in summary["rows"] if r["setting"] == "ddp_eps8")
+    assert out["last_line"].startswith(f"frontier cohort=8 sampler=poisson plain_adv=na "
+                                       f"ddp_eps8_adv={ddp['realistic_advantage']:.3f} plain_acc=na "
+                                       f"ddp_eps8_acc={ddp['accuracy']:.3f} ledger=")
+    assert all(r["cost_vs_plain"] is None for r in out["rows"])

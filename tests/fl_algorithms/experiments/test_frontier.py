@@ -58,3 +58,13 @@ def test_run_frontier_releases_each_transcript_once_it_is_measured(monkeypatch):
     alive.clear()
     gc.collect()
     assert all(r() is None for r in refs)
+
+
+def test_without_baselines_only_the_noised_settings_run_and_there_must_be_one():
+    cfg = FrontierConfig(task=TASK, cohort=20, epsilons=(1.0, 2.0), mechanisms=("ddp", "central"), baselines=False)
+    assert [s.name for s in cfg.settings()] == ["ddp_eps1", "ddp_eps2", "central_eps1", "central_eps2"]
+    assert [s.name for s in FrontierConfig(task=TASK, cohort=20, epsilons=(1.0,), mechanisms=("ddp",)).settings()][:2] \
+        == ["plain", "secagg"]
+    for empty in ({"mechanisms": ()}, {"epsilons": ()}):
+        with pytest.raises(ValueError, match="without the baselines"):
+            FrontierConfig(task=TASK, cohort=20, baselines=False, **empty)

@@ -89,6 +89,17 @@ def test_combine_refuses_runs_whose_settings_differ():
         fr.combine([("empty", {"runs": []})])
 
 
+def test_a_part_run_without_baselines_joins_the_run_that_has_them():
+    more = run(20, 0, {"ddp_eps1": 0.4})
+    more["config"] = more["config"].replace("save_transcripts=False, ", "save_transcripts=False, baselines=False, ")
+    assert fr.settings_key(more) == fr.settings_key(run(20, 0, {"plain": 0.7}))
+    rows = {r["setting"]: r for r in fr.summarise(fr.combine([("a", {"runs": [run(20, 0, {"plain": 0.7})]}),
+                                                              ("more", {"runs": [more]})]))}
+    assert rows["ddp_eps1"]["cost_vs_plain"] == pytest.approx(30.0)
+    alone = {r["setting"]: r for r in fr.summarise([more])}  # no plaintext to pair with: no cost, not a zero
+    assert alone["ddp_eps1"]["cost_vs_plain"] is None
+
+
 def test_load_results_reads_directories_and_says_what_is_missing(tmp_path):
     (tmp_path / "r").mkdir()
     (tmp_path / "r" / "results.json").write_text('{"runs": []}')

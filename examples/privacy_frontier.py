@@ -130,15 +130,17 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             tasks = {cfg.task: load_bag_task(cfg.task) if args.model == "bag"
                      else load_adapter_task(cfg.task, progress=progress, device=args.device)}
         tag = f"cohort{cfg.cohort}-seed{cfg.seed}"
+        cell = {"model": args.model, "cohort": cfg.cohort, "seed": cfg.seed, "config": repr(cfg), "results": {},
+                "task": tasks[cfg.task].summary()}
+        runs.append(cell)
 
-        def keep(name, run, _result, tag=tag):  # written as each run ends: nothing lost on a crash
-            ledgers[f"{tag}/{name}"] = {"parameters": run.parameters, "ledger": run.ledger.report()}
+        def keep(name, run, result, tag=tag, cell=cell):  # written as each setting ends: a crash or a kill
+            ledgers[f"{tag}/{name}"] = {"parameters": run.parameters, "ledger": run.ledger.report()}  # loses one
             _write_json(ledger_path, {"format": LEDGERS_FORMAT, "runs": ledgers})
+            cell["results"][name] = result
+            _write_json(results_path, {"runs": runs})
 
-        results, _ = run_frontier(tasks[cfg.task], cfg, progress=progress, out_dir=out / tag, on_result=keep)
-        runs.append({"model": args.model, "cohort": cfg.cohort, "seed": cfg.seed, "config": repr(cfg), "results": results,
-                     "task": tasks[cfg.task].summary()})
-        _write_json(results_path, {"runs": runs})
+        run_frontier(tasks[cfg.task], cfg, progress=progress, out_dir=out / tag, on_result=keep)
     return report(runs, out, sampler=args.sampler, seconds=time.perf_counter() - t0, ledgers=[ledger_path])
 
 

@@ -237,3 +237,31 @@ def test_a_part_without_baselines_reports_na_where_plaintext_would_be(sweep, tmp
                                        f"ddp_eps8_adv={ddp['realistic_advantage']:.3f} plain_acc=na "
                                        f"ddp_eps8_acc={ddp['accuracy']:.3f} ledger=")
     assert all(r["cost_vs_plain"] is None for r in out["rows"])
+
+
+def test_each_setting_is_saved_as_it_ends_so_a_killed_run_keeps_what_it_measured(tmp_path, monkeypatch):
+    class Task:
+        def summary(self):
+            return {"clients": 30}
+
+    class Run:
+        parameters = {"mechanism": "none"}
+
+        class ledger:  # noqa: N801 - stands in for the Ledger instance
+            @staticmethod
+            def report():
+                return {"entries": []}
+
+    def killed_after_two(task, cfg, *, progress, out_dir, on_result):
+        for name in ("plain", "secagg"):
+            on_result(name, Run(), {"accuracy": 0.5})
+        raise KeyboardInterrupt  # as a kill midway through the third setting
+
+    monkeypatch.setattr(frontier, "load_bag_task", lambda cfg: Task())
+    monkeypatch.setattr(frontier, "run_frontier", killed_after_two)
+    with pytest.raises(KeyboardInterrupt):
+        frontier.main(TINY + ["--out", str(tmp_path), "--run-name", "killed"])
+    saved = json.loads((tmp_path / "killed" / "results.json").read_text())
+    assert [(r["cohort"], r["seed"], sorted(r["results"])) for r in saved["runs"]] == [(8, 0, ["plain", "secagg"])]
+    assert sorted(json.loads((tmp_path / "killed" / "ledger.json").read_text())["runs"]) == \
+        ["cohort8-seed0/plain", "cohort8-seed0/secagg"]

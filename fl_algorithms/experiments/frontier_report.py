@@ -37,19 +37,31 @@ def _eps(v: Any) -> float:
     return float("inf") if v in ("inf", None) else float(v)
 
 
+KINDS = tuple(KIND_STYLE)
+"""The table's order of setting kinds."""
+
+
 def kind(setting: str) -> str:
     """'plain', 'secagg', 'ddp', 'central' or 'dpsgd' from a setting name such as 'ddp_eps8'."""
     return setting.split("_")[0]
 
 
 def summarise(runs: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """One row per (cohort, setting): mean and 95% CI over seeds, and the cost against plaintext (points)."""
+    """One row per (cohort, setting): mean and 95% CI over seeds, and the cost against plaintext (points).
+    Rows run by cohort, then mechanism (plaintext, SecAgg+, DDP, central DP, DP-SGD), then epsilon, whatever
+    order the parts measured them in."""
     order: list[str] = []
     for r in runs:
         order += [name for name in r["results"] if name not in order]
+
+    def place(name: str) -> tuple[int, float, int]:
+        k = kind(name)
+        eps = float(name.split("_eps", 1)[1]) if "_eps" in name else 0.0
+        return (KINDS.index(k) if k in KINDS else len(KINDS), eps, order.index(name))
+
     rows = []
     for cohort, name in sorted({(r["cohort"], n) for r in runs for n in r["results"]},
-                               key=lambda k: (k[0], order.index(k[1]))):
+                               key=lambda k: (k[0], *place(k[1]))):
         mine = [r for r in runs if r["cohort"] == cohort and name in r["results"]]
         per = [r["results"][name] for r in mine]
         unit = per[0]["epsilon_unit"]

@@ -113,3 +113,12 @@ def test_plots(tmp_path):
     assert fr.plot_frontier(rows, tmp_path / "f.png").stat().st_size > 0
     assert fr.plot_cost(rows, tmp_path / "c.png").stat().st_size > 0
     assert fr.plot_cost([r for r in rows if r["setting"] == "plain"], tmp_path / "none.png") is None
+
+
+def test_rows_follow_mechanism_then_epsilon_whatever_order_the_parts_ran_in():
+    first = run(20, 0, {"plain": 0.7, "secagg": 0.7, "ddp_eps8": 0.6, "dpsgd_eps8": 0.6})
+    later = run(20, 0, {"dpsgd_eps1": 0.5, "ddp_eps1": 0.4, "ddp_eps2": 0.45})
+    later["config"] = later["config"].replace("save_transcripts=False, ", "save_transcripts=False, baselines=False, ")
+    rows = fr.summarise(fr.combine([("a", {"runs": [first]}), ("b", {"runs": [later]})]))
+    assert [r["setting"] for r in rows] == ["plain", "secagg", "ddp_eps1", "ddp_eps2", "ddp_eps8", "dpsgd_eps1",
+                                            "dpsgd_eps8"]

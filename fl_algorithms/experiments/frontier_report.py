@@ -53,15 +53,9 @@ def summarise(runs: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     order: list[str] = []
     for r in runs:
         order += [name for name in r["results"] if name not in order]
-
-    def place(name: str) -> tuple[int, float, int]:
-        k = kind(name)
-        eps = float(name.split("_eps", 1)[1]) if "_eps" in name else 0.0
-        return (KINDS.index(k) if k in KINDS else len(KINDS), eps, order.index(name))
-
     rows = []
     for cohort, name in sorted({(r["cohort"], n) for r in runs for n in r["results"]},
-                               key=lambda k: (k[0], *place(k[1]))):
+                               key=lambda k: (k[0], order.index(k[1]))):
         mine = [r for r in runs if r["cohort"] == cohort and name in r["results"]]
         per = [r["results"][name] for r in mine]
         unit = per[0]["epsilon_unit"]
@@ -81,7 +75,8 @@ def summarise(runs: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
                                   for x in per)
         row["skipped_rounds"] = sum(x["skipped_rounds"] for x in per)
         rows.append(row)
-    return rows
+    rank = {k: i for i, k in enumerate(KINDS)}
+    return sorted(rows, key=lambda r: (r["cohort"], rank.get(kind(r["setting"]), len(KINDS)), r["epsilon_target"] or 0.0))
 
 
 def _pm(row: Mapping[str, Any], key: str, fmt: str = ".3f") -> str:

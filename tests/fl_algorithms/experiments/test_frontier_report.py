@@ -23,7 +23,8 @@ def result(name: str, acc: float, *, eps: float | None = None, adv: float = 0.0)
 
 
 def run(cohort: int, seed: int, accs: dict[str, float], *, rounds: int = 20) -> dict:
-    results = {name: result(name, a, eps=None if name in ("plain", "secagg") else 8.0, adv=1.0 if name == "plain" else 0.0)
+    results = {name: result(name, a, eps=None if name in ("plain", "secagg") else float(name.split("_eps")[1]),
+                            adv=1.0 if name == "plain" else 0.0)
                for name, a in accs.items()}
     return {"model": "bag", "cohort": cohort, "seed": seed, "config": CONFIG.format(seed=seed, rounds=rounds, cohort=cohort),
             "results": results, "task": {}}

@@ -1,0 +1,175 @@
+"""Recompute a written ledger's epsilons from what the file records, by dp_accounting and scipy directly.
+
+The check a reviewer runs on a ledger.json: every entry's epsilon is recomputed from its recorded
+mechanism, count, delta and sampler, without the ledger's composition code (`dp.ledger`), and every
+label ('unit/observer') holding a single entry must report that entry's epsilon. Labels composed of
+several entries are counted as `composite` and not recomputed here (none of the examples' ledgers
+has one today): the summary says how many, so nothing is passed silently.
+
+Skellam entries use `dp.accounting.skellam_curve`, the RDP curve of the distributed Skellam
+mechanism, because dp_accounting has no event for it; everything else is dp_accounting's own.
+
+    python -m dp.recompute results/privacy_frontier/RUN/ledger.json [more ...]
+
+prints one line per file and ends with
+`recompute ledgers=N entries=N labels=N composite_labels=N max_rel_diff=X mismatches=N`; the exit
+status is 1 when any epsilon disagrees (relative tolerance 1e-6).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from collections import defaultdict
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+TOLERANCE = 1e-6
+
+
+def recompute_entry(entry: Mapping[str, Any]) -> float:
+    """One ledger entry's epsilon from its recorded mechanism, sampler, count and delta."""
+    import dp_accounting
+    from dp_accounting import rdp
+    from scipy import stats
+
+    from dp.accounting import ORDERS, skellam_curve
+
+    m, s, count = entry["mechanism"], entry["sampling"], entry["count"]
+    if m["name"] == "non_private":
+        return math.inf
+    if m["name"] == "no_release":
+        return 0.0
+    q = m["sampling_rate"]
+    if m.get("sample_size") is not None:  # a fixed-size cohort: replace-one, without replacement, no boundary
+        if s["scheme"] != "fixed_size" or round(s["rate"] * s["population"]) != m["sample_size"]:
+            raise ValueError(f"a without-replacement entry whose sampler record disagrees: {s}")
+        acc = rdp.RdpAccountant(neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_ONE)
+        acc.compose(dp_accounting.SelfComposedDpEvent(dp_accounting.SampledWithoutReplacementDpEvent(
+            m["population"], m["sample_size"], dp_accounting.GaussianDpEvent(m["noise_multiplier"])), count))
+        return acc.get_epsilon(entry["delta"])
+    boundary = 0.0
+    if q < 1 and s["min_cohort"] > 0:  # rounds that sampled below the release floor spend delta (dp.sampling)
+        if s["scheme"] != "poisson" or s["rate"] != q:
+            raise ValueError(f"an amplified entry whose sampler record disagrees: {s}")
+        boundary = count * stats.binom.pmf(s["min_cohort"] - 1, s["population"] - 1, q)
+    delta = entry["delta"] - boundary
+    if delta <= 0:
+        return math.inf
+    if m["name"] == "gaussian":
+        event = dp_accounting.GaussianDpEvent(m["noise_multiplier"])
+        if q < 1:
+            event = dp_accounting.PoissonSampledDpEvent(q, event)
+        acc = rdp.RdpAccountant()
+        acc.compose(dp_accounting.SelfComposedDpEvent(event, count))
+        return acc.get_epsilon(delta)
+    if m["name"] != "skellam":
+        raise ValueError(f"no recomputation for mechanism {m['name']!r}")
+    curve = count * skellam_curve(l1=m["l1_sensitivity"], l2=m["l2_sensitivity"], variance=m["variance"],
+                                  sampling_rate=q, orders=ORDERS)
+    eps, _ = rdp.compute_epsilon(list(ORDERS), list(curve), delta)
+    return eps
+
+
+def _recorded(value: Any) -> float:
+    return math.inf if value == "inf" else float(value)
+
+
+def _relative(a: float, b: float) -> float:
+    if math.isinf(a) or math.isinf(b):
+        return 0.0 if a == b else math.inf
+    return abs(a - b) / abs(b) if b else abs(a)
+
+
+@dataclass
+class Check:
+    """What a recomputation found: counts, the largest relative difference, and each disagreement."""
+    ledgers: int = 0
+    entries: int = 0
+    labels: int = 0
+    composite_labels: int = 0
+    max_rel_diff: float = 0.0
+    mismatches: list[str] = field(default_factory=list)
+
+    def line(self) -> str:
+        return (f"recompute ledgers={self.ledgers} entries={self.entries} labels={self.labels} "
+                f"composite_labels={self.composite_labels} max_rel_diff={self.max_rel_diff:.3g} "
+                f"mismatches={len(self.mismatches)}")
+
+
+def _reports(doc: Mapping[str, Any]) -> Iterator[tuple[str, Mapping[str, Any]]]:
+    """(name, ledger report) pairs of a file: one `Ledger.report()`, or a runs document holding several."""
+    if "clients" in doc:
+        yield "", doc
+    elif isinstance(doc.get("runs"), Mapping):
+        for name, run in doc["runs"].items():
+            yield name, run["ledger"]
+    else:
+        raise ValueError("neither a ledger report (a 'clients' map) nor a runs document (a 'runs' map)")
+
+
+def check_document(doc: Mapping[str, Any], *, check: Check | None = None, where: str = "") -> Check:
+    """Recompute every entry and every single-entry label of one ledger file's document."""
+    check = check or Check()
+    cache: dict[str, float] = {}  # identical recorded inputs give identical epsilons: computed once
+    check.ledgers += 1
+    for name, report in _reports(doc):
+        for cid, account in report["clients"].items():
+            by_label: dict[str, list[float]] = defaultdict(list)
+            for e in account["entries"]:
+                key = json.dumps({k: e[k] for k in ("mechanism", "sampling", "count", "delta")}, sort_keys=True)
+                if key not in cache:
+                    cache[key] = recompute_entry(e)
+                got = cache[key]
+                diff = _relative(got, _recorded(e["epsilon"]))
+                check.entries += 1
+                check.max_rel_diff = max(check.max_rel_diff, diff)
+                if diff > TOLERANCE:
+                    check.mismatches.append(f"{where}{name} client {cid} entry {e['mechanism']['name']}/"
+                                            f"{e['observer']}: recorded {e['epsilon']}, recomputed {got}")
+                by_label[f"{e['unit']}/{e['observer']}"].append(got)
+            for label, recorded in account["epsilon"].items():
+                check.labels += 1
+                mine = by_label.get(label, [])
+                if len(mine) != 1:
+                    check.composite_labels += 1
+                    continue
+                diff = _relative(mine[0], _recorded(recorded))
+                check.max_rel_diff = max(check.max_rel_diff, diff)
+                if diff > TOLERANCE:
+                    check.mismatches.append(f"{where}{name} client {cid} label {label}: recorded {recorded}, "
+                                            f"recomputed {mine[0]}")
+    return check
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    import logging
+
+    parser = argparse.ArgumentParser(prog="python -m dp.recompute", description=__doc__.split("\n")[0])
+    parser.add_argument("ledgers", nargs="+", type=Path, help="ledger.json files")
+    args = parser.parse_args(argv)
+    missing = [str(p) for p in args.ledgers if not p.is_file()]
+    if missing:
+        parser.error(f"no such file: {', '.join(missing)}")
+    logging.getLogger("absl").setLevel(logging.ERROR)  # dp_accounting warns per order it drops, as the ledger did
+    total = Check()
+    for path in args.ledgers:
+        try:
+            one = check_document(json.loads(path.read_text()), where=f"{path}: ")
+        except (ValueError, KeyError, TypeError) as error:
+            parser.error(f"{path}: not a ledger this check reads ({error})")
+        print(f"{path}: {one.line()}", flush=True)
+        for k in ("ledgers", "entries", "labels", "composite_labels"):
+            setattr(total, k, getattr(total, k) + getattr(one, k))
+        total.max_rel_diff = max(total.max_rel_diff, one.max_rel_diff)
+        total.mismatches += one.mismatches
+    for text in total.mismatches[:20]:
+        print("mismatch:", text)
+    print(total.line())
+    return 1 if total.mismatches else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

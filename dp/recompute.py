@@ -13,7 +13,8 @@ mechanism, because dp_accounting has no event for it; everything else is dp_acco
 
 prints one line per file and ends with
 `recompute ledgers=N entries=N labels=N composite_labels=N max_rel_diff=X mismatches=N`; the exit
-status is 1 when any epsilon disagrees (relative tolerance 1e-6).
+status is 1 when any epsilon disagrees (relative tolerance 1e-6) or an entry claims amplification its
+recorded sampler does not back, 2 when a file is not a ledger.
 """
 from __future__ import annotations
 
@@ -27,6 +28,10 @@ from pathlib import Path
 from typing import Any
 
 TOLERANCE = 1e-6
+
+
+class RecordDisagrees(ValueError):
+    """An entry claims amplification its own sampler record does not back: a mismatch, not bad input."""
 
 
 def recompute_entry(entry: Mapping[str, Any]) -> float:
@@ -45,7 +50,7 @@ def recompute_entry(entry: Mapping[str, Any]) -> float:
     q = m["sampling_rate"]
     if m.get("sample_size") is not None:  # a fixed-size cohort: replace-one, without replacement, no boundary
         if s["scheme"] != "fixed_size" or round(s["rate"] * s["population"]) != m["sample_size"]:
-            raise ValueError(f"a without-replacement entry whose sampler record disagrees: {s}")
+            raise RecordDisagrees(f"a without-replacement entry whose sampler record disagrees: {s}")
         acc = rdp.RdpAccountant(neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_ONE)
         acc.compose(dp_accounting.SelfComposedDpEvent(dp_accounting.SampledWithoutReplacementDpEvent(
             m["population"], m["sample_size"], dp_accounting.GaussianDpEvent(m["noise_multiplier"])), count))
@@ -53,7 +58,7 @@ def recompute_entry(entry: Mapping[str, Any]) -> float:
     boundary = 0.0
     if q < 1 and s["min_cohort"] > 0:  # rounds that sampled below the release floor spend delta (dp.sampling)
         if s["scheme"] != "poisson" or s["rate"] != q:
-            raise ValueError(f"an amplified entry whose sampler record disagrees: {s}")
+            raise RecordDisagrees(f"an amplified entry whose sampler record disagrees: {s}")
         boundary = count * stats.binom.pmf(s["min_cohort"] - 1, s["population"] - 1, q)
     delta = entry["delta"] - boundary
     if delta <= 0:
@@ -158,6 +163,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     for path in args.ledgers:
         try:
             one = check_document(json.loads(path.read_text()), where=f"{path}: ")
+        except RecordDisagrees as error:  # the file is a ledger; what it claims is not what it recorded
+            one = Check(ledgers=1, mismatches=[f"{path}: {error}"])
         except (ValueError, KeyError, TypeError) as error:
             parser.error(f"{path}: not a ledger this check reads ({error})")
         print(f"{path}: {one.line()}", flush=True)

@@ -76,6 +76,12 @@ def test_the_command_reads_runs_documents_and_fails_on_a_mismatch(tmp_path, caps
     out = capsys.readouterr().out
     assert "mismatch:" in out and "client 2 label client/outsider: recorded 0.5" in out
     assert out.strip().splitlines()[-1].endswith("mismatches=1")
+    inflated = copy.deepcopy(_report())
+    inflated["clients"]["1"]["entries"][0]["mechanism"]["sampling_rate"] = 0.1  # more amplification than sampled
+    claimed = tmp_path / "inflated.json"
+    claimed.write_text(json.dumps(inflated))
+    assert main([str(claimed)]) == 1
+    assert "sampler record disagrees" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize(("content", "message"), [(None, "no such file"), ("{}", "not a ledger this check reads"),

@@ -4,6 +4,7 @@ classification, sequence tagging, extractive QA and seq2seq, under FedAvg, FedPr
     python examples/fednlp_benchmark.py --quick      # 4 tasks x 3 algorithms, SecAgg+, < 10 min on 2 cores
     python examples/fednlp_benchmark.py              # + non-IID partitions, 3 seeds (a GPU-sized run)
     python examples/fednlp_benchmark.py --resume results/fednlp_grid/<run>   # finish an interrupted grid
+    python examples/fednlp_benchmark.py --resume results/fednlp_grid/<run> --algorithms fedprox  # grow it
     python examples/fednlp_benchmark.py --quick --freezing 0,2,4,5   # FedNLP's layer-freezing study
 
 Tasks (offline stand-ins, see each module): BBC topics (fl_algorithms.tasks.classification), tweets
@@ -32,6 +33,7 @@ plaintext twin's seconds per round and the secure sum's seconds per round (FedAv
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -44,7 +46,7 @@ import torch
 
 from fl_algorithms.experiments.cli import (add_worker_args, append_cell, comma_list, open_run, parse_grid_args,
                                            read_cells, start_workers)
-from fl_algorithms.experiments.fednlp_grid import (ALGORITHMS, METRIC_NAMES, PROTOCOLS, GridPlan, aggregate,
+from fl_algorithms.experiments.fednlp_grid import (ALGORITHMS, METRIC_NAMES, PROTOCOLS, WIDENABLE, GridPlan, aggregate,
                                                    cell_key, encoder_bound, flat_vector, load_formulation, partition_for,
                                                    plan_from_record, plan_record, plot_curves, run_cell,
                                                    write_table)
@@ -86,7 +88,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="torch threads (default: 2, or 1 on a one-core machine)")
     p.add_argument("--out", metavar="DIR")
     p.add_argument("--run-name", metavar="NAME")
-    p.add_argument("--resume", metavar="RUN_DIR", help="finish a grid: its saved plan, finished cells skipped")
+    p.add_argument("--resume", metavar="RUN_DIR", help="finish a grid: its saved plan, finished cells skipped; with --tasks/--algorithms/--partitions/"
+                        "--protocols/--seeds, grow the saved plan by those values first")
     p.add_argument("--freezing", type=comma_list(int, what="frozen layer count"), default=None, metavar="K,K,..",
                    help="run FedNLP's layer-freezing study instead of the grid: BBC topics with the embeddings and "
                         "the bottom K layers frozen, the rest trained whole, centralised and FedOPT (e.g. 0,2,4,5)")
@@ -117,6 +120,30 @@ def build_plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Gri
         return GridPlan(**{**base, **chosen, "formulation": formulation, "per_task": per_task})
     except ValueError as error:
         parser.error(str(error))
+
+
+def widen_saved_plan(parser: argparse.ArgumentParser, args: argparse.Namespace, run: Path, plan: GridPlan) -> GridPlan:
+    """`--resume RUN_DIR` with --tasks/--algorithms/--partitions/--protocols/--seeds grows the saved plan
+    by those values (saved to RUN_DIR/plan.json; finished cells are kept), so a grid can be finished
+    in parts, e.g. FedProx or another partition added to cells already run. Options that would change
+    a finished cell's meaning (--quick, --rounds, --clients, --max-examples) are refused, not ignored."""
+    fixed = [flag for flag, given in (("--quick", args.quick), ("--rounds", args.rounds is not None),
+                                      ("--clients", args.clients is not None),
+                                      ("--max-examples", args.max_examples is not None)) if given]
+    if fixed:
+        parser.error(f"--resume {run}: its saved plan fixes {', '.join(fixed)}; a resumed grid can only grow "
+                     f"by --{', --'.join(WIDENABLE)}")
+    lists = {name: getattr(args, name) for name in WIDENABLE if getattr(args, name) is not None}
+    try:
+        for text in lists.get("partitions", ()):
+            PartitionSpec.parse(text)
+        wider = plan.widened(**lists)
+    except ValueError as error:
+        parser.error(f"--resume {run}: {error}")
+    if wider != plan:
+        (run / "plan.json").write_text(json.dumps(plan_record(wider), indent=2))
+        print(f"plan widened: {len(plan.cells())} -> {len(wider.cells())} runs", flush=True)
+    return wider
 
 
 def secure_vs_plain(secure: Sequence[np.ndarray], plain: Sequence[np.ndarray], *, initial: np.ndarray,
@@ -188,6 +215,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         return freezing_main(args, parser, device=device)
     run, plan = open_run(parser, args, default_out=DEFAULT_OUT, build=lambda: build_plan(args, parser),
                          load=plan_from_record, record=plan_record)
+    if args.resume:
+        plan = widen_saved_plan(parser, args, run, plan)
     torch.set_num_threads(args.threads)
     t0 = time.perf_counter()
     cells_path = run / "cells.jsonl"

@@ -92,6 +92,10 @@ def load_formulation(task: str, settings: FormulationSettings, *, backbone: str,
     return getattr(importlib.import_module(module), name)(settings, backbone=backbone, device=device)
 
 
+WIDENABLE = ("tasks", "algorithms", "partitions", "protocols", "seeds")
+"""The plan's lists that `GridPlan.widened` may extend on a resumed run; its other settings are fixed."""
+
+
 @dataclass(frozen=True)
 class GridPlan:
     tasks: tuple[str, ...] = TASKS
@@ -132,6 +136,27 @@ class GridPlan:
     def settings(self, task: str, *, partition: str, seed: int) -> FormulationSettings:
         return FormulationSettings(**{**TASK_DEFAULTS[task], **self.formulation, **self.per_task.get(task, {}),
                                       "partition": partition, "seed": seed})
+
+    def widened(self, **lists: Sequence[Any]) -> "GridPlan":
+        """This plan with more tasks, algorithms, partitions, protocols or seeds (`--resume RUN --seeds 3,4`).
+        The saved values come first and keep their order, so finished cells keep their keys and the
+        first seed and partition stay the ones the summary lines track; values the plan already has
+        (a partition by its meaning: 'label:0.10' is 'label:0.1') are skipped."""
+        unknown = set(lists) - set(WIDENABLE)
+        if unknown:
+            raise ValueError(f"only {', '.join(WIDENABLE)} can grow on a saved plan, not {', '.join(sorted(unknown))}")
+        changes = {}
+        for name, values in lists.items():
+            current = tuple(getattr(self, name))
+            same = PartitionSpec.parse if name == "partitions" else (lambda v: v)
+            seen = {same(v) for v in current}
+            added = []
+            for value in values:
+                if same(value) not in seen:
+                    seen.add(same(value))
+                    added.append(value)
+            changes[name] = current + tuple(added)
+        return dataclasses.replace(self, **changes)
 
     def cells(self) -> list[dict[str, Any]]:
         """Every run, task-major (one task's clients are built once per partition and seed)."""
@@ -306,6 +331,6 @@ def plan_from_record(raw: Mapping[str, Any]) -> GridPlan:
 
 
 __all__ = ["FORMULATIONS", "ALGORITHMS", "PROTOCOLS", "METRIC_NAMES", "TASK_DEFAULTS", "AlgorithmSettings",
-           "make_algorithm", "load_formulation", "GridPlan", "cell_key", "secure_config", "flat_vector", "shared_vector", "run_cell",
+           "make_algorithm", "load_formulation", "GridPlan", "WIDENABLE", "cell_key", "secure_config", "flat_vector", "shared_vector", "run_cell",
            "encoder_bound", "aggregate", "write_table", "plot_curves", "plan_record",
            "plan_from_record", "partition_for"]

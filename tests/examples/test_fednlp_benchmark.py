@@ -70,6 +70,34 @@ def test_workers_keep_a_task_and_its_plaintext_twin_together(tmp_path, capsys):
         bench.main(["--quick", "--freezing", "0,2", "--workers", "2", "--out", str(tmp_path)])
 
 
+@pytest.mark.slow
+def test_a_resumed_grid_grows_by_new_algorithms_and_keeps_its_finished_cells(tmp_path, capsys):
+    out = bench.main(TINY + ["--tasks", "classification", "--out", str(tmp_path), "--run-name", "g"])
+    run = out["run"]
+    before = (run / "cells.jsonl").read_text().splitlines()
+    assert len(before) == 3
+    grown = bench.main(["--resume", str(run), "--algorithms", "fedprox", "--no-progress"])
+    printed = capsys.readouterr().out
+    assert "plan widened: 3 -> 4 runs" in printed and "3 already done" in printed
+    after = (run / "cells.jsonl").read_text().splitlines()
+    assert after[:3] == before and json.loads(after[3])["algorithm"] == "fedprox"
+    assert json.loads((run / "plan.json").read_text())["algorithms"] == ["fedavg", "fedopt", "fedprox"]
+    assert re.search(r"fedprox=\d\.\d{4}", grown["lines"][0])
+
+
+def test_a_resumed_grid_refuses_settings_its_finished_cells_fixed(tmp_path, capsys):
+    from fl_algorithms.experiments.fednlp_grid import GridPlan, plan_record
+
+    (tmp_path / "plan.json").write_text(json.dumps(plan_record(GridPlan(tasks=("classification",)))))
+    for extra, said in ((["--rounds", "9"], "fixes --rounds"), (["--quick"], "fixes --quick"),
+                        (["--partitions", "dirichlet:1"], "partition")):
+        with pytest.raises(SystemExit):
+            bench.main(["--resume", str(tmp_path), "--no-progress", *extra])
+        assert said in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["plan.json"]
+    assert json.loads((tmp_path / "plan.json").read_text())["algorithms"] == ["fedavg", "fedprox", "fedopt"]
+
+
 def test_bad_arguments_are_refused_before_any_run(tmp_path):
     with pytest.raises(SystemExit):
         bench.main(["--quick", "--partitions", "dirichlet:1", "--out", str(tmp_path)])

@@ -48,6 +48,27 @@ def test_bad_plans_are_refused(bad, match):
         GridPlan(**bad)
 
 
+def test_a_widened_plan_keeps_every_finished_cell_and_its_first_seed_and_partition():
+    plan = GridPlan(tasks=("classification",), algorithms=("fedavg", "fedopt"), partitions=("label:0.1", "iid"),
+                    seeds=(2, 0))
+    wider = plan.widened(algorithms=("fedprox", "fedavg"), partitions=("iid", "label:0.10", "quantity:1"), seeds=(1,))
+    assert wider.algorithms == ("fedavg", "fedopt", "fedprox")
+    assert wider.partitions == ("label:0.1", "iid", "quantity:1")  # 'label:0.10' is the saved 'label:0.1'
+    assert wider.seeds == (2, 0, 1) and wider.rounds == plan.rounds and wider.formulation == plan.formulation
+    old = {cell_key(c) for c in plan.cells()}
+    new = {cell_key(c) for c in wider.cells()}
+    assert old < new and len(new) == 3 * 3 * (3 + 1)
+    assert plan.widened() == plan and plan.widened(seeds=(0, 2)) == plan
+
+
+@pytest.mark.parametrize("change, match", [(dict(rounds=(9,)), "only tasks"), (dict(algorithms=("scaffold",)), "algorithm"),
+                                           (dict(partitions=("dirichlet:1",)), "partition"),
+                                           (dict(protocols=("plain",)), "plain")])
+def test_a_plan_grows_only_by_valid_list_values(change, match):
+    with pytest.raises(ValueError, match=match):
+        GridPlan(tasks=("classification",)).widened(**change)
+
+
 def test_aggregate_is_mean_and_sample_std_over_seeds():
     base = dict(task="qa", partition="iid", protocol="secagg+", algorithm="fedavg", metric="f1", trivial=0.1,
                 round_seconds=1.0, secure_seconds_per_round=0.1, parameters=10, bytes_uploaded_per_client_round=40.0)

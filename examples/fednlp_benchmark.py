@@ -125,14 +125,8 @@ def build_plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Gri
 def widen_saved_plan(parser: argparse.ArgumentParser, args: argparse.Namespace, run: Path, plan: GridPlan) -> GridPlan:
     """`--resume RUN_DIR` with --tasks/--algorithms/--partitions/--protocols/--seeds grows the saved plan
     by those values (saved to RUN_DIR/plan.json; finished cells are kept), so a grid can be finished
-    in parts, e.g. FedProx or another partition added to cells already run. Options that would change
-    a finished cell's meaning (--quick, --rounds, --clients, --max-examples) are refused, not ignored."""
-    fixed = [flag for flag, given in (("--quick", args.quick), ("--rounds", args.rounds is not None),
-                                      ("--clients", args.clients is not None),
-                                      ("--max-examples", args.max_examples is not None)) if given]
-    if fixed:
-        parser.error(f"--resume {run}: its saved plan fixes {', '.join(fixed)}; a resumed grid can only grow "
-                     f"by --{', --'.join(WIDENABLE)}")
+    in parts, e.g. FedProx or another partition added to cells already run (options that would change a
+    finished cell's meaning, such as --rounds, `open_run` has refused)."""
     lists = {name: getattr(args, name) for name in WIDENABLE if getattr(args, name) is not None}
     try:
         for text in lists.get("partitions", ()):
@@ -214,7 +208,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             parser.error("--workers runs the grid's cells; the freezing study runs in one process")
         return freezing_main(args, parser, device=device)
     run, plan = open_run(parser, args, default_out=DEFAULT_OUT, build=lambda: build_plan(args, parser),
-                         load=plan_from_record, record=plan_record)
+                         load=plan_from_record, record=plan_record, growable=WIDENABLE)
     if args.resume:
         plan = widen_saved_plan(parser, args, run, plan)
     torch.set_num_threads(args.threads)

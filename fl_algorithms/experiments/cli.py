@@ -33,6 +33,7 @@ def parse_grid_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None)
     from nlp_models.device import resolve_device
 
     args = parser.parse_args(argv)
+    args.given = given_options(parser, argv)
     check_run_location(parser, args)
     if args.threads < 1:
         parser.error("--threads must be at least 1")
@@ -79,13 +80,49 @@ def check_run_location(parser: argparse.ArgumentParser, args: argparse.Namespace
         parser.error("--resume RUN_DIR already names the run directory; drop --out/--run-name")
 
 
+RUN_OPTIONS = frozenset({"device", "backbone", "threads", "out", "run_name", "resume", "no_progress", "workers", "worker",
+                         "cache"})
+"""Options of the grid examples that say where and how a run executes, not what it computes: the only
+ones `--resume` accepts besides a plan's growable lists."""
+
+
+def given_options(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> frozenset[str]:
+    """The destinations of the options written on the command line, even where the value written is
+    the default (parsed again with every default suppressed)."""
+    actions = [a for a in parser._actions if a.dest != argparse.SUPPRESS]
+    defaults = [a.default for a in actions]
+    try:
+        for action in actions:
+            action.default = argparse.SUPPRESS
+        return frozenset(vars(parser.parse_args(argv)))
+    finally:
+        for action, default in zip(actions, defaults):
+            action.default = default
+
+
+def plan_options_given(parser: argparse.ArgumentParser, args: argparse.Namespace, *,
+                       allowed: Sequence[str] = ()) -> list[str]:
+    """The command-line flags that would change a plan (every option not in RUN_OPTIONS or `allowed`)
+    written on the command line (`args.given`, from `parse_grid_args`; else those away from their
+    defaults): a resumed grid refuses them rather than silently running its saved plan."""
+    given = getattr(args, "given", None)
+    return [f"--{dest.replace('_', '-')}" for dest, value in vars(args).items()
+            if dest not in RUN_OPTIONS and dest != "given" and dest not in allowed
+            and (dest in given if given is not None else value != parser.get_default(dest))]
+
+
 def open_run(parser: argparse.ArgumentParser, args: argparse.Namespace, *, default_out: Path,
-             build: Callable[[], Any], load: Callable[[Any], Any], record: Callable[[Any], Any]) -> tuple[Path, Any]:
+             build: Callable[[], Any], load: Callable[[Any], Any], record: Callable[[Any], Any],
+             growable: Sequence[str] = ()) -> tuple[Path, Any]:
     """The run directory and plan of a grid example: `--resume RUN_DIR` reads RUN_DIR/plan.json back
-    through `load`; otherwise `build()` makes the plan, and a new directory (`--out`/`--run-name`, default
+    through `load` (and refuses plan options given with it, except the `growable` ones the caller
+    applies); otherwise `build()` makes the plan, and a new directory (`--out`/`--run-name`, default
     a timestamp under `default_out`) receives `record(plan)` as plan.json."""
     if args.resume:
         run = Path(args.resume)
+        if fixed := plan_options_given(parser, args, allowed=growable):
+            grow = f"; it can only grow by --{', --'.join(o.replace('_', '-') for o in growable)}" if growable else ""
+            parser.error(f"--resume {args.resume}: its saved plan fixes {', '.join(fixed)}{grow}")
         try:
             return run, load(json.loads((run / "plan.json").read_text()))
         except (FileNotFoundError, json.JSONDecodeError, TypeError, ValueError) as error:
@@ -135,5 +172,5 @@ def append_cell(path: Path, row: Mapping[str, Any]) -> None:
             handle.write(line)
 
 
-__all__ = ["add_worker_args", "append_cell", "check_run_location", "comma_list", "open_grid", "open_run", "parse_grid_args",
-           "read_cells", "start_workers"]
+__all__ = ["RUN_OPTIONS", "add_worker_args", "append_cell", "check_run_location", "comma_list", "open_grid", "open_run",
+           "given_options", "parse_grid_args", "plan_options_given", "read_cells", "start_workers"]

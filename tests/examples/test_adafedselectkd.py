@@ -61,3 +61,9 @@ def test_workers_share_one_pretrained_generator(tmp_path, capsys, monkeypatch):
     assert len(list((tmp_path / "cache").glob("generator-*.pt"))) == 1
     logs = "".join(p.read_text() for p in (out["run"] / "logs").iterdir())
     assert logs.count("pre-training the generator once") == 1  # the other worker waited for it, then loaded it
+
+
+def test_resume_refuses_options_its_saved_plan_fixes_instead_of_ignoring_them(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        example.main(["--resume", str(tmp_path), "--seeds", "7", "--no-progress"])
+    assert "its saved plan fixes --seeds" in capsys.readouterr().err

@@ -74,3 +74,9 @@ def test_workers_run_each_cell_once_and_write_the_tables(tmp_path, capsys, monke
     claimed = [p.read_text().splitlines()[0] for p in (out["run"] / "claims").iterdir()]
     assert sorted(claimed) == sorted(example.cell_key(r) for r in rows)
     assert (out["run"] / "summary.md").stat().st_size > 0
+
+
+def test_resume_refuses_options_its_saved_plan_fixes_instead_of_ignoring_them(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        example.main(["--resume", str(tmp_path), "--seeds", "7", "--no-progress"])
+    assert "its saved plan fixes --seeds" in capsys.readouterr().err

@@ -77,3 +77,9 @@ def test_workers_run_each_cell_once_and_write_the_tables(tmp_path, capsys, monke
     assert (run / "summary.md").stat().st_size > 0
     with pytest.raises(SystemExit):  # --worker is internal: it needs --resume
         example.main(["--quick", "--worker", "--out", str(tmp_path)])
+
+
+def test_resume_refuses_options_its_saved_plan_fixes_instead_of_ignoring_them(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        example.main(["--resume", str(tmp_path), "--seeds", "7", "--no-progress"])
+    assert "its saved plan fixes --seeds" in capsys.readouterr().err

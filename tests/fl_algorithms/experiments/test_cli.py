@@ -58,6 +58,37 @@ def test_open_run_creates_a_new_run_and_resumes_it(tmp_path):
     assert read_cells(run / "cells.jsonl", key=lambda r: r["k"]) == {"a": {"k": "a", "v": 1}, "b": {"k": "b", "v": 2}}
 
 
+def test_a_resumed_run_refuses_plan_options_and_accepts_run_options_and_growable_ones(tmp_path, capsys):
+    from fl_algorithms.experiments.cli import given_options, open_run, plan_options_given
+
+    parser = argparse.ArgumentParser()
+    for flag, default in (("--seeds", None), ("--rounds", 5), ("--quick", False), ("--device", "auto"),
+                          ("--threads", 2), ("--resume", None)):
+        parser.add_argument(flag, default=default, **({"action": "store_true"} if default is False else {}))
+    run = tmp_path / "r"
+    run.mkdir()
+    (run / "plan.json").write_text('{"rounds": 5}')
+    assert plan_options_given(parser, parser.parse_args(["--device", "cpu", "--threads", "1"])) == []
+    argv = ["--resume", str(run), "--rounds", "9", "--quick", "--seeds", "1", "--device", "cpu"]
+    given = parser.parse_args(argv)
+    assert plan_options_given(parser, given) == ["--seeds", "--rounds", "--quick"]  # away from their defaults
+    # written on the command line, even at its default value: the saved plan may hold another
+    assert given_options(parser, ["--rounds", "5", "--device", "cpu"]) == {"rounds", "device"}
+    assert parser.get_default("rounds") == 5 and parser.parse_args([]).rounds == 5  # defaults restored
+    same = parser.parse_args(["--rounds", "5"])
+    same.given = given_options(parser, ["--rounds", "5"])
+    assert plan_options_given(parser, same) == ["--rounds"]
+    assert plan_options_given(parser, given, allowed=("seeds",)) == ["--rounds", "--quick"]
+    given.out = given.run_name = None
+    with pytest.raises(SystemExit):
+        open_run(parser, given, default_out=tmp_path, build=dict, load=dict, record=dict)
+    assert "its saved plan fixes --seeds, --rounds, --quick" in capsys.readouterr().err
+    grows = parser.parse_args(["--resume", str(run), "--seeds", "1"])
+    grows.out = grows.run_name = None
+    assert open_run(parser, grows, default_out=tmp_path, build=dict, load=dict, record=dict,
+                    growable=("seeds",)) == (run, {"rounds": 5})
+
+
 def test_append_cell_round_trips_through_read_cells(tmp_path):
     from fl_algorithms.experiments.cli import append_cell, read_cells
 

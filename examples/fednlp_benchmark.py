@@ -5,6 +5,7 @@ classification, sequence tagging, extractive QA and seq2seq, under FedAvg, FedPr
     python examples/fednlp_benchmark.py              # + non-IID partitions, 3 seeds (a GPU-sized run)
     python examples/fednlp_benchmark.py --resume results/fednlp_grid/<run>   # finish an interrupted grid
     python examples/fednlp_benchmark.py --resume results/fednlp_grid/<run> --algorithms fedprox  # grow it
+    python examples/fednlp_benchmark.py --resume results/fednlp_grid/<run> --report  # tables so far, runs none
     python examples/fednlp_benchmark.py --quick --freezing 0,2,4,5   # FedNLP's layer-freezing study
 
 Tasks (offline stand-ins, see each module): BBC topics (fl_algorithms.tasks.classification), tweets
@@ -97,6 +98,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--freezing-algorithm", choices=ALGORITHMS, default=None,
                    help="federated algorithm of the freezing study (default: fedopt as FedNLP; fedavg with --quick, "
                         "since FedOPT at FedNLP's server lr 0.1 has moved less than one FedAvg round after 4 rounds)")
+    p.add_argument("--report", action="store_true",
+                   help="with --resume: write the tables, plots and result lines from the finished runs only, "
+                        "running none (a grid still under way elsewhere, or stopped early); lists what is missing")
     p.add_argument("--no-progress", action="store_true")
     add_worker_args(p)
     return p
@@ -203,6 +207,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     ensure_offline()
     parser = _parser()
     args, device = parse_grid_args(parser, argv)
+    if args.report and (not args.resume or args.workers > 1 or args.worker or args.freezing is not None):
+        parser.error("--report writes a resumed grid's tables from its finished runs: give --resume RUN_DIR, "
+                     "without --workers or --freezing")
     if args.freezing is not None:
         if args.workers > 1 or args.worker:
             parser.error("--workers runs the grid's cells; the freezing study runs in one process")
@@ -219,11 +226,13 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     clients_cache: dict[tuple, Any] = {}
     print(f"run directory: {run}  (device {device}, torch threads {args.threads}, {len(plan.cells())} runs, "
           f"{len(done)} already done)", flush=True)
-    done = start_workers(args, run, script=__file__, device=device, cells=plan.cells(), cells_path=cells_path,
-                         key=cell_key, forward=["--backbone", args.backbone])
+    if not args.report:
+        done = start_workers(args, run, script=__file__, device=device, cells=plan.cells(), cells_path=cells_path,
+                             key=cell_key, forward=["--backbone", args.backbone])
     # a task's clients, and FedAvg's secure run with its plaintext twin, stay in one worker
-    for cell in pending(plan.cells(), done, key=cell_key, unit=lambda c: f"{c['task']} {c['partition']} seed {c['seed']}",
-                        run=run if args.worker else None):
+    todo = [] if args.report else pending(plan.cells(), done, key=cell_key, run=run if args.worker else None,
+                                          unit=lambda c: f"{c['task']} {c['partition']} seed {c['seed']}")
+    for cell in todo:
         key = cell_key(cell)
         ident = (cell["task"], cell["partition"], cell["seed"])
         if ident not in clients_cache:
@@ -253,7 +262,14 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
               flush=True)
     if args.worker:
         return {"run": run, "worker": True}
-    rows = list(done.values())
+    rows = [done[cell_key(c)] for c in plan.cells() if cell_key(c) in done]  # in plan order
+    missing = sorted({f"{c['task']} {c['partition']} seed {c['seed']}" for c in plan.cells() if cell_key(c) not in done})
+    if not rows:
+        raise SystemExit(f"error: no finished runs in {run} yet")
+    if missing:
+        more = f"; and {len(missing) - 12} more" if len(missing) > 12 else ""
+        print(f"partial grid: {len(rows)} of {len(plan.cells())} runs finished; not yet (task partition seed): "
+              f"{'; '.join(missing[:12])}{more}", flush=True)
     partition_sets = {f"{r['task']} {r['partition']}": Partition.from_record(r["partition_record"])
                       for r in rows if "partition_record" in r}
     partitions_md = [f"- {name}: {summary_line(partition_summary(p))}" for name, p in partition_sets.items()]
@@ -272,9 +288,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                   and r["protocol"] == protocol}
         twin = next((r for r in rows if r["task"] == task and r["partition"] == partition and r["protocol"] == "plain"
                      and r["seed"] == plan.seeds[0] and "secure_vs_plain_max_diff" in r), None)
-        parts = [f"fednlp task={task} metric={METRIC_NAMES[task]}",
-                 f"trivial={next(iter(picked.values()))['trivial']:.4f}"]
-        parts += [f"{a}={picked[a]['mean']:.4f}" for a in plan.algorithms]
+        trivial = f"{next(iter(picked.values()))['trivial']:.4f}" if picked else "n/a"
+        parts = [f"fednlp task={task} metric={METRIC_NAMES[task]}", f"trivial={trivial}"]
+        parts += [f"{a}={picked[a]['mean']:.4f}" if a in picked else f"{a}=n/a" for a in plan.algorithms]
         if twin:
             parts += [f"secure_vs_plain_max_diff={twin['secure_vs_plain_max_diff']:.3g}",
                       f"round1_diff={twin['secure_vs_plain_round_diffs'][0]:.3g}",

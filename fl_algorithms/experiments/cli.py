@@ -81,7 +81,7 @@ def check_run_location(parser: argparse.ArgumentParser, args: argparse.Namespace
 
 
 RUN_OPTIONS = frozenset({"device", "backbone", "threads", "out", "run_name", "resume", "no_progress", "workers", "worker",
-                         "cache"})
+                         "cache", "report"})
 """Options of the grid examples that say where and how a run executes, not what it computes: the only
 ones `--resume` accepts besides a plan's growable lists."""
 

@@ -76,9 +76,14 @@ def test_a_resumed_grid_grows_by_new_algorithms_and_keeps_its_finished_cells(tmp
     run = out["run"]
     before = (run / "cells.jsonl").read_text().splitlines()
     assert len(before) == 3
-    grown = bench.main(["--resume", str(run), "--algorithms", "fedprox", "--no-progress"])
+    report = bench.main(["--resume", str(run), "--algorithms", "fedprox", "--report", "--no-progress"])
     printed = capsys.readouterr().out
-    assert "plan widened: 3 -> 4 runs" in printed and "3 already done" in printed
+    assert "plan widened: 3 -> 4 runs" in printed
+    assert "partial grid: 3 of 4 runs finished; not yet (task partition seed): classification iid seed 0" in printed
+    assert "fedprox=n/a" in report["lines"][0] and (run / "cells.jsonl").read_text().splitlines() == before
+    grown = bench.main(["--resume", str(run), "--no-progress"])
+    printed = capsys.readouterr().out
+    assert "3 already done" in printed and "partial grid" not in printed
     after = (run / "cells.jsonl").read_text().splitlines()
     assert after[:3] == before and json.loads(after[3])["algorithm"] == "fedprox"
     assert json.loads((run / "plan.json").read_text())["algorithms"] == ["fedavg", "fedopt", "fedprox"]
@@ -99,6 +104,9 @@ def test_a_resumed_grid_refuses_settings_its_finished_cells_fixed(tmp_path, caps
 
 
 def test_bad_arguments_are_refused_before_any_run(tmp_path):
+    for report in (["--quick", "--report"], ["--resume", str(tmp_path), "--report", "--workers", "2"]):
+        with pytest.raises(SystemExit):
+            bench.main([*report, "--out", str(tmp_path)] if "--quick" in report else report)
     with pytest.raises(SystemExit):
         bench.main(["--quick", "--partitions", "dirichlet:1", "--out", str(tmp_path)])
     with pytest.raises(SystemExit):

@@ -295,6 +295,8 @@ def plot_curves(rows: Sequence[Mapping[str, Any]], *, path: Path) -> Path:
 
     tasks = list(dict.fromkeys(r["task"] for r in rows))
     partitions = list(dict.fromkeys(r["partition"] for r in rows))
+    series = lambda r: f"{r['algorithm']} ({r['protocol']})"  # noqa: E731
+    colours = {label: f"C{k % 10}" for k, label in enumerate(dict.fromkeys(map(series, rows)))}  # alike in every panel
     fig = Figure(figsize=(4.2 * len(partitions), 3.2 * len(tasks)))
     axes = fig.subplots(len(tasks), len(partitions), squeeze=False)
     for i, task in enumerate(tasks):
@@ -303,10 +305,10 @@ def plot_curves(rows: Sequence[Mapping[str, Any]], *, path: Path) -> Path:
             curves: dict[str, list[list[float]]] = {}
             for r in rows:
                 if r["task"] == task and r["partition"] == partition:
-                    curves.setdefault(f"{r['algorithm']} ({r['protocol']})", []).append(r["curve"])
+                    curves.setdefault(series(r), []).append(r["curve"])
             for label, runs in curves.items():
                 ax.plot(range(1, len(runs[0]) + 1), np.mean(np.asarray(runs, dtype=float), axis=0), marker="o",
-                        markersize=3, label=label, linestyle=":" if "plain" in label else "-")
+                        markersize=3, label=label, color=colours[label], linestyle=":" if "plain" in label else "-")
             metric = next(r["metric"] for r in rows if r["task"] == task)
             ax.set_title(f"{task}, {partition}", fontsize=9)
             ax.set_xlabel("round")

@@ -76,3 +76,19 @@ def test_aggregate_is_mean_and_sample_std_over_seeds():
     assert len(rows) == 1
     assert rows[0]["mean"] == pytest.approx(0.3) and rows[0]["std"] == pytest.approx(0.1414213562)
     assert rows[0]["seeds"] == 2
+
+
+def test_curves_give_each_algorithm_one_colour_in_every_panel(tmp_path, monkeypatch):
+    from matplotlib.axes import Axes
+
+    from fl_algorithms.experiments.fednlp_grid import plot_curves
+
+    drawn = []
+    original = Axes.plot
+    monkeypatch.setattr(Axes, "plot", lambda self, *a, **k: drawn.append((k["label"], k["color"])) or original(self, *a, **k))
+    row = dict(task="classification", metric="accuracy", protocol="secagg+", curve=[0.5, 0.6])
+    rows = [{**row, "partition": "iid", "algorithm": a} for a in ("fedavg", "fedprox", "fedopt")]
+    rows += [{**row, "partition": "label:0.1", "algorithm": a} for a in ("fedavg", "fedopt")]  # no FedProx here
+    assert plot_curves(rows, path=tmp_path / "c.png").stat().st_size > 0
+    assert len(drawn) == 5 and len(set(drawn)) == 3  # fedopt has the same colour in both panels
+    assert len({colour for _, colour in drawn}) == 3

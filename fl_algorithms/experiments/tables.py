@@ -50,13 +50,17 @@ def pyplot():
 
 def plot_mean_curves(ax: Any, rows: Sequence[Mapping[str, Any]], methods: Sequence[str], *,
                      first: Callable[[str], int] = lambda method: 1) -> None:
-    """Per method (in `methods` order), the mean over its rows of `row['curve']` (x 100), from round `first(method)`."""
-    for method in methods:
+    """Per method (in `methods` order), the mean over its rows of `row['curve']` (x 100), from round `first(method)`.
+    A method's colour follows its place in `methods`, so it is the same in every panel even where
+    another method has no rows."""
+    palette = [f"C{i}" for i in range(10)] if len(methods) <= 10 else [pyplot().get_cmap("tab20")(i) for i in range(20)]
+    for i, method in enumerate(methods):
         curves = [r["curve"] for r in rows if r["method"] == method and r["curve"]]
         if curves:
             mean = np.mean(np.asarray(curves, dtype=float), axis=0)
             start = first(method)
-            ax.plot(range(start, start + len(mean)), 100 * mean, marker="o", markersize=3, label=method)
+            ax.plot(range(start, start + len(mean)), 100 * mean, marker="o", markersize=3, label=method,
+                    color=palette[i % len(palette)])
 
 
 def save_figure(fig: Any, path: Path, *, legend: bool = True) -> Path:

@@ -22,21 +22,19 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 
-from fl_algorithms.experiments.cli import (add_worker_args, append_cell, comma_list, open_grid, parse_grid_args,
+from fl_algorithms.experiments.cli import (add_run_args, append_cell, comma_list, open_grid, parse_grid_args,
                                              start_workers)
 from fl_algorithms.experiments.summarization_grid import (METHODS, PROTOCOLS, SummaryPlan, aggregate, cell_key,
                                                           plot_curves, run_summary_cell, write_table)
 from fl_algorithms.experiments.parallel import pending
 from fl_algorithms.tasks.summarization import SETTINGS, SummarySettings
 from nlp_models._offline import ensure_offline
-from nlp_models.device import DEVICES
 
 RESULTS = Path(__file__).resolve().parents[1] / "results" / "adafedselectkd"
 QUICK = dict(settings=("non_iid",), seeds=(0,), rounds=5, data=SummarySettings(fraction=0.3))
@@ -54,15 +52,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--fraction", type=float, default=None, help="share of each domain's articles (default 1; quick 0.3)")
     p.add_argument("--lr", type=float, default=None, help=f"client AdamW lr (default {SummarySettings.lr})")
     p.add_argument("--protocol", choices=PROTOCOLS, default="secagg+")
-    p.add_argument("--device", choices=DEVICES, default="auto")
-    p.add_argument("--backbone", choices=("minilm", "tiny"), default="minilm")
-    p.add_argument("--threads", type=int, default=min(2, os.cpu_count() or 1))
-    p.add_argument("--cache", metavar="DIR", help=f"pre-trained generator cache (default {RESULTS / 'cache'})")
-    p.add_argument("--out", metavar="DIR")
-    p.add_argument("--run-name", metavar="NAME")
-    p.add_argument("--resume", metavar="RUN_DIR", help="finish a grid: its saved plan, finished cells skipped")
-    p.add_argument("--no-progress", action="store_true")
-    add_worker_args(p)
+    add_run_args(p, cache_help=f"pre-trained generator cache (default {RESULTS / 'cache'})")
     return p
 
 

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -33,14 +32,13 @@ from typing import Any
 from fl_algorithms.algorithms.atc import ATCConfig
 from fl_algorithms.experiments.atc_grid import (METHODS, SECURE, ATCPlan, aggregate, cell_key, plot_curves, run_atc_cell,
                                                 write_table)
-from fl_algorithms.experiments.cli import (add_worker_args, append_cell, comma_list, open_grid, parse_grid_args,
+from fl_algorithms.experiments.cli import (add_run_args, append_cell, comma_list, open_grid, parse_grid_args,
                                              start_workers)
 from fl_algorithms.experiments.parallel import pending
 from fl_algorithms.tasks.hetero import build_clients, layout_table, public_texts
 from fl_algorithms.training.hetero_trainer import HeteroConfig, HeteroFactory
 from nlp_models._offline import ensure_offline
 from nlp_models.backbone import load_named_backbone
-from nlp_models.device import DEVICES
 
 RESULTS = Path(__file__).resolve().parents[1] / "results" / "atc"
 # 3 clusters: with 18 clients and at least 5 per released group, the paper's 5 would keep being refused
@@ -64,14 +62,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--min-size", type=int, default=None, help="fewest clients in any released group")
     p.add_argument("--max-per-client", type=int, default=None)
     p.add_argument("--sketch-epsilon", type=float, default=None, help="epsilon of the one neighbour sketch")
-    p.add_argument("--device", choices=DEVICES, default="auto")
-    p.add_argument("--backbone", choices=("minilm", "tiny"), default="minilm")
-    p.add_argument("--threads", type=int, default=min(2, os.cpu_count() or 1))
-    p.add_argument("--out", metavar="DIR")
-    p.add_argument("--run-name", metavar="NAME")
-    p.add_argument("--resume", metavar="RUN_DIR", help="finish a grid: its saved plan, finished cells skipped")
-    p.add_argument("--no-progress", action="store_true")
-    add_worker_args(p)
+    add_run_args(p)
     return p
 
 

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from collections.abc import Sequence
@@ -45,7 +44,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from fl_algorithms.experiments.cli import (add_worker_args, append_cell, comma_list, open_run, parse_grid_args,
+from fl_algorithms.experiments.cli import (add_run_args, append_cell, comma_list, open_run, parse_grid_args,
                                            read_cells, start_workers)
 from fl_algorithms.experiments.fednlp_grid import (ALGORITHMS, METRIC_NAMES, PROTOCOLS, WIDENABLE, GridPlan, aggregate,
                                                    cell_key, encoder_bound, flat_vector, load_formulation, partition_for,
@@ -57,7 +56,6 @@ from fl_algorithms.tasks.formulation import TASKS, PartitionSpec
 from nlp_models._offline import ensure_offline
 from nlp_models.data.partition import Partition
 from nlp_models.data.partition_stats import partition_summary, plot_partitions, summary_line
-from nlp_models.device import DEVICES
 
 DEFAULT_OUT = Path(__file__).resolve().parents[1] / "results" / "fednlp_grid"
 QUICK = dict(rounds=4, formulation=dict(clients=4, max_examples=320, min_client_examples=20),
@@ -83,14 +81,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--rounds", type=int, default=None)
     p.add_argument("--clients", type=int, default=None)
     p.add_argument("--max-examples", type=int, default=None, help="corpus cap per task (0: all)")
-    p.add_argument("--device", choices=DEVICES, default="auto")
-    p.add_argument("--backbone", choices=("minilm", "tiny"), default="minilm")
-    p.add_argument("--threads", type=int, default=min(2, os.cpu_count() or 1),
-                   help="torch threads (default: 2, or 1 on a one-core machine)")
-    p.add_argument("--out", metavar="DIR")
-    p.add_argument("--run-name", metavar="NAME")
-    p.add_argument("--resume", metavar="RUN_DIR", help="finish a grid: its saved plan, finished cells skipped; with --tasks/--algorithms/--partitions/"
-                        "--protocols/--seeds, grow the saved plan by those values first")
+    add_run_args(p, resume_help=", except --tasks/--algorithms/--partitions/--protocols/--seeds, which grow it")
     p.add_argument("--freezing", type=comma_list(int, what="frozen layer count"), default=None, metavar="K,K,..",
                    help="run FedNLP's layer-freezing study instead of the grid: BBC topics with the embeddings and "
                         "the bottom K layers frozen, the rest trained whole, centralised and FedOPT (e.g. 0,2,4,5)")
@@ -101,8 +92,6 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--report", action="store_true",
                    help="with --resume: write the tables, plots and result lines from the finished runs only, "
                         "running none (a grid still under way elsewhere, or stopped early); lists what is missing")
-    p.add_argument("--no-progress", action="store_true")
-    add_worker_args(p)
     return p
 
 

@@ -21,21 +21,19 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 
-from fl_algorithms.experiments.cli import (add_worker_args, append_cell, comma_list, open_grid, parse_grid_args,
+from fl_algorithms.experiments.cli import (add_run_args, append_cell, comma_list, open_grid, parse_grid_args,
                                              start_workers)
 from fl_algorithms.experiments.continual_grid import (METHODS, PROTOCOLS, ContinualClients, ContinualPlan, aggregate,
                                                       cell_key, plot_curves, run_continual_cell, write_table)
 from fl_algorithms.experiments.parallel import pending
 from fl_algorithms.tasks.continual import task_statistics
 from nlp_models._offline import ensure_offline
-from nlp_models.device import DEVICES
 
 RESULTS = Path(__file__).resolve().parents[1] / "results" / "fedseit"
 QUICK = dict(seeds=(0,), methods=("fedseit_k3", "fedweit", "fedavg_b", "local"))
@@ -55,14 +53,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--mu", type=float, default=None, help="FedProx proximal weight on B (default 0: FedAvg)")
     p.add_argument("--projection", action="store_true", help="FedSeIT's W_f over the foreign features (paper Eq. 3)")
     p.add_argument("--protocol", choices=PROTOCOLS, default="secagg+")
-    p.add_argument("--device", choices=DEVICES, default="auto")
-    p.add_argument("--backbone", choices=("minilm", "tiny"), default="minilm")
-    p.add_argument("--threads", type=int, default=min(2, os.cpu_count() or 1))
-    p.add_argument("--out", metavar="DIR")
-    p.add_argument("--run-name", metavar="NAME")
-    p.add_argument("--resume", metavar="RUN_DIR", help="finish a grid: its saved plan, finished cells skipped")
-    p.add_argument("--no-progress", action="store_true")
-    add_worker_args(p)
+    add_run_args(p)
     return p
 
 

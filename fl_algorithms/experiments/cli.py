@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -45,6 +46,27 @@ def parse_grid_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None)
         return args, str(resolve_device(args.device))
     except ValueError as error:  # e.g. --device cuda where torch sees no GPU: a usage error, not a traceback
         parser.error(str(error))
+
+
+def add_run_args(parser: argparse.ArgumentParser, *, resume_help: str = "", cache_help: str | None = None) -> None:
+    """The options every grid example takes that say where and how it runs, not what it computes
+    (RUN_OPTIONS, which `--resume` accepts): --device, --backbone, --threads, --out, --run-name,
+    --resume, --no-progress, --workers (and `--cache DIR` where the grid keeps a pre-trained cache)."""
+    from nlp_models.device import DEVICES
+
+    parser.add_argument("--device", choices=DEVICES, default="auto")
+    parser.add_argument("--backbone", choices=("minilm", "tiny"), default="minilm")
+    parser.add_argument("--threads", type=int, default=min(2, os.cpu_count() or 1),
+                        help="torch threads (default: 2, or 1 on a one-core machine)")
+    if cache_help is not None:
+        parser.add_argument("--cache", metavar="DIR", help=cache_help)
+    parser.add_argument("--out", metavar="DIR")
+    parser.add_argument("--run-name", metavar="NAME")
+    parser.add_argument("--resume", metavar="RUN_DIR",
+                        help="finish a grid: its saved plan, finished cells skipped; it refuses options that would "
+                             f"change the plan{resume_help}")
+    parser.add_argument("--no-progress", action="store_true")
+    add_worker_args(parser)
 
 
 def add_worker_args(parser: argparse.ArgumentParser) -> None:
@@ -172,5 +194,5 @@ def append_cell(path: Path, row: Mapping[str, Any]) -> None:
             handle.write(line)
 
 
-__all__ = ["RUN_OPTIONS", "add_worker_args", "append_cell", "check_run_location", "comma_list", "open_grid", "open_run",
+__all__ = ["RUN_OPTIONS", "add_run_args", "add_worker_args", "append_cell", "check_run_location", "comma_list", "open_grid", "open_run",
            "given_options", "parse_grid_args", "plan_options_given", "read_cells", "start_workers"]

@@ -153,3 +153,14 @@ def test_start_workers_starts_none_when_at_most_one_cell_is_left(tmp_path, monke
     cli.start_workers(args, tmp_path, script="x.py", device="cpu", cells=cells, cells_path=path,
                       key=lambda c: str(c["i"]))
     assert started == [3]  # no more workers than cells left
+
+
+def test_every_run_option_is_one_resume_accepts():
+    from fl_algorithms.experiments.cli import RUN_OPTIONS, add_run_args
+
+    parser = argparse.ArgumentParser()
+    add_run_args(parser, cache_help="cache")
+    dests = {a.dest for a in parser._actions} - {"help"}
+    assert dests <= RUN_OPTIONS and {"device", "threads", "workers", "worker", "cache"} <= dests
+    args = parser.parse_args(["--device", "cpu", "--threads", "1", "--workers", "3", "--no-progress"])
+    assert args.threads == 1 and args.workers == 3 and args.backbone == "minilm"

@@ -48,7 +48,7 @@ from fl_algorithms.experiments.cli import (add_run_args, append_cell, comma_list
                                            read_cells, start_workers)
 from fl_algorithms.experiments.fednlp_grid import (ALGORITHMS, METRIC_NAMES, PROTOCOLS, WIDENABLE, GridPlan, aggregate,
                                                    cell_key, encoder_bound, flat_vector, load_formulation, partition_for,
-                                                   plan_from_record, plan_record, plot_curves, run_cell,
+                                                   plan_from_record, plan_record, plot_curves, plot_partition_curves, run_cell,
                                                    write_table)
 from fl_algorithms.experiments.layer_freezing import FreezingPlan, plot_freezing, run_freezing, write_freezing
 from fl_algorithms.experiments.parallel import pending
@@ -265,6 +265,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     table = aggregate(rows)
     write_table(table, csv_path=run / "grid.csv", md_path=run / "grid.md")
     plot_curves(rows, path=run / "curves.png")
+    if len({r["partition"] for r in rows}) > 1:
+        plot_partition_curves(rows, path=run / "partition_curves.png", protocol=plan.protocols[0])
     if partition_sets:
         (run / "partitions.md").write_text("\n".join(partitions_md) + "\n")
         plot_partitions(partition_sets, path=run / "partitions.png")

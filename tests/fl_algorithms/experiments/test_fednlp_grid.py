@@ -92,3 +92,23 @@ def test_curves_give_each_algorithm_one_colour_in_every_panel(tmp_path, monkeypa
     assert plot_curves(rows, path=tmp_path / "c.png").stat().st_size > 0
     assert len(drawn) == 5 and len(set(drawn)) == 3  # fedopt has the same colour in both panels
     assert len({colour for _, colour in drawn}) == 3
+
+
+def test_partition_curves_draw_each_partition_in_one_colour_with_its_seed_count(tmp_path, monkeypatch):
+    from matplotlib.axes import Axes
+
+    from fl_algorithms.experiments.fednlp_grid import plot_partition_curves
+
+    drawn = []
+    original = Axes.plot
+    monkeypatch.setattr(Axes, "plot", lambda self, *a, **k: drawn.append((k["label"], k["color"], list(a[1])))
+                        or original(self, *a, **k))
+    row = dict(task="classification", metric="accuracy", protocol="secagg+")
+    rows = [{**row, "algorithm": a, "partition": p, "seed": s, "curve": [0.2 + s, 0.4 + s]}
+            for a in ("fedavg", "fedopt") for p in ("iid", "label:0.1") for s in (0, 1)]
+    rows.append({**row, "protocol": "plain", "algorithm": "fedavg", "partition": "iid", "seed": 0, "curve": [9, 9]})
+    assert plot_partition_curves(rows, path=tmp_path / "p.png", protocol="secagg+").stat().st_size > 0
+    assert len(drawn) == 4  # two algorithms x two partitions; the plaintext twin is not drawn
+    assert {label for label, _, _ in drawn} == {"iid (2 seeds)", "label:0.1 (2 seeds)"}
+    assert len({(label, colour) for label, colour, _ in drawn}) == 2
+    assert all(y == pytest.approx([0.7, 0.9]) for _, _, y in drawn)  # the mean over seeds

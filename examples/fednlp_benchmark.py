@@ -20,7 +20,8 @@ cluster:ALPHA, FedNLP's k-means feature clusters, instead), quantity:BETA, clust
 
 Writes results/fednlp_grid/<run>/: cells.jsonl (one line per finished run), grid.csv and grid.md
 (score mean ± std over seeds per task, partition, protocol, algorithm), curves.png (validation curves
-per task and partition), partitions.md/.png (the partitions' statistics). The last lines are one per task:
+per task and partition), partition_curves.png (with several partitions: per task and algorithm, one
+line per partition with its spread over seeds, FedNLP's Figure 5), partitions.md/.png (the partitions' statistics). The last lines are one per task:
     fednlp task=classification metric=acc trivial=.. fedavg=.. fedprox=.. fedopt=.. secure_vs_plain_max_diff=..
 with the first partition and secure protocol's test scores (mean over seeds), the trivial baseline
 (majority class, most frequent tag, the better of first-entity and empty answer, lead words of the

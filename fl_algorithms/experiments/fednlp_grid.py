@@ -29,6 +29,7 @@ from fl_algorithms.algorithms.fedprox import FedProx
 from fl_algorithms.api import Algorithm
 from fl_algorithms.engine.secure_sum import SecureAggregationConfig, SecureAggregator
 from fl_algorithms.engine.sim import RoundRecord, RunConfig, SimulationRunner
+from fl_algorithms.experiments.tables import pyplot, save_figure
 from fl_algorithms.tasks.formulation import TASKS, Formulation, FormulationSettings, PartitionSpec
 
 FORMULATIONS = {
@@ -288,17 +289,12 @@ def write_table(rows: Sequence[Mapping[str, Any]], *, csv_path: Path, md_path: P
 def plot_curves(rows: Sequence[Mapping[str, Any]], *, path: Path) -> Path:
     """FedNLP-style learning curves: one row of panels per task, one panel per partition, one line
     per algorithm and protocol (validation metric per round, mean over seeds)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    from matplotlib.figure import Figure
-
     tasks = list(dict.fromkeys(r["task"] for r in rows))
     partitions = list(dict.fromkeys(r["partition"] for r in rows))
     series = lambda r: f"{r['algorithm']} ({r['protocol']})"  # noqa: E731
     colours = {label: f"C{k % 10}" for k, label in enumerate(dict.fromkeys(map(series, rows)))}  # alike in every panel
-    fig = Figure(figsize=(4.2 * len(partitions), 3.2 * len(tasks)))
-    axes = fig.subplots(len(tasks), len(partitions), squeeze=False)
+    fig, axes = pyplot().subplots(len(tasks), len(partitions), figsize=(4.2 * len(partitions), 3.2 * len(tasks)),
+                                  squeeze=False)
     for i, task in enumerate(tasks):
         for j, partition in enumerate(partitions):
             ax = axes[i][j]
@@ -313,29 +309,20 @@ def plot_curves(rows: Sequence[Mapping[str, Any]], *, path: Path) -> Path:
             ax.set_title(f"{task}, {partition}", fontsize=9)
             ax.set_xlabel("round")
             ax.set_ylabel(f"validation {metric}")
-            ax.grid(alpha=0.3)
-            ax.legend(fontsize=6)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    return path
+    return save_figure(fig, path)
 
 
 def plot_partition_curves(rows: Sequence[Mapping[str, Any]], *, path: Path, protocol: str) -> Path:
     """FedNLP's Figure 5 for every algorithm: one panel per task and algorithm (runs under `protocol`),
     one line per partition, the mean over seeds with a band of ± one std, so that both of FedNLP's
     partition findings can be read off: a smaller alpha scores lower, and its seeds spread wider."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    from matplotlib.figure import Figure
-
     rows = [r for r in rows if r["protocol"] == protocol]
     tasks = list(dict.fromkeys(r["task"] for r in rows))
     algorithms = list(dict.fromkeys(r["algorithm"] for r in rows))
     partitions = list(dict.fromkeys(r["partition"] for r in rows))
     colours = {partition: f"C{k % 10}" for k, partition in enumerate(partitions)}
-    fig = Figure(figsize=(4.2 * max(len(algorithms), 1), 3.2 * max(len(tasks), 1)))
-    axes = fig.subplots(max(len(tasks), 1), max(len(algorithms), 1), squeeze=False, sharey="row")
+    fig, axes = pyplot().subplots(max(len(tasks), 1), max(len(algorithms), 1), squeeze=False, sharey="row",
+                                  figsize=(4.2 * max(len(algorithms), 1), 3.2 * max(len(tasks), 1)))
     for i, task in enumerate(tasks):
         for j, algorithm in enumerate(algorithms):
             ax = axes[i][j]
@@ -353,11 +340,7 @@ def plot_partition_curves(rows: Sequence[Mapping[str, Any]], *, path: Path, prot
             ax.set_title(f"{task}, {algorithm} ({protocol})", fontsize=9)
             ax.set_xlabel("round")
             ax.set_ylabel(f"validation {metric} (± std over seeds)")
-            ax.grid(alpha=0.3)
-            ax.legend(fontsize=6)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    return path
+    return save_figure(fig, path)
 
 
 def plan_record(plan: GridPlan) -> dict[str, Any]:

@@ -20,6 +20,15 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+def device_name(device: torch.device | str) -> str:
+    """What ran a result, for its record: 'cpu', or 'cuda:' and the card's name (results from
+    different devices agree only up to floating-point order, so tables say which ran what)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return f"cuda:{torch.cuda.get_device_name(device)}"
+    return device.type
+
+
 def deterministic_kernels() -> None:
     """Ask for bit-reproducible kernels: deterministic algorithms where torch has them (a warning names
     any op that has none), cuBLAS's fixed workspace, no cuDNN autotuning. On a GPU, reductions otherwise
@@ -30,4 +39,4 @@ def deterministic_kernels() -> None:
     torch.backends.cudnn.benchmark = False
 
 
-__all__ = ["DEVICES", "deterministic_kernels", "resolve_device"]
+__all__ = ["DEVICES", "deterministic_kernels", "device_name", "resolve_device"]

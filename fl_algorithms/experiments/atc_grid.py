@@ -32,6 +32,7 @@ from fl_algorithms.engine.sim import RoundRecord, RunConfig, SimulationRunner
 from fl_algorithms.experiments.tables import grouped, plot_mean_curves, pyplot, save_figure, summarise
 from fl_algorithms.tasks.hetero import LAYOUT, HeteroClient
 from fl_algorithms.training.hetero_trainer import METRIC, HeteroConfig, HeteroFactory, HeteroTrainer
+from nlp_models.device import device_name
 
 METHODS = ("atc_secure", "atc_reference", "assign_only", "fedavg", "fedavg_ft", "isolated", "ditto", "fedprox", "fedbn")
 SECURE = tuple(m for m in METHODS if m != "atc_reference")
@@ -209,7 +210,7 @@ def run_atc_cell(cell: Mapping[str, Any], *, plan: ATCPlan, clients: Mapping[int
     per_dataset = dataset_scores(scores, clients)
     return {**cell, "clients": scores, "datasets": per_dataset, "avg": float(np.mean(list(per_dataset.values()))),
             "curve": curve, "leakage": leakage, "sketch_epsilon": float(epsilon),
-            "seconds": time.perf_counter() - start}
+            "seconds": time.perf_counter() - start, "device": device_name(factory.device)}
 
 
 def _validation_metric(metrics: Mapping[str, float], client: HeteroClient) -> float:
@@ -229,6 +230,7 @@ def aggregate(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
         entry["smallest_group"] = int(min(m["leakage"]["smallest_group"] for m in members))
         entry["sketch_epsilon"] = float(max(m["sketch_epsilon"] for m in members))
         entry["seconds"] = float(np.mean([m["seconds"] for m in members]))
+        entry["devices"] = ", ".join(sorted({m.get("device", "not recorded") for m in members}))
         out.append(entry)
     return out
 
@@ -247,13 +249,13 @@ def write_table(rows: Sequence[Mapping[str, Any]], *, csv_path: Path, md_path: P
     names = [e.name for e in LAYOUT if e.name in table[0]]
     metric = {e.name: METRIC[e.formulation] for e in LAYOUT}
     header = " | ".join(f"{n} ({metric[n]})" for n in names)
-    lines = [f"| method | seeds | {header} | avg | smallest summed group | recovered clients | sketch ε |",
-             "|---|---|" + "---|" * (len(names) + 4)]
+    lines = [f"| method | seeds | {header} | avg | smallest summed group | recovered clients | sketch ε | ran on |",
+             "|---|---|" + "---|" * (len(names) + 5)]
     for e in table:
         cells = " | ".join(f"{100 * e[n]:.2f} ± {100 * e[f'{n}_std']:.2f}" for n in names)
         eps = f"{e['sketch_epsilon']:.1f}" if e["sketch_epsilon"] > 0 else "–"
         lines.append(f"| {e['method']} | {e['seeds']} | {cells} | {100 * e['avg']:.2f} ± {100 * e['avg_std']:.2f} | "
-                     f"{e['smallest_group'] or '–'} | {e['recovered_clients']} | {eps} |")
+                     f"{e['smallest_group'] or '–'} | {e['recovered_clients']} | {eps} | {e['devices']} |")
     md_path.write_text("\n".join(lines) + "\n")
     return table
 

@@ -4,7 +4,7 @@ import os
 import pytest
 import torch
 
-from nlp_models.device import deterministic_kernels, resolve_device
+from nlp_models.device import deterministic_kernels, device_name, resolve_device
 
 
 def test_resolve_device_is_explicit_about_a_missing_gpu():
@@ -15,6 +15,12 @@ def test_resolve_device_is_explicit_about_a_missing_gpu():
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="no CUDA device"):
             resolve_device("cuda")
+
+
+def test_device_name_names_the_card(monkeypatch):
+    assert device_name("cpu") == device_name(torch.device("cpu")) == "cpu"
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H200")
+    assert device_name("cuda") == "cuda:NVIDIA H200"
 
 
 def test_deterministic_kernels_sets_what_cuda_reads(monkeypatch):

@@ -93,9 +93,16 @@ def test_cells_tables_and_the_reference_flag(setup, tmp_path):
     ledger = json.loads((tmp_path / "ledgers" / "0-atc_secure.json").read_text())
     totals = [c["epsilon"]["example/server"] for c in ledger["clients"].values()]
     assert max(totals) == pytest.approx(by["atc_secure"]["sketch_epsilon"]) and by["fedavg"]["sketch_epsilon"] == 0
+    assert {row["device"] for row in rows} == {"cpu"}
     table = write_table(rows, csv_path=tmp_path / "s.csv", md_path=tmp_path / "s.md")
     assert [e["method"] for e in table] == ["atc_secure", "atc_reference", "fedavg"]
     assert "rt_sentiment (accuracy)" in (tmp_path / "s.md").read_text()
+    # a run finished on another device says so per method (cells saved before records named one too)
+    other = [{**by["fedavg"], "seed": 1, "device": "cuda:NVIDIA H200"}, {**by["fedavg"], "seed": 2}]
+    other[1].pop("device")
+    mixed = {e["method"]: e for e in write_table(rows + other, csv_path=tmp_path / "m.csv", md_path=tmp_path / "m.md")}
+    assert mixed["fedavg"]["devices"] == "cpu, cuda:NVIDIA H200, not recorded" and mixed["atc_secure"]["devices"] == "cpu"
+    assert "| cpu, cuda:NVIDIA H200, not recorded |" in (tmp_path / "m.md").read_text()
 
 
 def test_fedbn_keeps_the_norms_local_and_fedavg_ft_restores_the_client(setup):

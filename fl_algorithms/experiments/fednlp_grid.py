@@ -204,12 +204,15 @@ def shared_vector(algorithm: Algorithm, state: Any) -> np.ndarray:
 def run_cell(cell: Mapping[str, Any], clients: Formulation, plan: GridPlan, *, progress: bool,
              on_round: Callable[[RoundRecord], None] | None = None,
              round_parameters: list[np.ndarray] | None = None,
-             initial: Mapping[str, np.ndarray] | None = None) -> tuple[dict[str, Any], np.ndarray]:
+             initial: Mapping[str, np.ndarray] | None = None,
+             nudge: Callable[[int, Mapping[str, np.ndarray]], None] | None = None) -> tuple[dict[str, Any], np.ndarray]:
     """One federated run: its summary (test metric, validation curve, costs) and its final parameters.
 
     With `round_parameters`, the shared parameters after every round are appended to it (float64:
     the secure-vs-plain differences are near 1e-8), so that two runs can be compared round by round.
-    `initial` replaces the formulation's seeded starting point (a sensitivity check perturbs it)."""
+    `initial` replaces the formulation's seeded starting point, and `nudge(round, parameters)` may
+    change the server's shared parameters in place after a round, before they are recorded and sent
+    (a sensitivity check perturbs them; in place works for FedAvg, whose state holds the arrays)."""
     algorithm = make_algorithm(cell["algorithm"], plan.algorithm)
     config = RunConfig(rounds=plan.rounds, clients_per_round=plan.clients_per_round, seed=cell["seed"],
                        sampler="seeded", curve_split="validation",
@@ -217,6 +220,8 @@ def run_cell(cell: Mapping[str, Any], clients: Formulation, plan: GridPlan, *, p
     runner = SimulationRunner(algorithm=algorithm, config=config, initial=dict(initial or clients.initial()),
                               trainers={k: clients.make_trainer(k) for k in range(1, clients.num_clients + 1)})
     def after_round(record: RoundRecord) -> None:
+        if nudge is not None:
+            nudge(record.round, algorithm.shared_parameters(runner.state))
         if round_parameters is not None:
             round_parameters.append(shared_vector(algorithm, runner.state))
         if on_round is not None:

@@ -121,7 +121,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     print(f"round  plaintext pair, nudged after round {args.after_round}  secure vs plaintext (saved)")
     for n, (a, b) in enumerate(zip(result["perturbed_round_diffs"], result["secure_round_diffs"]), start=1):
         print(f"{n:5d}  {a:37.3g}  {b:27.3g}")
-    print(f"scores: rerun {result['score']:.4f} (saved {result['saved_score']:.4f}), perturbed start "
+    print(f"scores: rerun {result['score']:.4f} (saved {result['saved_score']:.4f}), nudged "
           f"{result['perturbed_score']:.4f}; largest change applied {result['applied']:.3g}; "
           f"{result['seconds']:.0f} s")
     if args.out:

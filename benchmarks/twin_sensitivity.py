@@ -12,8 +12,9 @@ float32; 0 moves the starting point instead, which also breaks the exact zeros o
 initialised adapters, whose first AdamW steps then turn 1e-8 into lr-sized moves). If the nudged pair
 drifts apart as the secure twin did, the growth is training's sensitivity to a 1e-8 change, and says
 nothing against the secure sum. The rerun's score is also compared with the saved plaintext run's:
-`rerun_equals_saved=false` means a rerun of the identical configuration in a fresh process (new
-memory layout, so other float summation orders in the math kernels) already ends elsewhere.
+`rerun_equals_saved=false` means a rerun of the identical configuration in a fresh process already
+ends elsewhere (the CPU math kernels do not promise one summation order across processes, and
+training amplifies any last-bit difference alike).
 
 Ends with one line:
 

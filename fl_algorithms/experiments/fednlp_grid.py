@@ -31,6 +31,7 @@ from fl_algorithms.engine.secure_sum import SecureAggregationConfig, SecureAggre
 from fl_algorithms.engine.sim import RoundRecord, RunConfig, SimulationRunner
 from fl_algorithms.experiments.tables import pyplot, save_figure
 from fl_algorithms.tasks.formulation import TASKS, Formulation, FormulationSettings, PartitionSpec
+from nlp_models.device import device_name
 
 FORMULATIONS = {
     "classification": "fl_algorithms.tasks.classification:ClassificationClients",
@@ -241,7 +242,7 @@ def run_cell(cell: Mapping[str, Any], clients: Formulation, plan: GridPlan, *, p
         "secure_seconds_per_round": float(np.mean([r.secure_seconds for r in history])),
         "bytes_uploaded_per_client_round": float(np.mean(uploads)) if uploads else 0.0,
         "parameters": int(final.size), "clipped_values": int(sum(r.clipped for r in history)),
-        "trivial": clients.trivial(),
+        "trivial": clients.trivial(), "device": device_name(clients.device),
     }
     return summary, final
 

@@ -169,6 +169,8 @@ class Formulation(Protocol):
     metric: str
     """The key of the headline metric in every client's `evaluate()` result (e.g. 'accuracy')."""
     settings: FormulationSettings
+    device: torch.device
+    """Where the clients train (results name it: devices agree only up to floating-point order)."""
 
     @property
     def num_clients(self) -> int: ...

@@ -40,6 +40,7 @@ def test_quick_grid_prints_one_line_per_task_and_resumes(tmp_path, capsys):
     rows = [json.loads(x) for x in (run / "cells.jsonl").read_text().splitlines()]
     assert len(rows) == 4 * 3  # fedavg and fedopt under SecAgg+, fedavg under a plaintext sum, per task
     assert {r["protocol"] for r in rows} == {"secagg+", "plain"}
+    assert {r["device"] for r in rows} == {"cpu"}  # every run names what ran it
     for name in ("grid.csv", "grid.md", "curves.png", "partitions.md", "partitions.png"):
         assert (run / name).stat().st_size > 0
     twins = [r for r in rows if r["protocol"] == "plain"]

@@ -45,7 +45,9 @@ def test_rerun_matches_the_saved_twin_and_the_perturbation_shows(tmp_path, capsy
     assert match.group(1) == "1" and match.group(6) == "true"   # the rerun in a fresh process repeats the saved run here
     # the nudge after round 1 is what round 1 records: about 1e-6, as the secure twin's round-1 difference is
     # the encoder's; the runs then differ by training alone
-    assert 5e-7 < float(match.group(2)) <= result["applied"] < 1.5e-6
+    # (the two runs' round-1 models may also differ in their last float bits, hence the 10% margin)
+    assert 5e-7 < result["applied"] < 1.5e-6
+    assert result["perturbed_round_diffs"][0] == pytest.approx(result["applied"], rel=0.1)
     assert float(match.group(3)) > 0
     assert len(result["perturbed_round_diffs"]) == len(result["secure_round_diffs"]) == 2
     assert (tmp_path / "t.json").is_file()

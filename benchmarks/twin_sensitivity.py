@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from fl_algorithms.experiments.cli import read_cells
-from fl_algorithms.experiments.fednlp_grid import cell_key, load_formulation, plan_from_record, run_cell
+from fl_algorithms.experiments.fednlp_grid import cell_key, flat_vector, load_formulation, plan_from_record, run_cell
 
 
 def perturbed(initial: Mapping[str, np.ndarray], *, size: float, seed: int) -> dict[str, np.ndarray]:
@@ -66,8 +66,7 @@ def check(run: Path, *, task: str, partition: str, seed: int, size: float, after
 
     def move(parts: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         moved = perturbed(parts, size=size, seed=seed)
-        applied.append(max(float(np.max(np.abs(np.asarray(moved[k], np.float64) - np.asarray(parts[k], np.float64))))
-                           for k in parts))
+        applied.append(float(np.max(np.abs(flat_vector(moved) - flat_vector(parts)))))
         return moved
 
     def nudge(round: int, parts: Mapping[str, np.ndarray]) -> None:

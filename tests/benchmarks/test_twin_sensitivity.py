@@ -1,5 +1,6 @@
 """benchmarks/twin_sensitivity.py on a tiny grid run: the plaintext rerun reproduces the saved twin,
-a perturbed start moves the run by about the perturbation, and bad input is refused."""
+a nudge after round 1 moves the run by about the nudge (a nudged start by far more), and bad input
+is refused."""
 import importlib
 import re
 import sys
@@ -42,7 +43,7 @@ def test_rerun_matches_the_saved_twin_and_the_perturbation_shows(tmp_path, capsy
                       "--no-progress", "--threads", "1", "--out", str(tmp_path / "t.json")])
     match = LINE.match(capsys.readouterr().out.strip().splitlines()[-1])
     assert match, result["line"]
-    assert match.group(1) == "1" and match.group(6) == "true"   # the rerun in a fresh process repeats the saved run here
+    assert match.group(1) == "1" and match.group(6) == "true"   # the rerun repeats the saved run (same process here)
     # the nudge after round 1 is what round 1 records: about 1e-6, as the secure twin's round-1 difference is
     # the encoder's; the runs then differ by training alone
     # (the two runs' round-1 models may also differ in their last float bits, hence the 10% margin)

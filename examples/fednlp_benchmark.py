@@ -21,7 +21,9 @@ cluster:ALPHA, FedNLP's k-means feature clusters, instead), quantity:BETA, clust
 Writes results/fednlp_grid/<run>/: cells.jsonl (one line per finished run), grid.csv and grid.md
 (score mean ± std over seeds per task, partition, protocol, algorithm), curves.png (validation curves
 per task and partition), partition_curves.png (with several partitions: per task and algorithm, one
-line per partition with its spread over seeds, FedNLP's Figure 5), partitions.md/.png (the partitions' statistics). The last lines are one per task:
+line per partition with its spread over seeds, FedNLP's Figure 5), partitions.md/.png (the partitions'
+statistics), paired.md (under the first secure protocol, paired by seed: each algorithm minus FedAvg per
+partition, and IID minus each other partition per algorithm, in points). The last lines are one per task:
     fednlp task=classification metric=acc trivial=.. fedavg=.. fedprox=.. fedopt=.. secure_vs_plain_max_diff=..
 with the first partition and secure protocol's test scores (mean over seeds), the trivial baseline
 (majority class, most frequent tag, the better of first-entity and empty answer, lead words of the
@@ -48,8 +50,9 @@ import torch
 from fl_algorithms.experiments.cli import (add_run_args, append_cell, comma_list, open_run, parse_grid_args,
                                            read_cells, start_workers)
 from fl_algorithms.experiments.fednlp_grid import (ALGORITHMS, METRIC_NAMES, PROTOCOLS, WIDENABLE, GridPlan, aggregate,
-                                                   cell_key, encoder_bound, flat_vector, load_formulation, partition_for,
-                                                   plan_from_record, plan_record, plot_curves, plot_partition_curves, run_cell,
+                                                   cell_key, encoder_bound, flat_vector, load_formulation,
+                                                   paired_comparisons, partition_for, plan_from_record, plan_record,
+                                                   plot_curves, plot_partition_curves, run_cell, write_paired,
                                                    write_table)
 from fl_algorithms.experiments.layer_freezing import FreezingPlan, plot_freezing, run_freezing, write_freezing
 from fl_algorithms.experiments.parallel import pending
@@ -265,6 +268,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     partitions_md = [f"- {name}: {summary_line(partition_summary(p))}" for name, p in partition_sets.items()]
     table = aggregate(rows)
     write_table(table, csv_path=run / "grid.csv", md_path=run / "grid.md")
+    paired = paired_comparisons(rows, protocol=plan.protocols[0])
+    if paired:
+        write_paired(paired, md_path=run / "paired.md")
     plot_curves(rows, path=run / "curves.png")
     if len({r["partition"] for r in rows}) > 1:
         plot_partition_curves(rows, path=run / "partition_curves.png", protocol=plan.protocols[0])
@@ -272,6 +278,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         (run / "partitions.md").write_text("\n".join(partitions_md) + "\n")
         plot_partitions(partition_sets, path=run / "partitions.png")
     print(f"\n{(run / 'grid.md').read_text()}")
+    if paired:
+        print(f"paired by seed ({plan.protocols[0]}):\n{(run / 'paired.md').read_text()}")
     print(f"wrote {run / 'grid.csv'}, {run / 'curves.png'}; {time.perf_counter() - t0:.0f} s")
     lines = []
     for task in plan.tasks:

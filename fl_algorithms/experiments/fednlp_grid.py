@@ -29,7 +29,7 @@ from fl_algorithms.algorithms.fedprox import FedProx
 from fl_algorithms.api import Algorithm
 from fl_algorithms.engine.secure_sum import SecureAggregationConfig, SecureAggregator
 from fl_algorithms.engine.sim import RoundRecord, RunConfig, SimulationRunner
-from fl_algorithms.experiments.tables import pyplot, save_figure
+from fl_algorithms.experiments.tables import grouped, paired_difference, pyplot, save_figure
 from fl_algorithms.tasks.formulation import TASKS, Formulation, FormulationSettings, PartitionSpec
 from nlp_models.device import device_name
 
@@ -274,6 +274,54 @@ def aggregate(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def paired_comparisons(rows: Sequence[Mapping[str, Any]], *, protocol: str, baseline: str = "fedavg",
+                       reference: str = "iid") -> list[dict[str, Any]]:
+    """What FedNLP's Table 2 and its non-IID study compare, paired by seed (same split, same initial
+    model) over `protocol`'s runs: each algorithm minus `baseline` within a (task, partition), and the
+    `reference` partition minus each other partition within a (task, algorithm). Differences are in
+    metric units; seeds present on one side only are left out (`seeds` says how many were paired)."""
+    mine = [r for r in rows if r["protocol"] == protocol]
+    out = []
+    for (task, partition), members in grouped(mine, key=lambda r: (r["task"], r["partition"])).items():
+        by_algorithm = _scores_by(members, "algorithm")
+        for algorithm, scores in by_algorithm.items():
+            if algorithm != baseline and baseline in by_algorithm:
+                out.append(_paired(task, f"{algorithm} - {baseline}", partition, scores, by_algorithm[baseline]))
+    for (task, algorithm), members in grouped(mine, key=lambda r: (r["task"], r["algorithm"])).items():
+        by_partition = _scores_by(members, "partition")
+        for partition, scores in by_partition.items():
+            if partition != reference and reference in by_partition:
+                out.append(_paired(task, f"{reference} - {partition}", algorithm, by_partition[reference], scores))
+    return [r for r in out if r is not None]
+
+
+def _scores_by(rows: Sequence[Mapping[str, Any]], column: str) -> dict[str, dict[int, float]]:
+    return {value: {r["seed"]: r["score"] for r in members}
+            for value, members in grouped(rows, key=lambda r: r[column]).items()}
+
+
+def _paired(task: str, comparison: str, within: str, ours: Mapping[int, float],
+            theirs: Mapping[int, float]) -> dict[str, Any] | None:
+    difference = paired_difference(ours, theirs)
+    if difference is None:
+        return None
+    by_seed = {seed: ours[seed] - theirs[seed] for seed in sorted(ours) if seed in theirs}
+    return {"task": task, "comparison": comparison, "within": within, "by_seed": by_seed, **difference}
+
+
+def write_paired(rows: Sequence[Mapping[str, Any]], *, md_path: Path) -> None:
+    """`paired_comparisons` as Markdown, in points (metric x 100): mean, its 95% Student-t interval, and
+    each seed's difference."""
+    header = ["task", "comparison", "within", "mean (points)", "95% interval", "by seed"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    for r in rows:
+        interval = "n/a (one seed)" if r["seeds"] < 2 else f"{100 * r['low']:+.1f} .. {100 * r['high']:+.1f}"
+        seeds = ", ".join(f"{100 * d:+.1f}" for d in r["by_seed"].values())
+        lines.append(f"| {r['task']} | {r['comparison']} | {r['within']} | {100 * r['mean']:+.1f} | {interval} | "
+                     f"{seeds} |")
+    md_path.write_text("\n".join(lines) + "\n")
+
+
 def write_table(rows: Sequence[Mapping[str, Any]], *, csv_path: Path, md_path: Path) -> None:
     """The grid as CSV (every column) and Markdown (score ± std per cell)."""
     import csv
@@ -365,5 +413,5 @@ def plan_from_record(raw: Mapping[str, Any]) -> GridPlan:
 
 __all__ = ["FORMULATIONS", "ALGORITHMS", "PROTOCOLS", "METRIC_NAMES", "TASK_DEFAULTS", "AlgorithmSettings",
            "make_algorithm", "load_formulation", "GridPlan", "WIDENABLE", "cell_key", "secure_config", "flat_vector", "shared_vector", "run_cell",
-           "encoder_bound", "aggregate", "write_table", "plot_curves", "plot_partition_curves", "plan_record",
+           "encoder_bound", "aggregate", "paired_comparisons", "write_paired", "write_table", "plot_curves", "plot_partition_curves", "plan_record",
            "plan_from_record", "partition_for"]

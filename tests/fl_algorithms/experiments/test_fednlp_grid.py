@@ -5,6 +5,7 @@ from fl_algorithms.algorithms.fedavg import FedAvg
 from fl_algorithms.algorithms.fedopt import FedAvgM, FedYogi
 from fl_algorithms.algorithms.fedprox import FedProx
 from fl_algorithms.experiments.fednlp_grid import (AlgorithmSettings, GridPlan, aggregate, cell_key, make_algorithm,
+                                                   paired_comparisons, write_paired,
                                                    plan_from_record, plan_record)
 
 
@@ -112,3 +113,31 @@ def test_partition_curves_draw_each_partition_in_one_colour_with_its_seed_count(
     assert {label for label, _, _ in drawn} == {"iid (2 seeds)", "label:0.1 (2 seeds)"}
     assert len({(label, colour) for label, colour, _ in drawn}) == 2
     assert all(y == pytest.approx([0.7, 0.9]) for _, _, y in drawn)  # the mean over seeds
+
+
+def test_paired_comparisons_pair_by_seed_within_the_secure_protocol_only():
+    def row(algorithm, partition, seed, score, protocol="secagg+"):
+        return dict(task="tagging", partition=partition, protocol=protocol, algorithm=algorithm, seed=seed, score=score)
+
+    rows = [row("fedavg", "iid", 0, 0.40), row("fedavg", "iid", 1, 0.50), row("fedavg", "iid", 2, 0.60),
+            row("fedopt", "iid", 0, 0.30), row("fedopt", "iid", 1, 0.45),  # seed 2 not finished
+            row("fedavg", "cluster:0.1", 0, 0.45), row("fedavg", "cluster:0.1", 1, 0.40),
+            row("fedavg", "iid", 0, 0.99, protocol="plain"), row("fedopt", "cluster:0.1", 3, 0.1)]
+    found = {(r["comparison"], r["within"]): r for r in paired_comparisons(rows, protocol="secagg+")}
+    assert set(found) == {("fedopt - fedavg", "iid"), ("iid - cluster:0.1", "fedavg")}  # no common seed: none
+    opt = found["fedopt - fedavg", "iid"]
+    assert opt["by_seed"] == pytest.approx({0: -0.10, 1: -0.05}) and opt["seeds"] == 2
+    assert opt["mean"] == pytest.approx(-0.075) and opt["low"] < -0.075 < opt["high"]
+    gap = found["iid - cluster:0.1", "fedavg"]
+    assert gap["by_seed"] == pytest.approx({0: -0.05, 1: 0.10}) and gap["mean"] == pytest.approx(0.025)
+
+
+def test_paired_table_is_in_points_with_each_seed(tmp_path):
+    rows = [dict(task="qa", comparison="fedprox - fedavg", within="iid", by_seed={0: 0.012, 1: -0.004},
+                 mean=0.004, low=-0.1, high=0.108, seeds=2),
+            dict(task="qa", comparison="iid - label:0.1", within="fedavg", by_seed={0: 0.05},
+                 mean=0.05, low=float("nan"), high=float("nan"), seeds=1)]
+    write_paired(rows, md_path=tmp_path / "paired.md")
+    lines = (tmp_path / "paired.md").read_text().splitlines()
+    assert lines[2] == "| qa | fedprox - fedavg | iid | +0.4 | -10.0 .. +10.8 | +1.2, -0.4 |"
+    assert lines[3] == "| qa | iid - label:0.1 | fedavg | +5.0 | n/a (one seed) | +5.0 |"

@@ -43,6 +43,9 @@ def test_quick_grid_prints_one_line_per_task_and_resumes(tmp_path, capsys):
     assert {r["device"] for r in rows} == {"cpu"}  # every run names what ran it
     for name in ("grid.csv", "grid.md", "curves.png", "partitions.md", "partitions.png"):
         assert (run / name).stat().st_size > 0
+    paired = (run / "paired.md").read_text().splitlines()[2:]  # one seed, one partition: FedOPT - FedAvg per task
+    assert [line.split(" | ")[:3] for line in paired] == [[f"| {task}", "fedopt - fedavg", "iid"] for task in
+                                                          ("classification", "tagging", "qa", "seq2seq")]
     twins = [r for r in rows if r["protocol"] == "plain"]
     # the encoder's error (bound ~5e-9 per round here) plus float32 rounding of O(1) parameters
     assert all(0 < r["encoder_bound"] < 1e-7 and r["secure_vs_plain_max_diff"] < 1e-6 for r in twins)

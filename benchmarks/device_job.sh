@@ -3,10 +3,11 @@
 # by side on the GPU until SECONDS are spent, and bring every run directory back as one archive.
 #
 #   bash benchmarks/device_job.sh SECONDS SPEC [SPEC ...]
-#   SPEC = "SCRIPT:WORKERS:RUN_DIR[:EXTRA ARGS]"    e.g. "atc_secure.py:6:results/atc/full_h200:--full"
+#   SPEC = "SCRIPT:WORKERS:RUN_DIR[:EXTRA ARGS][|RESUME ARGS]"   e.g. "atc_secure.py:6:results/atc/full_h200:--full"
 #
 # A RUN_DIR that holds plan.json (carried from an earlier call or session: name it in `carry`) is
-# resumed: its finished cells are skipped. Otherwise the grid starts there with EXTRA ARGS. Grids stop
+# resumed with RESUME ARGS (the FedNLP grid grows by --tasks/--algorithms/--partitions/--seeds there;
+# other grids take none): its finished cells are skipped. Otherwise the grid starts there with EXTRA ARGS. Grids stop
 # SECONDS after the start less a margin; cells they finished are kept (cells.jsonl), so the next call
 # resumes them. Everything comes back as $OUT/runs.tgz (checkpoints, caches and claims left out), since
 # the machine returns files only a few folders deep. Needs the bundle of `python -m benchmarks.offline_bundle`
@@ -26,12 +27,14 @@ LEFT=$(( BUDGET - ($(date +%s) - T0) - 20 ))
 echo "grids get $LEFT s"
 pids=(); dirs=()
 for spec in "$@"; do
-  IFS=':' read -r script workers run extra <<< "$spec"
+  resume=""
+  if [[ "$spec" == *"|"* ]]; then resume=${spec#*|}; spec=${spec%%|*}; fi
+  IFS=':' read -r script workers run extra <<< "$spec"  # extra keeps its own colons (label:0.1)
   name=$(basename "$run")-$(basename "$script" .py)
   common=(--device cuda --workers "$workers" --threads 1 --no-progress)
   if [ -f "$run/plan.json" ]; then
     # shellcheck disable=SC2086
-    (timeout "$LEFT" python3 "examples/$script" --resume "$run" "${common[@]}" > "$OUT/$name.log" 2>&1
+    (timeout "$LEFT" python3 "examples/$script" --resume "$run" "${common[@]}" ${resume:-} > "$OUT/$name.log" 2>&1
      echo "$name rc=$? after $(( $(date +%s) - T0 )) s") &
   else
     # shellcheck disable=SC2086

@@ -237,6 +237,8 @@ def run_cell(cell: Mapping[str, Any], clients: Formulation, plan: GridPlan, *, p
     uploads = [b for r in history for b in r.bytes_uploaded.values()]
     summary = {
         **cell, "metric": metric, "score": history[-1].mean(metric),
+        "client_scores": [history[-1].metrics[k][metric] for k in sorted(history[-1].metrics)
+                          if metric in history[-1].metrics[k]],  # test metric per client, by client id
         "curve": [r.mean(f"validation_{metric}") for r in history],
         "seconds": seconds, "round_seconds": seconds / len(history),
         "secure_seconds_per_round": float(np.mean([r.secure_seconds for r in history])),

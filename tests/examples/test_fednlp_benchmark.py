@@ -41,6 +41,8 @@ def test_quick_grid_prints_one_line_per_task_and_resumes(tmp_path, capsys):
     assert len(rows) == 4 * 3  # fedavg and fedopt under SecAgg+, fedavg under a plaintext sum, per task
     assert {r["protocol"] for r in rows} == {"secagg+", "plain"}
     assert {r["device"] for r in rows} == {"cpu"}  # every run names what ran it
+    for r in rows:  # the score is the mean over clients of each client's test metric, each one kept
+        assert len(r["client_scores"]) == 3 and r["score"] == pytest.approx(sum(r["client_scores"]) / 3)
     for name in ("grid.csv", "grid.md", "curves.png", "partitions.md", "partitions.png"):
         assert (run / name).stat().st_size > 0
     paired = (run / "paired.md").read_text().splitlines()[2:]  # one seed, one partition: FedOPT - FedAvg per task

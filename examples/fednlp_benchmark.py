@@ -23,7 +23,10 @@ Writes results/fednlp_grid/<run>/: cells.jsonl (one line per finished run), grid
 per task and partition), partition_curves.png (with several partitions: per task and algorithm, one
 line per partition with its spread over seeds, FedNLP's Figure 5), partitions.md/.png (the partitions'
 statistics), paired.md (under the first secure protocol, paired by seed: each algorithm minus FedAvg per
-partition, and IID minus each other partition per algorithm, in points). The last lines are one per task:
+partition, and IID minus each other partition per algorithm, in points, of the score and of the pooled
+score). A run's `score` is the mean over clients of each client's test metric; its `pooled_score` is the
+metric over the union of the clients' test splits, FedNLP's global test set (under a skewed partition the
+two differ: small clients count as much as large ones in the first). The last lines are one per task:
     fednlp task=classification metric=acc trivial=.. fedavg=.. fedprox=.. fedopt=.. secure_vs_plain_max_diff=..
 with the first partition and secure protocol's test scores (mean over seeds), the trivial baseline
 (majority class, most frequent tag, the better of first-entity and empty answer, lead words of the
@@ -268,7 +271,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     partitions_md = [f"- {name}: {summary_line(partition_summary(p))}" for name, p in partition_sets.items()]
     table = aggregate(rows)
     write_table(table, csv_path=run / "grid.csv", md_path=run / "grid.md")
-    paired = paired_comparisons(rows, protocol=plan.protocols[0])
+    paired = {title: found for title, value in (("mean over clients (score)", "score"),
+                                                ("pooled over all test examples (pooled_score)", "pooled_score"))
+              if (found := paired_comparisons(rows, protocol=plan.protocols[0], value=value))}
     if paired:
         write_paired(paired, md_path=run / "paired.md")
     plot_curves(rows, path=run / "curves.png")

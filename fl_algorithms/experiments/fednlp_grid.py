@@ -234,11 +234,12 @@ def run_cell(cell: Mapping[str, Any], clients: Formulation, plan: GridPlan, *, p
     seconds = time.perf_counter() - start
     metric = clients.metric
     final = shared_vector(algorithm, runner.state)
+    tested = {k: m for k, m in sorted(history[-1].metrics.items()) if metric in m}  # test metrics by client
     uploads = [b for r in history for b in r.bytes_uploaded.values()]
     summary = {
         **cell, "metric": metric, "score": history[-1].mean(metric),
-        "client_scores": [history[-1].metrics[k][metric] for k in sorted(history[-1].metrics)
-                          if metric in history[-1].metrics[k]],  # test metric per client, by client id
+        "pooled_score": clients.pooled(tested),  # over the union of the test splits, as FedNLP scores
+        "client_scores": [m[metric] for m in tested.values()],  # test metric per client, by client id
         "curve": [r.mean(f"validation_{metric}") for r in history],
         "seconds": seconds, "round_seconds": seconds / len(history),
         "secure_seconds_per_round": float(np.mean([r.secure_seconds for r in history])),
@@ -267,6 +268,7 @@ def aggregate(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
         out.append({"task": task, "partition": partition, "protocol": protocol, "algorithm": algorithm,
                     "metric": members[0]["metric"], "mean": float(np.mean(scores)),
                     "std": float(np.std(scores, ddof=1)) if len(scores) > 1 else 0.0, "seeds": len(scores),
+                    **_pooled_columns(members),
                     "trivial": float(np.mean([m["trivial"] for m in members])),
                     "round_seconds": float(np.mean([m["round_seconds"] for m in members])),
                     "secure_seconds_per_round": float(np.mean([m["secure_seconds_per_round"] for m in members])),
@@ -276,13 +278,23 @@ def aggregate(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def _pooled_columns(members: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+    """Mean and std of the pooled scores over seeds; nan where a run predates them (cells written before
+    the grid recorded `pooled_score`)."""
+    pooled = [m.get("pooled_score", float("nan")) for m in members]
+    return {"pooled_mean": float(np.mean(pooled)),
+            "pooled_std": float(np.std(pooled, ddof=1)) if len(pooled) > 1 else 0.0}
+
+
 def paired_comparisons(rows: Sequence[Mapping[str, Any]], *, protocol: str, baseline: str = "fedavg",
-                       reference: str = "iid") -> list[dict[str, Any]]:
+                       reference: str = "iid", value: str = "score") -> list[dict[str, Any]]:
     """What FedNLP's Table 2 and its non-IID study compare, paired by seed (same split, same initial
     model) over `protocol`'s runs: each algorithm minus `baseline` within a (task, partition), and the
-    `reference` partition minus each other partition within a (task, algorithm). Differences are in
-    metric units; seeds present on one side only are left out (`seeds` says how many were paired)."""
-    mine = [r for r in rows if r["protocol"] == protocol]
+    `reference` partition minus each other partition within a (task, algorithm), of `value` ('score':
+    the mean over clients; 'pooled_score': over all test examples). Differences are in metric units;
+    seeds present on one side only, and runs without `value`, are left out (`seeds` says how many
+    were paired)."""
+    mine = [{**r, "score": r[value]} for r in rows if r["protocol"] == protocol and value in r]
     out = []
     for (task, partition), members in grouped(mine, key=lambda r: (r["task"], r["partition"])).items():
         by_algorithm = _scores_by(members, "algorithm")
@@ -311,17 +323,20 @@ def _paired(task: str, comparison: str, within: str, ours: Mapping[int, float],
     return {"task": task, "comparison": comparison, "within": within, "by_seed": by_seed, **difference}
 
 
-def write_paired(rows: Sequence[Mapping[str, Any]], *, md_path: Path) -> None:
-    """`paired_comparisons` as Markdown, in points (metric x 100): mean, its 95% Student-t interval, and
-    each seed's difference."""
+def write_paired(sections: Mapping[str, Sequence[Mapping[str, Any]]], *, md_path: Path) -> None:
+    """`paired_comparisons` as Markdown, one table per titled section, in points (metric x 100): mean,
+    its 95% Student-t interval, and each seed's difference."""
     header = ["task", "comparison", "within", "mean (points)", "95% interval", "by seed"]
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    for r in rows:
-        interval = "n/a (one seed)" if r["seeds"] < 2 else f"{100 * r['low']:+.1f} .. {100 * r['high']:+.1f}"
-        seeds = ", ".join(f"{100 * d:+.1f}" for d in r["by_seed"].values())
-        lines.append(f"| {r['task']} | {r['comparison']} | {r['within']} | {100 * r['mean']:+.1f} | {interval} | "
-                     f"{seeds} |")
-    md_path.write_text("\n".join(lines) + "\n")
+    lines: list[str] = []
+    for title, rows in sections.items():
+        lines += [f"## {title}", "", "| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+        for r in rows:
+            interval = "n/a (one seed)" if r["seeds"] < 2 else f"{100 * r['low']:+.1f} .. {100 * r['high']:+.1f}"
+            seeds = ", ".join(f"{100 * d:+.1f}" for d in r["by_seed"].values())
+            lines.append(f"| {r['task']} | {r['comparison']} | {r['within']} | {100 * r['mean']:+.1f} | {interval} | "
+                         f"{seeds} |")
+        lines.append("")
+    md_path.write_text("\n".join(lines))
 
 
 def write_table(rows: Sequence[Mapping[str, Any]], *, csv_path: Path, md_path: Path) -> None:
@@ -333,12 +348,15 @@ def write_table(rows: Sequence[Mapping[str, Any]], *, csv_path: Path, md_path: P
         writer = csv.DictWriter(handle, fieldnames=columns)
         writer.writeheader()
         writer.writerows(rows)
-    header = ["task", "metric", "partition", "protocol", "algorithm", "score (mean ± std)", "seeds", "trivial",
-              "round s", "secure s/round", "parameters"]
+    header = ["task", "metric", "partition", "protocol", "algorithm", "score (mean ± std)", "pooled (mean ± std)",
+              "seeds", "trivial", "round s", "secure s/round", "parameters"]
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     for r in rows:
         lines.append("| " + " | ".join([r["task"], r["metric"], r["partition"], r["protocol"], r["algorithm"],
-                                        f"{r['mean']:.4f} ± {r['std']:.4f}", str(r["seeds"]), f"{r['trivial']:.4f}",
+                                        f"{r['mean']:.4f} ± {r['std']:.4f}",
+                                        "n/a" if np.isnan(r["pooled_mean"]) else
+                                        f"{r['pooled_mean']:.4f} ± {r['pooled_std']:.4f}",
+                                        str(r["seeds"]), f"{r['trivial']:.4f}",
                                         f"{r['round_seconds']:.2f}", f"{r['secure_seconds_per_round']:.3f}",
                                         f"{r['parameters']:,}"]) + " |")
     md_path.write_text("\n".join(lines) + "\n")

@@ -194,9 +194,16 @@ class Formulation(Protocol):
         """The trivial baseline's `metric`, the mean over clients of each client's test-split score."""
         ...
 
+    def pooled(self, metrics: Mapping[int, Mapping[str, float]]) -> float:
+        """`metric` over the union of the clients' test splits, from each client's test metrics (by
+        client id): FedNLP's score, its global model on the global test set (its
+        `test_on_the_server` concatenates the clients' test data)."""
+        ...
+
 
 def mean_over_clients(scores: Sequence[float]) -> float:
-    """The unweighted mean of per-client scores (FedNLP reports per-client averages the same way)."""
+    """The unweighted mean of per-client scores: every client counts once, whatever its size (the
+    grid's `score`; `Formulation.pooled` is the score over all test examples instead)."""
     if not scores:
         raise ValueError("no client scores")
     return float(np.mean(np.asarray(scores, dtype=np.float64)))
@@ -308,6 +315,16 @@ class FormulationClients:
     def trivial(self) -> float:
         """The trivial baseline's `metric`, the mean over clients of each client's test score."""
         return mean_over_clients([self.trivial_scores(k)[self.metric] for k in range(1, self.num_clients + 1)])
+
+    def pooled(self, metrics: Mapping[int, Mapping[str, float]]) -> float:
+        """`metric` over the union of the test splits, for a metric that is a mean over test examples
+        (accuracy, SQuAD F1 over questions, ROUGE over articles): each client's score weighted by its
+        example count `n` (its test split's size where the metrics give none). A metric that is not
+        such a mean (span F1) overrides this."""
+        weights = [float(m["n"]) if "n" in m else float(len(self.rows(k)["test"])) for k, m in metrics.items()]
+        if not weights or sum(weights) <= 0:
+            raise ValueError("no test examples to pool")
+        return float(np.dot(weights, [m[self.metric] for m in metrics.values()]) / sum(weights))
 
 
 __all__ = ["TASKS", "SPLITS", "PARTITION_KINDS", "PartitionSpec", "FormulationSettings", "Shards", "Formulation", "mean_over_clients",

@@ -21,7 +21,7 @@ mean-pooled sentence embeddings, as FedNLP does for tagging.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any, NamedTuple
@@ -29,6 +29,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 from seqeval import metrics as seqeval_metrics
+from seqeval.metrics.sequence_labeling import get_entities
 from torch import nn
 from torch.nn import functional as F
 
@@ -134,12 +135,31 @@ def word_tags(predicted: torch.Tensor, word_index: torch.Tensor, *, num_words: i
 
 
 def span_scores(gold: Sequence[Sequence[str]], predicted: Sequence[Sequence[str]]) -> dict[str, float]:
-    """seqeval's span F1/precision/recall (conlleval mode, 0 where undefined) and word accuracy."""
+    """seqeval's span F1/precision/recall (conlleval mode, 0 where undefined) and word accuracy, with
+    the span counts behind them (`span_counts`), so that scores can be pooled over clients."""
     true, pred = [list(s) for s in gold], [list(s) for s in predicted]
     return {"span_f1": float(seqeval_metrics.f1_score(true, pred, zero_division=0)),
             "span_precision": float(seqeval_metrics.precision_score(true, pred, zero_division=0)),
             "span_recall": float(seqeval_metrics.recall_score(true, pred, zero_division=0)),
-            "token_accuracy": float(seqeval_metrics.accuracy_score(true, pred))}
+            "token_accuracy": float(seqeval_metrics.accuracy_score(true, pred)),
+            **{k: float(v) for k, v in span_counts(true, pred).items()}}
+
+
+def span_counts(gold: Sequence[Sequence[str]], predicted: Sequence[Sequence[str]]) -> dict[str, int]:
+    """Gold spans, predicted spans and exactly matching ones (type, start, end), as seqeval's micro
+    scores count them (its `get_entities`); counts add over disjoint sets of sentences."""
+    true = {(kind, start, end) for kind, start, end in get_entities([list(s) for s in gold])}
+    pred = {(kind, start, end) for kind, start, end in get_entities([list(s) for s in predicted])}
+    return {"spans_gold": len(true), "spans_predicted": len(pred), "spans_correct": len(true & pred)}
+
+
+def pooled_span_f1(counts: Iterable[Mapping[str, float]]) -> float:
+    """Micro span F1 over the union of several sentence sets from their `span_counts` (0 where undefined,
+    as seqeval): 2 * correct / (gold + predicted)."""
+    rows = list(counts)
+    correct = sum(r["spans_correct"] for r in rows)
+    total = sum(r["spans_gold"] + r["spans_predicted"] for r in rows)
+    return 2.0 * correct / total if total else 0.0
 
 
 def token_loss(model: nn.Module, batch: TaggedBatch) -> torch.Tensor:
@@ -264,6 +284,10 @@ class TaggingClients(FormulationClients):
         return self.split_trainer(client_id, model=self._model(), data=self.client_data(client_id), loss_fn=token_loss,
                                   metric_fn=lambda m, batches: tagging_metrics(m, batches, label_names=names))
 
+    def pooled(self, metrics: Mapping[int, Mapping[str, float]]) -> float:
+        """Span F1 over the union of the clients' test sentences: micro, from their span counts."""
+        return pooled_span_f1(metrics.values())
+
     def trivial_scores(self, client_id: int) -> dict[str, float]:
         """The most-frequent-tag baseline on client `client_id`'s test split (no model needed)."""
         parts = self.rows(client_id)
@@ -271,5 +295,6 @@ class TaggingClients(FormulationClients):
 
 
 __all__ = ["ADAPTER_SET", "EncodedTags", "encode_tagged", "TaggedBatch", "TaggedSplit", "word_tags", "span_scores",
+           "span_counts", "pooled_span_f1",
            "token_loss", "tagging_metrics", "most_frequent_tag_scores", "TokenTagger", "build_token_tagger",
            "TaggingClients"]

@@ -43,11 +43,16 @@ def test_quick_grid_prints_one_line_per_task_and_resumes(tmp_path, capsys):
     assert {r["device"] for r in rows} == {"cpu"}  # every run names what ran it
     for r in rows:  # the score is the mean over clients of each client's test metric, each one kept
         assert len(r["client_scores"]) == 3 and r["score"] == pytest.approx(sum(r["client_scores"]) / 3)
+        # pooled over all test examples: a weighted mean of the clients' scores (weights: examples, or spans)
+        assert min(r["client_scores"]) - 1e-12 <= r["pooled_score"] <= max(r["client_scores"]) + 1e-12
     for name in ("grid.csv", "grid.md", "curves.png", "partitions.md", "partitions.png"):
         assert (run / name).stat().st_size > 0
-    paired = (run / "paired.md").read_text().splitlines()[2:]  # one seed, one partition: FedOPT - FedAvg per task
-    assert [line.split(" | ")[:3] for line in paired] == [[f"| {task}", "fedopt - fedavg", "iid"] for task in
-                                                          ("classification", "tagging", "qa", "seq2seq")]
+    paired = (run / "paired.md").read_text().split("## ")[1:]  # one seed, one partition: FedOPT - FedAvg per task
+    assert [section.splitlines()[0] for section in paired] == ["mean over clients (score)",
+                                                               "pooled over all test examples (pooled_score)"]
+    for section in paired:
+        assert [line.split(" | ")[:3] for line in section.splitlines()[4:] if line] == [
+            [f"| {task}", "fedopt - fedavg", "iid"] for task in ("classification", "tagging", "qa", "seq2seq")]
     twins = [r for r in rows if r["protocol"] == "plain"]
     # the encoder's error (bound ~5e-9 per round here) plus float32 rounding of O(1) parameters
     assert all(0 < r["encoder_bound"] < 1e-7 and r["secure_vs_plain_max_diff"] < 1e-6 for r in twins)

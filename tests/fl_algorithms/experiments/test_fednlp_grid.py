@@ -1,4 +1,5 @@
 """The grid's plan, algorithms and aggregation (the runs themselves: tests/examples/test_fednlp_benchmark.py)."""
+import numpy as np
 import pytest
 
 from fl_algorithms.algorithms.fedavg import FedAvg
@@ -77,6 +78,10 @@ def test_aggregate_is_mean_and_sample_std_over_seeds():
     assert len(rows) == 1
     assert rows[0]["mean"] == pytest.approx(0.3) and rows[0]["std"] == pytest.approx(0.1414213562)
     assert rows[0]["seeds"] == 2
+    assert np.isnan(rows[0]["pooled_mean"])  # cells written before pooled scores were recorded
+    pooled = aggregate([{**base, "seed": 0, "score": 0.2, "pooled_score": 0.3},
+                        {**base, "seed": 1, "score": 0.4, "pooled_score": 0.5}])
+    assert pooled[0]["pooled_mean"] == pytest.approx(0.4) and pooled[0]["pooled_std"] == pytest.approx(0.1414213562)
 
 
 def test_curves_give_each_algorithm_one_colour_in_every_panel(tmp_path, monkeypatch):
@@ -137,7 +142,19 @@ def test_paired_table_is_in_points_with_each_seed(tmp_path):
                  mean=0.004, low=-0.1, high=0.108, seeds=2),
             dict(task="qa", comparison="iid - label:0.1", within="fedavg", by_seed={0: 0.05},
                  mean=0.05, low=float("nan"), high=float("nan"), seeds=1)]
-    write_paired(rows, md_path=tmp_path / "paired.md")
+    write_paired({"mean over clients": rows, "pooled": rows[:1]}, md_path=tmp_path / "paired.md")
     lines = (tmp_path / "paired.md").read_text().splitlines()
-    assert lines[2] == "| qa | fedprox - fedavg | iid | +0.4 | -10.0 .. +10.8 | +1.2, -0.4 |"
-    assert lines[3] == "| qa | iid - label:0.1 | fedavg | +5.0 | n/a (one seed) | +5.0 |"
+    assert lines[0] == "## mean over clients" and lines[7] == "## pooled"
+    assert lines[4] == "| qa | fedprox - fedavg | iid | +0.4 | -10.0 .. +10.8 | +1.2, -0.4 |"
+    assert lines[5] == "| qa | iid - label:0.1 | fedavg | +5.0 | n/a (one seed) | +5.0 |"
+    assert lines[11:] == ["| qa | fedprox - fedavg | iid | +0.4 | -10.0 .. +10.8 | +1.2, -0.4 |"]
+
+
+def test_paired_comparisons_of_the_pooled_score_skip_runs_that_lack_it():
+    rows = [dict(task="qa", partition="iid", protocol="secagg+", algorithm=a, seed=s, score=0.5, **pooled)
+            for a, s, pooled in (("fedavg", 0, {"pooled_score": 0.40}), ("fedopt", 0, {"pooled_score": 0.43}),
+                                 ("fedavg", 1, {}), ("fedopt", 1, {"pooled_score": 0.9}))]
+    (found,) = paired_comparisons(rows, protocol="secagg+", value="pooled_score")
+    assert found["by_seed"] == pytest.approx({0: 0.03}) and found["seeds"] == 1
+    (mean,) = paired_comparisons(rows, protocol="secagg+")
+    assert mean["by_seed"] == {0: 0.0, 1: 0.0}

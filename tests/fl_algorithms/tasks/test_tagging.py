@@ -4,6 +4,8 @@ from dataclasses import replace
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch import nn
 from torch.nn import functional as F
 
@@ -14,7 +16,7 @@ import seqeval.metrics  # noqa: E402
 
 from fl_algorithms.tasks.formulation import FormulationSettings  # noqa: E402
 from fl_algorithms.tasks.tagging import (TaggedSplit, TaggingClients, encode_tagged,  # noqa: E402
-                                         most_frequent_tag_scores, tagging_metrics)
+                                         most_frequent_tag_scores, pooled_span_f1, span_scores, tagging_metrics)
 from nlp_models.backbone import load_tokenizer  # noqa: E402
 from nlp_models.frozen_prefix import CachedSplit  # noqa: E402
 
@@ -89,7 +91,8 @@ def test_training_lowers_the_training_loss(clients):
     assert after["loss"] < 0.7 * before["loss"]
     assert after["token_accuracy"] > before["token_accuracy"]
     result = trainer.evaluate(split="validation")
-    assert set(result) == {"span_f1", "span_precision", "span_recall", "token_accuracy", "loss", "n"}
+    assert set(result) == {"span_f1", "span_precision", "span_recall", "token_accuracy", "loss", "n", "spans_gold",
+                           "spans_predicted", "spans_correct"}
     assert result["n"] == len(clients.client_data(2)["validation"])
 
 
@@ -134,6 +137,26 @@ def test_metrics_are_seqevals_on_word_sequences_with_truncated_words_as_o():
     expected_loss = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=-100)
     assert result["loss"] == pytest.approx(float(expected_loss), rel=1e-6)
     assert result["n"] == 2
+    assert (result["spans_gold"], result["spans_predicted"], result["spans_correct"]) == (4, 3, 2)
+
+
+TAGS = ("O", "B-person", "I-person", "B-geo-loc", "I-geo-loc", "I-other")  # I- without B- opens a span too
+SENTENCES = st.lists(st.lists(st.tuples(st.sampled_from(TAGS), st.sampled_from(TAGS)), min_size=1, max_size=8),
+                     min_size=1, max_size=12)
+
+
+@settings(max_examples=60, deadline=None)
+@given(SENTENCES, st.data())
+def test_pooled_span_f1_is_seqevals_f1_over_the_union_of_the_clients_sentences(sentences, data):
+    gold = [[g for g, _ in s] for s in sentences]
+    predicted = [[p for _, p in s] for s in sentences]
+    owner = data.draw(st.lists(st.integers(0, 3), min_size=len(sentences), max_size=len(sentences)))
+    per_client = [span_scores([g for g, o in zip(gold, owner) if o == k], [p for p, o in zip(predicted, owner) if o == k])
+                  for k in sorted(set(owner))]
+    union = seqeval.metrics.f1_score(gold, predicted, zero_division=0)
+    assert pooled_span_f1(per_client) == pytest.approx(union)
+    for scores in per_client:  # each client's own F1 is the same formula over its own counts
+        assert scores["span_f1"] == pytest.approx(pooled_span_f1([scores]))
 
 
 def test_label_skew_is_refused_and_cluster_skew_uses_embeddings():

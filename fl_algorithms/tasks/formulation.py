@@ -322,9 +322,9 @@ class FormulationClients:
         example count `n` (its test split's size where the metrics give none). A metric that is not
         such a mean (span F1) overrides this."""
         weights = [float(m["n"]) if "n" in m else float(len(self.rows(k)["test"])) for k, m in metrics.items()]
-        if not weights or sum(weights) <= 0:
+        if sum(weights) <= 0:
             raise ValueError("no test examples to pool")
-        return float(np.dot(weights, [m[self.metric] for m in metrics.values()]) / sum(weights))
+        return float(np.average([m[self.metric] for m in metrics.values()], weights=weights))
 
 
 __all__ = ["TASKS", "SPLITS", "PARTITION_KINDS", "PartitionSpec", "FormulationSettings", "Shards", "Formulation", "mean_over_clients",

@@ -2,9 +2,10 @@
 speedup against the number of worker actors (cores).
 
     python -m benchmarks.ray_speedup                     # workers 1, 2 (this machine's cores)
-    python -m benchmarks.ray_speedup --workers 1,2,4,8,16 --rounds 4
+    python -m benchmarks.ray_speedup --workers 1,2,4,8,16 --rounds 6 --clients 16
 
-FedAvg over FedNLP's quick clients (BBC topics, 8 clients, all of them every round), SecAgg+. Both
+FedAvg over FedNLP's quick corpus (BBC topics, 600 articles; 8 clients by default, `--clients 16` to
+give 16 workers a client each), all clients every round, SecAgg+. Both
 runs derive the clients' stochastic rounding from a public test seed (`insecure_seed`) so the
 parameters can be compared bit for bit: this run reports no privacy. Each worker actor runs torch
 with one thread, as does the in-memory driver here. Ends with one line per worker count:
@@ -48,6 +49,8 @@ def main(argv: Sequence[str] | None = None) -> dict[int, tuple[float, bool]]:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workers", default="1,2", help="comma-separated Ray worker-actor counts")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--clients", type=int, default=QUICK["clients"],
+                    help="clients sharing the quick corpus (a worker count above it leaves workers idle)")
     ap.add_argument("--backbone", choices=("minilm", "tiny"), default="minilm")
     ap.add_argument("--address", default=None, help="a running Ray cluster ('auto'); default: start one here")
     args = ap.parse_args(argv)
@@ -55,13 +58,13 @@ def main(argv: Sequence[str] | None = None) -> dict[int, tuple[float, bool]]:
         counts = [int(x) for x in args.workers.split(",")]
     except ValueError:
         ap.error("--workers must be comma-separated integers")
-    if min(counts) < 1 or args.rounds < 1:
-        ap.error("need workers >= 1 and rounds >= 1")
+    if min(counts) < 1 or args.rounds < 1 or args.clients < 2:
+        ap.error("need workers >= 1, rounds >= 1 and clients >= 2")
     from fl_algorithms.engine.ray_backend import require_ray
 
     ray = require_ray()
     torch.set_num_threads(1)
-    settings = FedNLPSettings(**{**QUICK, "clients_per_round": None})
+    settings = FedNLPSettings(**{**QUICK, "clients": args.clients, "clients_per_round": None})
     clients = FedNLPClients(settings, backbone=args.backbone)
     base_s, base = run(clients, rounds=args.rounds, backend="memory")
     print(f"in memory (one process, one thread): {base_s:.1f} s for {args.rounds} rounds of {clients.num_clients} clients",

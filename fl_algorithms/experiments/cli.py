@@ -30,8 +30,11 @@ def comma_list(kind: type, *, what: str, choices: Sequence[Any] | None = None) -
 
 def parse_grid_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> tuple[argparse.Namespace, str]:
     """The grid examples' shared start: parse, check the run location and --threads, resolve --device
-    ('auto' -> 'cuda' when present); returns (args, device)."""
-    from nlp_models.device import resolve_device
+    ('auto' -> 'cuda' when present); returns (args, device). On a GPU it asks for deterministic kernels:
+    every grid compares a secure run with its plaintext twin, which must train bit for bit alike to
+    show that they differ by the secure sum's encoding alone (CUDA's atomic-add reductions, e.g. an
+    embedding's backward, otherwise differ from run to run)."""
+    from nlp_models.device import deterministic_kernels, resolve_device
 
     args = parser.parse_args(argv)
     args.given = given_options(parser, argv)
@@ -43,9 +46,12 @@ def parse_grid_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None)
     if getattr(args, "worker", False) and (not args.resume or args.workers > 1):
         parser.error("--worker is how --workers starts its processes: it needs --resume and no --workers")
     try:
-        return args, str(resolve_device(args.device))
+        device = str(resolve_device(args.device))
     except ValueError as error:  # e.g. --device cuda where torch sees no GPU: a usage error, not a traceback
         parser.error(str(error))
+    if device.startswith("cuda"):
+        deterministic_kernels()
+    return args, device
 
 
 def add_run_args(parser: argparse.ArgumentParser, *, resume_help: str = "", cache_help: str | None = None) -> None:

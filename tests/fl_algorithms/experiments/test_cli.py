@@ -134,6 +134,19 @@ def test_parse_grid_args_reports_a_missing_gpu_as_a_usage_error(monkeypatch, cap
     assert exc.value.code == 2 and "no CUDA device" in capsys.readouterr().err
 
 
+def test_parse_grid_args_asks_for_deterministic_kernels_on_a_gpu_only(monkeypatch):
+    import nlp_models.device as device_module
+    from fl_algorithms.experiments import cli
+
+    asked = []
+    monkeypatch.setattr(device_module, "deterministic_kernels", lambda: asked.append(True))
+    cli.parse_grid_args(_grid_parser(), [])
+    assert asked == []  # the CPU is deterministic already
+    monkeypatch.setattr(device_module, "resolve_device", lambda name: "cuda:0")
+    cli.parse_grid_args(_grid_parser(), [])
+    assert asked == [True]
+
+
 def test_start_workers_starts_none_when_at_most_one_cell_is_left(tmp_path, monkeypatch):
     import argparse
     import json

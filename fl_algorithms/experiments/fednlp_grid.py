@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
 from fl_algorithms.algorithms.fedavg import FedAvg
 from fl_algorithms.algorithms.fedopt import FedAdagrad, FedAdam, FedAvgM, FedYogi
@@ -246,6 +247,8 @@ def run_cell(cell: Mapping[str, Any], clients: Formulation, plan: GridPlan, *, p
         "bytes_uploaded_per_client_round": float(np.mean(uploads)) if uploads else 0.0,
         "parameters": int(final.size), "clipped_values": int(sum(r.clipped for r in history)),
         "trivial": clients.trivial(), "device": device_name(clients.device),
+        # on a GPU, whether the twins trained bit for bit alike was possible (grid cells before 2026-11-27: not)
+        "deterministic_kernels": torch.are_deterministic_algorithms_enabled(),
     }
     return summary, final
 

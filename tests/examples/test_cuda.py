@@ -9,6 +9,7 @@ a few test examples (GPU kernels reduce in another order, so bit-equality is not
 from __future__ import annotations
 
 import importlib.util
+import json
 import math
 import re
 import sys
@@ -111,6 +112,10 @@ def test_grid_examples_on_cuda(name, argv, prefix, tmp_path, capsys):
     assert results, f"{name} printed no {prefix!r} line"
     for line in results:
         _finite_numbers(line)
+    if name == "fednlp_benchmark":  # its secure-vs-plain twins need bit-reproducible kernels on a GPU
+        rows = [json.loads(x) for x in (tmp_path / "g" / "cells.jsonl").read_text().splitlines()]
+        assert rows and all(r["deterministic_kernels"] for r in rows)
+        assert all("round1_within_bound=true" in line for line in results), results
 
 
 FRONTIER_TINY = ["--model", "adapter", "--backbone", "tiny", "--clients", "16", "--cohorts", "6", "--rounds", "2",

@@ -55,8 +55,8 @@ from fl_algorithms.experiments.cli import (add_run_args, append_cell, comma_list
 from fl_algorithms.experiments.fednlp_grid import (ALGORITHMS, METRIC_NAMES, PROTOCOLS, WIDENABLE, GridPlan, aggregate,
                                                    cell_key, encoder_bound, flat_vector, load_formulation,
                                                    paired_comparisons, partition_for, plan_from_record, plan_record,
-                                                   plot_curves, plot_partition_curves, run_cell, write_paired,
-                                                   write_table)
+                                                   plot_curves, plot_partition_curves, run_cell, untwinned,
+                                                   write_paired, write_table)
 from fl_algorithms.experiments.layer_freezing import FreezingPlan, plot_freezing, run_freezing, write_freezing
 from fl_algorithms.experiments.parallel import pending
 from fl_algorithms.tasks.formulation import TASKS, PartitionSpec
@@ -218,6 +218,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     t0 = time.perf_counter()
     cells_path = run / "cells.jsonl"
     done = read_cells(cells_path, key=cell_key)
+    others = sorted({str(r.get("backbone", "minilm")) for r in done.values()} - {args.backbone})
+    if others:  # cells written before the field all ran on MiniLM, the only backbone of a real grid
+        parser.error(f"--resume {run}: its finished runs used --backbone {', '.join(others)}, "
+                     f"not {args.backbone}; give the same --backbone")
     trajectories: dict[tuple[str, str], list[np.ndarray]] = {}  # secure FedAvg's parameters per round
     clients_cache: dict[tuple, Any] = {}
     print(f"run directory: {run}  (device {device}, torch threads {args.threads}, {len(plan.cells())} runs, "
@@ -225,8 +229,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     if not args.report:
         done = start_workers(args, run, script=__file__, device=device, cells=plan.cells(), cells_path=cells_path,
                              key=cell_key, forward=["--backbone", args.backbone])
-    # a task's clients, and FedAvg's secure run with its plaintext twin, stay in one worker
-    todo = [] if args.report else pending(plan.cells(), done, key=cell_key, run=run if args.worker else None,
+    # a task's clients, and FedAvg's secure run with its plaintext twin, stay in one worker; a secure
+    # FedAvg run whose twin was cut off reruns with it (the check needs both in one process)
+    rerun = untwinned(plan, done)
+    todo = [] if args.report else pending(plan.cells(), {k: v for k, v in done.items() if k not in rerun},
+                                          key=cell_key, run=run if args.worker else None,
                                           unit=lambda c: f"{c['task']} {c['partition']} seed {c['seed']}")
     for cell in todo:
         key = cell_key(cell)
@@ -251,6 +258,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                                            initial=flat_vector(clients.initial()),
                                            bound=encoder_bound(plan, clients, plan.protocols[0])))
             summary["partition_record"] = clients.partition.record()  # for partitions.md/.png, whoever writes them
+        summary["backbone"] = args.backbone  # not part of the plan: --resume checks it against the finished runs
         append_cell(cells_path, summary)
         done[key] = summary
         print(f"{key}: {summary['metric']}={summary['score']:.4f} (trivial {summary['trivial']:.4f}), "

@@ -175,6 +175,24 @@ class GridPlan:
         return out
 
 
+def untwinned(plan: GridPlan, done: Mapping[str, Any]) -> set[str]:
+    """Keys of the first seed's secure FedAvg runs (first protocol) that are finished while their plaintext
+    twin is not. The twin's secure-vs-plain check compares the two runs' parameters round by round, which
+    live only in the process that ran them; a grid stopped between the two must rerun the secure run with
+    its twin, or the twin would be recorded without the check. The rerun appends a second line for the same
+    key (`read_cells` keeps the last)."""
+    if "fedavg" not in plan.algorithms:
+        return set()
+    out = set()
+    for cell in plan.cells():
+        if cell["protocol"] != "plain" or cell["seed"] != plan.seeds[0] or cell_key(cell) in done:
+            continue
+        secure = cell_key(dict(cell, protocol=plan.protocols[0]))
+        if secure in done:
+            out.add(secure)
+    return out
+
+
 def partition_for(task: str, partition: str) -> str:
     """Tagging has no sentence label: its label skew is over k-means feature clusters (as FedNLP)."""
     spec = PartitionSpec.parse(partition)
@@ -437,4 +455,4 @@ def plan_from_record(raw: Mapping[str, Any]) -> GridPlan:
 __all__ = ["FORMULATIONS", "ALGORITHMS", "PROTOCOLS", "METRIC_NAMES", "TASK_DEFAULTS", "AlgorithmSettings",
            "make_algorithm", "load_formulation", "GridPlan", "WIDENABLE", "cell_key", "secure_config", "flat_vector", "shared_vector", "run_cell",
            "encoder_bound", "aggregate", "paired_comparisons", "write_paired", "write_table", "plot_curves", "plot_partition_curves", "plan_record",
-           "plan_from_record", "partition_for"]
+           "plan_from_record", "partition_for", "untwinned"]

@@ -57,9 +57,24 @@ def test_quick_grid_prints_one_line_per_task_and_resumes(tmp_path, capsys):
     # the encoder's error (bound ~5e-9 per round here) plus float32 rounding of O(1) parameters
     assert all(0 < r["encoder_bound"] < 1e-7 and r["secure_vs_plain_max_diff"] < 1e-6 for r in twins)
     assert all(len(r["secure_vs_plain_round_diffs"]) == 1 for r in twins)
-    again = bench.main(["--resume", str(run), "--no-progress"])
+    again = bench.main(["--resume", str(run), "--backbone", "tiny", "--no-progress"])
     assert "12 already done" in capsys.readouterr().out
     assert again["lines"] == out["lines"]
+    # a grid stopped between a secure FedAvg run and its plaintext twin reruns both, so the twin keeps its check
+    cells = run / "cells.jsonl"
+    cells.write_text("".join(line + "\n" for line in cells.read_text().splitlines()
+                             if not line.startswith('{"task": "qa", "partition": "iid", "seed": 0, "protocol": "plain"')))
+    with pytest.raises(SystemExit):  # the runs so far used the tiny backbone: resuming on MiniLM would mix them
+        bench.main(["--resume", str(run), "--no-progress"])
+    assert "used --backbone tiny, not minilm" in capsys.readouterr().err
+    resumed = bench.main(["--resume", str(run), "--backbone", "tiny", "--no-progress"])
+    assert "11 already done" in capsys.readouterr().out
+    rows = [json.loads(x) for x in cells.read_text().splitlines()]
+    assert [r["protocol"] for r in rows[-2:]] == ["secagg+", "plain"] and {r["task"] for r in rows[-2:]} == {"qa"}
+    assert rows[-1]["round1_within_bound"] is True and rows[-1]["secure_vs_plain_max_diff"] < 1e-6
+    def scores(lines):  # the rerun's scores are the first run's; timings (and the stochastic rounding) differ
+        return [re.findall(r"(?:trivial|fedavg|fedopt)=\S+", line) for line in lines]
+    assert scores(resumed["lines"]) == scores(out["lines"])
 
 
 @pytest.mark.slow
@@ -87,12 +102,12 @@ def test_a_resumed_grid_grows_by_new_algorithms_and_keeps_its_finished_cells(tmp
     run = out["run"]
     before = (run / "cells.jsonl").read_text().splitlines()
     assert len(before) == 3
-    report = bench.main(["--resume", str(run), "--algorithms", "fedprox", "--report", "--no-progress"])
+    report = bench.main(["--resume", str(run), "--algorithms", "fedprox", "--backbone", "tiny", "--report", "--no-progress"])
     printed = capsys.readouterr().out
     assert "plan widened: 3 -> 4 runs" in printed
     assert "partial grid: 3 of 4 runs finished; not yet (task partition seed): classification iid seed 0" in printed
     assert "fedprox=n/a" in report["lines"][0] and (run / "cells.jsonl").read_text().splitlines() == before
-    grown = bench.main(["--resume", str(run), "--no-progress"])
+    grown = bench.main(["--resume", str(run), "--backbone", "tiny", "--no-progress"])
     printed = capsys.readouterr().out
     assert "3 already done" in printed and "partial grid" not in printed
     after = (run / "cells.jsonl").read_text().splitlines()

@@ -7,7 +7,7 @@ from fl_algorithms.algorithms.fedopt import FedAvgM, FedYogi
 from fl_algorithms.algorithms.fedprox import FedProx
 from fl_algorithms.experiments.fednlp_grid import (AlgorithmSettings, GridPlan, aggregate, cell_key, make_algorithm,
                                                    paired_comparisons, write_paired,
-                                                   plan_from_record, plan_record)
+                                                   plan_from_record, plan_record, untwinned)
 
 
 def test_fedopt_is_fednlps_server_sgd_with_momentum_and_the_others_are_named():
@@ -158,3 +158,19 @@ def test_paired_comparisons_of_the_pooled_score_skip_runs_that_lack_it():
     assert found["by_seed"] == pytest.approx({0: 0.03}) and found["seeds"] == 1
     (mean,) = paired_comparisons(rows, protocol="secagg+")
     assert mean["by_seed"] == {0: 0.0, 1: 0.0}
+
+
+def test_a_secure_fedavg_run_cut_off_from_its_twin_is_named_for_a_rerun_and_only_that_one():
+    plan = GridPlan(tasks=("qa",), algorithms=("fedavg", "fedopt"), partitions=("iid", "label:1"),
+                    protocols=("secagg+",), seeds=(0, 1))
+    assert untwinned(plan, {}) == set()
+    done = {cell_key(c): {} for c in plan.cells()}
+    assert untwinned(plan, done) == set()  # every twin finished
+    twin = dict(task="qa", partition="label:1", seed=0, protocol="plain", algorithm="fedavg")
+    del done[cell_key(twin)]
+    assert untwinned(plan, done) == {cell_key(dict(twin, protocol="secagg+"))}
+    del done[cell_key(dict(twin, seed=1))]  # a later seed's twin is not compared: nothing to rerun for it
+    assert untwinned(plan, done) == {cell_key(dict(twin, protocol="secagg+"))}
+    del done[cell_key(dict(twin, protocol="secagg+"))]  # neither finished: both run anyway
+    assert untwinned(plan, done) == set()
+    assert untwinned(GridPlan(tasks=("qa",), algorithms=("fedprox",), seeds=(0,)), {}) == set()

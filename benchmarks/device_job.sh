@@ -5,8 +5,7 @@
 #   bash benchmarks/device_job.sh SECONDS SPEC [SPEC ...]
 #   SPEC = "SCRIPT:WORKERS:RUN_DIR[:EXTRA ARGS][|RESUME ARGS]"   e.g. "atc_secure.py:6:docs/results/atc/full_h200:--full"
 #
-# A RUN_DIR that holds plan.json (committed under docs/results/, which travels with the working tree, or
-# carried from an earlier call: name an ignored one in `carry`) is
+# A RUN_DIR that holds plan.json (carried from an earlier call: name it in `carry`) is
 # resumed with RESUME ARGS (the FedNLP grid grows by --tasks/--algorithms/--partitions/--seeds there;
 # other grids take none): its finished cells are skipped. Otherwise the grid starts there with EXTRA ARGS. Grids stop
 # SECONDS after the start less a margin; cells they finished are kept (cells.jsonl), so the next call

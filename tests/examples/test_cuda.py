@@ -155,8 +155,12 @@ def test_adapter_sentiment_trainer_on_cuda_matches_the_cpu():
     texts = tuple(" ".join(rng.choice(words[y::2], 6)) + f" film{i % 20}" for i, y in enumerate(labels))
     data = TextDataset(name="synthetic", texts=texts, labels=tuple(labels), label_names=("rotten", "fresh"),
                        groups=tuple(f"movie {i % 20}" for i in range(120)))
+    # No head dropout: CUDA draws its masks from its own generator (Philox), not the CPU's, so with dropout a
+    # seeded GPU run is another draw than the CPU's and the two part by far more than kernel rounding (seen
+    # on an H200: 12% of the adapter values off by up to 0.09 after one epoch). Without it, the device path
+    # (cached prefix, adapters, head, SGD) must agree to rounding.
     config = AdapterTaskConfig(num_clients=3, bottleneck=4, backbone="tiny", max_length=16, public_fraction=0.2,
-                               batch_size=8)
+                               batch_size=8, head_dropout=0.0)
     tasks = {device: build_adapter_task(config, dataset=data, backbone=tiny_bert(layers=2, hidden=32, heads=2),
                                         tokenizer=load_tokenizer(), progress=False, device=device)
              for device in ("cpu", "cuda")}

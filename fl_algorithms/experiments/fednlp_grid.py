@@ -162,16 +162,21 @@ class GridPlan:
         return dataclasses.replace(self, **changes)
 
     def cells(self) -> list[dict[str, Any]]:
-        """Every run, task-major (one task's clients are built once per partition and seed)."""
+        """Every run, task-major (one task's clients are built once per partition and seed). Within a
+        (task, partition, seed) the plaintext FedAvg twin comes right after the first protocol's FedAvg, so
+        a grid cut off later in the unit has already made the secure-vs-plain check, and the secure run's
+        per-round parameters are held in memory for one run, not for the whole unit."""
         out = []
         for task in self.tasks:
             for partition in (partition_for(task, p) for p in self.partitions):
                 for seed in self.seeds:
-                    for protocol in self.protocols:
-                        for algorithm in self.algorithms:
-                            out.append(dict(task=task, partition=partition, seed=seed, protocol=protocol,
-                                            algorithm=algorithm))
-                    out.append(dict(task=task, partition=partition, seed=seed, protocol="plain", algorithm="fedavg"))
+                    unit = dict(task=task, partition=partition, seed=seed)
+                    secure = [dict(unit, protocol=protocol, algorithm=algorithm)
+                              for protocol in self.protocols for algorithm in self.algorithms]
+                    twin = dict(unit, protocol="plain", algorithm="fedavg")
+                    first = dict(unit, protocol=self.protocols[0], algorithm="fedavg")
+                    at = secure.index(first) + 1 if first in secure else len(secure)
+                    out.extend(secure[:at] + [twin] + secure[at:])
         return out
 
 

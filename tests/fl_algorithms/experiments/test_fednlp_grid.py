@@ -28,6 +28,13 @@ def test_plan_lists_every_cell_and_a_plain_fedavg_twin_per_task_partition_seed()
     assert len({cell_key(c) for c in cells}) == len(cells)
     plain = [c for c in cells if c["protocol"] == "plain"]
     assert len(plain) == 8 and all(c["algorithm"] == "fedavg" for c in plain)
+    # within a (task, partition, seed) the twin follows the first protocol's FedAvg at once
+    unit = [(c["protocol"], c["algorithm"]) for c in cells[:5]]
+    assert unit == [("secagg+", "fedavg"), ("plain", "fedavg"), ("secagg+", "fedprox"), ("lightsecagg", "fedavg"),
+                    ("lightsecagg", "fedprox")]
+    assert {(c["task"], c["partition"], c["seed"]) for c in cells[:5]} == {("classification", "iid", 0)}
+    no_fedavg = GridPlan(tasks=("qa",), algorithms=("fedprox",)).cells()
+    assert [(c["protocol"], c["algorithm"]) for c in no_fedavg] == [("secagg+", "fedprox"), ("plain", "fedavg")]
 
 
 def test_per_task_settings_override_the_common_ones_for_that_task_only_and_survive_the_saved_plan():

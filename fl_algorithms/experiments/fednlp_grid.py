@@ -174,8 +174,8 @@ class GridPlan:
                     secure = [dict(unit, protocol=protocol, algorithm=algorithm)
                               for protocol in self.protocols for algorithm in self.algorithms]
                     twin = dict(unit, protocol="plain", algorithm="fedavg")
-                    first = dict(unit, protocol=self.protocols[0], algorithm="fedavg")
-                    at = secure.index(first) + 1 if first in secure else len(secure)
+                    # the first protocol's runs come first, so its FedAvg sits at the algorithm's own index
+                    at = self.algorithms.index("fedavg") + 1 if "fedavg" in self.algorithms else len(secure)
                     out.extend(secure[:at] + [twin] + secure[at:])
         return out
 

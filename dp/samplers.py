@@ -1,7 +1,7 @@
 """Noise samplers driven by an AES-256-CTR stream keyed from the OS CSPRNG (vectorised numpy).
 
 Randomness: every uniform comes from AES-CTR under a fresh `os.urandom(32)` key (as in
-`secagg.encoding`), never from numpy's generators. What is *not* guaranteed: the samplers compute
+`secagg.encoding`: both use `secagg.prg.CryptoRandom`), never from numpy's generators. What is *not* guaranteed: the samplers compute
 acceptance tests and inverse CDFs in float64, so the output distributions are exact only up to
 floating-point rounding (TF Privacy's and numpy's samplers share this). Integer-valued outputs
 (Poisson, Skellam, discrete Gaussian) are immune to the Mironov-style attack on the low bits of
@@ -19,39 +19,13 @@ Samplers:
 from __future__ import annotations
 
 import math
-import os
 
 import numpy as np
-from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from scipy import special
 
-_TWO_M53 = 1.0 / 9007199254740992.0  # 2^-53
+from secagg.prg import CryptoRandom
 
-
-class CryptoRandom:
-    """Uniform doubles (53 random bits each) from AES-256-CTR.
-
-    `key=None` (the default, and the only choice for privacy noise) draws a fresh key from
-    os.urandom. A fixed key makes a stream reproducible, for tests only.
-    """
-
-    def __init__(self, key: bytes | None = None) -> None:
-        key = os.urandom(32) if key is None else key
-        if len(key) != 32:
-            raise ValueError("AES-256 keys are 32 bytes")
-        self._enc = Cipher(algorithms.AES(key), modes.CTR(bytes(16))).encryptor()
-
-    def words(self, n: int) -> np.ndarray:
-        """n uniform uint64 words."""
-        return np.frombuffer(self._enc.update(bytes(8 * n)), dtype=np.uint64)
-
-    def uniform(self, n: int) -> np.ndarray:
-        """n doubles uniform on [0, 1)."""
-        return (self.words(n) >> np.uint64(11)).astype(np.float64) * _TWO_M53
-
-    def uniform_open(self, n: int) -> np.ndarray:
-        """n doubles uniform on (0, 1]."""
-        return 1.0 - self.uniform(n)
+_TWO_M53 = 1.0 / 9007199254740992.0  # 2^-53: the smallest positive uniform
 
 
 def poisson(lam: float, size: int, rng: CryptoRandom) -> np.ndarray:

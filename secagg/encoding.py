@@ -12,12 +12,11 @@ refuses such a cohort when the round is configured (`SecureAggregator.check_memb
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import numpy as np
-from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
+from secagg.prg import CryptoRandom
 from secagg.ring import RING_2_32, Ring
 
 _CHUNK = 1 << 16
@@ -116,7 +115,7 @@ class FixedPointEncoder:
             raise ValueError(f"weight {weight} outside (0, {self.config.max_weight}]")
         d = x.shape[0]
         out = np.empty(d + 1, dtype=np.uint32)
-        rng = _RoundingStream(rounding_key)
+        rng = CryptoRandom(rounding_key)
         out[:1] = self._round(np.array([weight * self.weight_scale]), rng)
         c = self.config.clip
         clipped = 0
@@ -132,14 +131,14 @@ class FixedPointEncoder:
             out[1 + s : 1 + s + n] = self._round(vv, rng)
         return out, EncodeReport(clipped=clipped)
 
-    def _round(self, v: np.ndarray, rng: "_RoundingStream") -> np.ndarray:
+    def _round(self, v: np.ndarray, rng: CryptoRandom) -> np.ndarray:
         """Stochastic rounding of float64 v (overwritten) to ring representatives: floor(v + u).
 
         With u uniform on [0, 1), floor(v + u) = ceil(v) with probability frac(v), so the rounding is
         unbiased; u has 32 random bits, and |v| < 2^31 keeps at least 21 of them in the sum, so the
         residual bias is below 2^-21 of one quantisation step.
         """
-        v += rng.words(v.shape[0]) * (1.0 / 4294967296.0)
+        v += rng.words(v.shape[0], np.uint32) * (1.0 / 4294967296.0)
         np.floor(v, out=v)
         q = v.astype(np.int64)
         if self.ring.is_power_of_two:
@@ -170,18 +169,3 @@ class FixedPointEncoder:
         return Decoded(mean=wsum / total_w, total_weight=total_w, weighted_sum=wsum)
 
 
-class _RoundingStream:
-    """Uniform 32-bit words (or [0, 1) doubles) from AES-CTR under a fresh OS-random key."""
-
-    def __init__(self, key: bytes | None = None) -> None:
-        key = os.urandom(32) if key is None else key
-        if len(key) != 32:
-            raise ValueError("AES-256 keys are 32 bytes")
-        self._enc = Cipher(algorithms.AES(key), modes.CTR(bytes(16))).encryptor()
-
-    def words(self, n: int) -> np.ndarray:
-        """n uniform 32-bit words."""
-        return np.frombuffer(self._enc.update(bytes(4 * n)), dtype=np.uint32)
-
-    def uniform(self, n: int) -> np.ndarray:
-        return self.words(n) * (1.0 / 4294967296.0)

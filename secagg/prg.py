@@ -1,9 +1,12 @@
-"""Mask generation: AES-256-CTR keystream, produced and applied in place, chunk by chunk.
+"""AES-256-CTR keystreams: masks, produced and applied in place chunk by chunk, and `CryptoRandom`,
+the one source of secret uniform randomness (stochastic rounding, DP noise).
 
-The key is the full 256-bit secret derived by HKDF, so a mask has the seed's full entropy (unlike
+A mask's key is the full 256-bit secret derived by HKDF, so a mask has the seed's full entropy (unlike
 PRGs seeded from a folded 32-bit integer). Peak extra memory is one chunk, whatever d is.
 """
 from __future__ import annotations
+
+import os
 
 import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
@@ -14,11 +17,38 @@ CHUNK = 1 << 16  # uint32 words per keystream chunk (256 KiB): stays in L2 while
 _ZERO_NONCE = bytes(16)
 
 
+_TWO_M53 = 1.0 / 9007199254740992.0  # 2^-53
+
+
 def _keystream(key: bytes):
     if len(key) != 32:
-        raise ValueError("mask keys are 32 bytes")
-    # One key is used for exactly one mask, so a fixed counter block is safe.
+        raise ValueError("AES-256 keys are 32 bytes")
+    # One key is used for exactly one stream (a mask, or one CryptoRandom), so a fixed counter block is safe.
     return Cipher(algorithms.AES(key), modes.CTR(_ZERO_NONCE)).encryptor()
+
+
+class CryptoRandom:
+    """Uniform words and doubles from AES-256-CTR, never from numpy's generators.
+
+    `key=None` (the default, and the only choice for rounding and privacy noise) draws a fresh key
+    from os.urandom, so nobody can predict the stream. A fixed 32-byte key makes it reproducible, for
+    tests only.
+    """
+
+    def __init__(self, key: bytes | None = None) -> None:
+        self._enc = _keystream(os.urandom(32) if key is None else key)
+
+    def words(self, n: int, dtype: type[np.unsignedinteger] = np.uint64) -> np.ndarray:
+        """n uniform unsigned words of `dtype` (uint64 by default; uint32 costs half the keystream)."""
+        return np.frombuffer(self._enc.update(bytes(np.dtype(dtype).itemsize * n)), dtype=dtype)
+
+    def uniform(self, n: int) -> np.ndarray:
+        """n doubles uniform on [0, 1), 53 random bits each."""
+        return (self.words(n) >> np.uint64(11)).astype(np.float64) * _TWO_M53
+
+    def uniform_open(self, n: int) -> np.ndarray:
+        """n doubles uniform on (0, 1]."""
+        return 1.0 - self.uniform(n)
 
 
 def _chunks(key: bytes, length: int):

@@ -139,3 +139,37 @@ def test_chunk_size_keeps_peak_memory_bounded():
     assert all(b.shape[0] <= CHUNK for b in bufs)
     assert sum(b.shape[0] for b in bufs) == 5 * CHUNK + 3
     assert len({b.__array_interface__["data"][0] for b in bufs}) == 1  # one reused buffer
+
+
+# ---------------------------------------------------------------- CryptoRandom (rounding and DP noise)
+
+def test_crypto_random_words_read_one_keystream_at_either_width():
+    """uint32 and uint64 words of one key are views of the same AES-CTR keystream (the rounding
+    stream of `secagg.encoding` and the DP samplers share the class, not a second implementation)."""
+    key = bytes(range(32))
+    wide = prg.CryptoRandom(key).words(6)
+    narrow = prg.CryptoRandom(key).words(12, np.uint32)
+    expected = Cipher(algorithms.AES(key), modes.CTR(bytes(16))).encryptor().update(bytes(48))
+    assert narrow.dtype == np.uint32 and wide.dtype == np.uint64
+    assert narrow.tobytes() == wide.tobytes() == expected
+
+
+def test_crypto_random_continues_its_stream_and_fresh_keys_differ():
+    key = os.urandom(32)
+    one = prg.CryptoRandom(key)
+    parts = np.concatenate([one.words(3), one.words(5)])
+    assert np.array_equal(parts, prg.CryptoRandom(key).words(8))  # no reuse of keystream between calls
+    assert not np.array_equal(prg.CryptoRandom().words(4), prg.CryptoRandom().words(4))
+
+
+@pytest.mark.parametrize("key", [b"", bytes(16), bytes(31), bytes(33)])
+def test_crypto_random_refuses_keys_that_are_not_aes256(key):
+    with pytest.raises(ValueError, match="32 bytes"):
+        prg.CryptoRandom(key)
+
+
+def test_crypto_random_uniforms_lie_in_their_intervals():
+    rng = prg.CryptoRandom(bytes(32))
+    u, v = rng.uniform(20_000), rng.uniform_open(20_000)
+    assert u.min() >= 0.0 and u.max() < 1.0 and v.min() > 0.0 and v.max() <= 1.0
+    assert stats.kstest(u, "uniform").pvalue > P_FLOOR

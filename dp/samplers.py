@@ -23,9 +23,7 @@ import math
 import numpy as np
 from scipy import special
 
-from secagg.prg import CryptoRandom
-
-_TWO_M53 = 1.0 / 9007199254740992.0  # 2^-53: the smallest positive uniform
+from secagg.prg import TWO_M53, CryptoRandom
 
 
 def poisson(lam: float, size: int, rng: CryptoRandom) -> np.ndarray:
@@ -132,5 +130,5 @@ def discrete_gaussian(sigma: float, size: int, rng: CryptoRandom) -> np.ndarray:
 def gaussian(sigma: float, size: int, rng: CryptoRandom) -> np.ndarray:
     """Float N(0, sigma^2) by inverse CDF of CSPRNG uniforms (floating-point noise: see module doc)."""
     u = rng.uniform(size)
-    u[u == 0.0] = _TWO_M53  # ndtri(0) = -inf
+    u[u == 0.0] = TWO_M53  # ndtri(0) = -inf
     return sigma * special.ndtri(u)

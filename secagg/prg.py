@@ -17,7 +17,7 @@ CHUNK = 1 << 16  # uint32 words per keystream chunk (256 KiB): stays in L2 while
 _ZERO_NONCE = bytes(16)
 
 
-_TWO_M53 = 1.0 / 9007199254740992.0  # 2^-53
+TWO_M53 = 1.0 / 9007199254740992.0  # 2^-53: the grid step of `uniform`, so also its smallest positive value
 
 
 def _keystream(key: bytes):
@@ -44,7 +44,7 @@ class CryptoRandom:
 
     def uniform(self, n: int) -> np.ndarray:
         """n doubles uniform on [0, 1), 53 random bits each."""
-        return (self.words(n) >> np.uint64(11)).astype(np.float64) * _TWO_M53
+        return (self.words(n) >> np.uint64(11)).astype(np.float64) * TWO_M53
 
     def uniform_open(self, n: int) -> np.ndarray:
         """n doubles uniform on (0, 1]."""

@@ -158,40 +158,67 @@ class Seq2SeqModel(nn.Module):
         """(N, L, H) last hidden states of the frozen encoder (see `encode_sources`)."""
         return encode_sources(self.encoder, input_ids, attention_mask)
 
-    def _decode(self, source: torch.Tensor, source_mask: torch.Tensor, source_ids: torch.Tensor | None,
-                inputs: torch.Tensor, mask: torch.Tensor, *, last_only: bool = False) -> torch.Tensor:
-        """(B, T, V) next-token log-probabilities (T = 1 with `last_only`, as decoding needs): the
-        vocabulary softmax, mixed with the copy distribution over `source_ids` when the config copies."""
+    def _outputs(self, source: torch.Tensor, source_mask: torch.Tensor, inputs: torch.Tensor, mask: torch.Tensor, *,
+                 last_only: bool = False) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """The decoder's (B, T, V) vocabulary logits and, when the config copies, the gate g (B, T, 1) and
+        the last layer's cross-attention a (B, T, S), mean over heads (T = 1 with `last_only`)."""
         out = self.decoder.bert(input_ids=inputs, attention_mask=mask, encoder_hidden_states=source.float(),
                                 encoder_attention_mask=source_mask, use_cache=False,
                                 output_attentions=self.config.copy)
         states = out.last_hidden_state[:, -1:] if last_only else out.last_hidden_state
-        vocab = self.decoder.cls(states).float().log_softmax(-1)
+        logits = self.decoder.cls(states).float()
         if not self.config.copy:
-            return vocab
-        if source_ids is None:
-            raise ValueError("the copy mixture needs the source token ids")
+            return logits, None, None
         attention = out.cross_attentions[-1].float().mean(dim=1)  # (B, T, S)
         attention = attention[:, -1:] if last_only else attention
         context = attention @ source.float()
         gate = torch.sigmoid(self.copy_gate(torch.cat([states.float(), context], dim=-1)))
+        return logits, gate, attention
+
+    def _decode(self, source: torch.Tensor, source_mask: torch.Tensor, source_ids: torch.Tensor | None,
+                inputs: torch.Tensor, mask: torch.Tensor, *, last_only: bool = False) -> torch.Tensor:
+        """(B, T, V) next-token log-probabilities (T = 1 with `last_only`, as decoding needs): the
+        vocabulary softmax, mixed with the copy distribution over `source_ids` when the config copies."""
+        _need_ids(self.config, source_ids)
+        logits, gate, attention = self._outputs(source, source_mask, inputs, mask, last_only=last_only)
+        vocab = logits.log_softmax(-1)
+        if gate is None:
+            return vocab
         copied = torch.zeros_like(vocab).scatter_add_(
             2, source_ids[:, None, :].expand(-1, attention.shape[1], -1), attention)
         return (gate * vocab.exp() + (1 - gate) * copied).clamp_min(1e-12).log()
 
-    def log_probs(self, source: torch.Tensor, source_mask: torch.Tensor, target: torch.Tensor, *,
-                  source_ids: torch.Tensor | None = None) -> torch.Tensor:
-        """(B, T, V) log p(y_t | y_<t, x) under teacher forcing: the decoder reads [CLS] + target[:-1]."""
+    def _teacher_inputs(self, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Teacher forcing's decoder input ([CLS] + target[:-1]) and its attention mask."""
         start = torch.full_like(target[:, :1], self.wrapper.config.decoder_start_token_id)
         inputs = torch.cat([start, target[:, :-1].clamp_min(0)], dim=1)
         mask = torch.cat([torch.ones_like(start), (target[:, :-1] != IGNORE_INDEX).long()], dim=1)
+        return inputs, mask
+
+    def log_probs(self, source: torch.Tensor, source_mask: torch.Tensor, target: torch.Tensor, *,
+                  source_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """(B, T, V) log p(y_t | y_<t, x) under teacher forcing: the decoder reads [CLS] + target[:-1]."""
+        inputs, mask = self._teacher_inputs(target)
         return self._decode(source, source_mask, source_ids, inputs, mask)
 
     def loss(self, source: torch.Tensor, source_mask: torch.Tensor, target: torch.Tensor, *,
              source_ids: torch.Tensor | None = None) -> torch.Tensor:
-        """Mean token negative log-likelihood of the target (ids, [SEP] last, IGNORE_INDEX as padding)."""
-        logp = self.log_probs(source, source_mask, target, source_ids=source_ids)
-        return F.nll_loss(logp.reshape(-1, logp.shape[-1]), target.reshape(-1), ignore_index=IGNORE_INDEX)
+        """Mean token negative log-likelihood of the target (ids, [SEP] last, IGNORE_INDEX as padding).
+
+        Only the targets' probabilities are formed, p(y_t) = g P_vocab(y_t) + (1 - g) sum_{i: x_i = y_t} a_i:
+        the number `log_probs` gives at y_t, without building the (B, T, V) mixture or scattering the
+        attention into it (a full-vocabulary pass per term on a CPU; on a GPU the scatter is an atomic add,
+        slow under the deterministic kernels the grid asks for)."""
+        _need_ids(self.config, source_ids)
+        inputs, mask = self._teacher_inputs(target)
+        logits, gate, attention = self._outputs(source, source_mask, inputs, mask)
+        y = target.clamp_min(0)
+        logp = -F.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="none").view_as(y)
+        if gate is not None:
+            copied = (attention * (source_ids[:, None, :] == y[:, :, None])).sum(-1)
+            gate = gate.squeeze(-1)
+            logp = (gate * logp.exp() + (1 - gate) * copied).clamp_min(1e-12).log()
+        return -logp[target != IGNORE_INDEX].mean()
 
     @torch.inference_mode()
     def generate(self, source: torch.Tensor, source_mask: torch.Tensor, *,
@@ -227,6 +254,11 @@ class Seq2SeqModel(nn.Module):
             if bool(done.all()):
                 break
         return sequence
+
+
+def _need_ids(config: Seq2SeqConfig, source_ids: torch.Tensor | None) -> None:
+    if config.copy and source_ids is None:
+        raise ValueError("the copy mixture needs the source token ids")
 
 
 def _repeated_ngram_ends(rows: list[list[int]], n: int) -> list[set[int]]:

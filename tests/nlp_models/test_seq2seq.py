@@ -74,6 +74,36 @@ def test_loss_is_a_normalised_nll_and_training_lowers_it(parts, copy):
         assert tokenizer.batch_decode(out, skip_special_tokens=True) == ["cat sat", "stocks fell"]
 
 
+@pytest.mark.parametrize("copy", [True, False])
+def test_loss_is_the_full_distributions_nll_at_the_targets(parts, copy):
+    """`loss` forms only the targets' mixture probabilities; it must equal the NLL read off the full
+    (B, T, V) distribution of `log_probs`, value and gradient, padding ignored, copied words included."""
+    encoder, tokenizer = parts
+    torch.manual_seed(1)
+    model = build_seq2seq(encoder, config=Seq2SeqConfig(copy=copy, max_target=8), tokenizer=tokenizer).eval()
+    with torch.no_grad():  # a gate away from its initial value, so both terms of the mixture count
+        for p in model.parameters():
+            if p.requires_grad:
+                p.add_(0.05 * torch.randn_like(p))
+    ids, mask, target = tokenize_pairs(tokenizer, ["the cat sat on the mat today", "stocks fell sharply in asia",
+                                                   "rain in spain"],
+                                       ["cat sat on mat", "stocks fell", "spain"], max_source=16, max_target=8)
+    assert (target == IGNORE_INDEX).any()
+    states = model.encode(ids, mask).clone()
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    logp = model.log_probs(states, mask, target, source_ids=ids)
+    reference = torch.nn.functional.nll_loss(logp.flatten(0, 1), target.flatten(), ignore_index=IGNORE_INDEX)
+    want = torch.autograd.grad(reference, trainable)
+    loss = model.loss(states, mask, target, source_ids=ids)
+    got = torch.autograd.grad(loss, trainable)
+    torch.testing.assert_close(loss, reference, rtol=1e-6, atol=1e-6)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-7)
+    if copy:
+        with pytest.raises(ValueError, match="source token ids"):
+            model.loss(states, mask, target)
+
+
 def test_copy_mass_goes_to_source_tokens_only(parts):
     encoder, tokenizer = parts
     model = build_seq2seq(encoder, config=Seq2SeqConfig(copy=True), tokenizer=tokenizer)

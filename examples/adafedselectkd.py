@@ -22,17 +22,14 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 
-from fl_algorithms.experiments.cli import (add_run_args, append_cell, comma_list, open_grid, parse_grid_args,
-                                             start_workers)
+from fl_algorithms.experiments.cli import add_run_args, comma_list, start_grid
 from fl_algorithms.experiments.summarization_grid import (METHODS, PROTOCOLS, SummaryPlan, aggregate, cell_key,
                                                           plot_curves, run_summary_cell, write_table)
-from fl_algorithms.experiments.parallel import pending
 from fl_algorithms.tasks.summarization import SETTINGS, SummarySettings
 from nlp_models._offline import ensure_offline
 
@@ -72,42 +69,29 @@ def build_plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Sum
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     ensure_offline()
     parser = _parser()
-    args, device = parse_grid_args(parser, argv)
-    run, plan, cells_path, done = open_grid(parser, args, device, default_out=RESULTS,
-                                            build=lambda: build_plan(args, parser), load=SummaryPlan.from_record,
-                                            record=SummaryPlan.record, key=cell_key)
+    grid = start_grid(parser, argv, script=__file__, default_out=RESULTS, build=lambda args: build_plan(args, parser),
+                      load=SummaryPlan.from_record, record=SummaryPlan.record, key=cell_key, forward=("backbone", "cache"))
+    plan, args = grid.plan, grid.args
     cache = Path(args.cache) if args.cache else RESULTS / "cache"
-    start = time.perf_counter()
     clients = None
-    done = start_workers(args, run, script=__file__, device=device, cells=plan.cells(), cells_path=cells_path,
-                         key=cell_key, forward=["--backbone", args.backbone, "--cache", str(cache)])
-    for cell in pending(plan.cells(), done, key=cell_key, run=run if args.worker else None):
+    for cell in grid.todo():
         if clients is None or (clients.settings.setting, clients.settings.seed) != (cell["setting"], cell["seed"]):
             clients = plan.clients_for(setting=cell["setting"], seed=cell["seed"], backbone=args.backbone,
-                                       device=device, cache_dir=cache, progress=not args.no_progress)
-        try:
-            row = run_summary_cell(cell, clients, plan, progress=not args.no_progress)
-        except ValueError as error:
-            raise SystemExit(f"error: {error}") from None
-        append_cell(cells_path, row)
-        done[cell_key(cell)] = row
+                                       device=grid.device, cache_dir=cache, progress=not args.no_progress)
+        row = grid.record(cell, lambda: run_summary_cell(cell, clients, plan, progress=not args.no_progress))
         share = f", KD tokens {row['kd_token_share']:.1%}" if "kd_token_share" in row else ""
         print(f"{cell_key(cell)}: ROUGE-1/2/L {row['rouge1']:.4f} / {row['rouge2']:.4f} / {row['rougeL']:.4f}"
               f"{share}, {row['seconds']:.0f} s", flush=True)
     if args.worker:
-        return {"run": run, "worker": True}
-    rows = [done[cell_key(c)] for c in plan.cells()]
-    write_table(rows, csv_path=run / "summary.csv", md_path=run / "summary.md")
-    plot_curves(rows, path=run / "curves.png")
-    print(f"\n{(run / 'summary.md').read_text()}\nwrote {run / 'summary.csv'}, {run / 'curves.png'} "
-          f"({time.perf_counter() - start:.0f} s)")
+        return {"run": grid.run, "worker": True}
+    rows = grid.summarise(write_table=write_table, plot=lambda rows, path: plot_curves(rows, path=path))
     first = plan.settings[0]
     table = {e["method"]: e for e in aggregate(rows) if e["setting"] == first}
     line = f"summ setting={first} " + " ".join(f"{m}={table[m]['rougeL']:.4f}" for m in plan.methods)
     if "adafedselectkd" in table:
         line += f" kd_token_share={table['adafedselectkd']['kd_token_share']:.4f}"
     print(line, flush=True)
-    return {"run": run, "rows": rows, "line": line}
+    return {"run": grid.run, "rows": rows, "line": line}
 
 
 if __name__ == "__main__":

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -32,9 +31,7 @@ from typing import Any
 from fl_algorithms.algorithms.atc import ATCConfig
 from fl_algorithms.experiments.atc_grid import (METHODS, SECURE, ATCPlan, aggregate, cell_key, plot_curves, run_atc_cell,
                                                 write_table)
-from fl_algorithms.experiments.cli import (add_run_args, append_cell, comma_list, open_grid, parse_grid_args,
-                                             start_workers)
-from fl_algorithms.experiments.parallel import pending
+from fl_algorithms.experiments.cli import add_run_args, comma_list, start_grid
 from fl_algorithms.tasks.hetero import build_clients, layout_table, public_texts
 from fl_algorithms.training.hetero_trainer import HeteroConfig, HeteroFactory
 from nlp_models._offline import ensure_offline
@@ -84,40 +81,28 @@ def build_plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> ATC
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     ensure_offline()
     parser = _parser()
-    args, device = parse_grid_args(parser, argv)
-    run, plan, cells_path, done = open_grid(parser, args, device, default_out=RESULTS,
-                                            build=lambda: build_plan(args, parser), load=ATCPlan.from_record,
-                                            record=ATCPlan.record, key=cell_key)
-    start = time.perf_counter()
-    done = start_workers(args, run, script=__file__, device=device, cells=plan.cells(), cells_path=cells_path,
-                         key=cell_key, forward=["--backbone", args.backbone])
-    backbone, tokenizer = load_named_backbone(args.backbone)
+    grid = start_grid(parser, argv, script=__file__, default_out=RESULTS, build=lambda args: build_plan(args, parser),
+                      load=ATCPlan.from_record, record=ATCPlan.record, key=cell_key)
+    plan = grid.plan
+    backbone, tokenizer = load_named_backbone(grid.args.backbone)
     clients = factory = None
-    for cell in pending(plan.cells(), done, key=cell_key, run=run if args.worker else None):
+    for cell in grid.todo():
         seed = cell["seed"]
         if clients is None or factory.config.seed != seed:
             model = dataclasses.replace(plan.model, max_length=plan.model.max_length, seed=seed)
             clients = build_clients(seed=seed, max_per_client=plan.max_per_client, max_length=model.max_length)
             factory = HeteroFactory(backbone=backbone, tokenizer=tokenizer, config=model,
-                                    public_texts=public_texts(16, seed=seed), device=device)
+                                    public_texts=public_texts(16, seed=seed), device=grid.device)
             for row in layout_table(clients):
                 print(f"  seed {seed} client {row['client']:2d} {row['dataset']:14s} {row['formulation']:14s} "
                       f"{row['train']} train, {row['validation']} validation, {row['test']} test", flush=True)
-        try:
-            row = run_atc_cell(cell, plan=plan, clients=clients, factory=factory, progress=not args.no_progress,
-                               ledger_dir=run / "ledgers")
-        except ValueError as error:
-            raise SystemExit(f"error: {error}") from None
-        append_cell(cells_path, row)
-        done[cell_key(cell)] = row
+        row = grid.record(cell, lambda: run_atc_cell(cell, plan=plan, clients=clients, factory=factory,
+                                                     progress=not grid.args.no_progress, ledger_dir=grid.run / "ledgers"))
         print(f"{cell_key(cell)}: avg {row['avg']:.4f}, leakage {row['leakage']}, {row['seconds']:.0f} s", flush=True)
-    if args.worker:
-        return {"run": run, "worker": True}
-    rows = [done[cell_key(c)] for c in plan.cells()]
-    write_table(rows, csv_path=run / "summary.csv", md_path=run / "summary.md")
-    plot_curves(rows, path=run / "curves.png", assign_rounds=plan.atc.assign_rounds)
-    print(f"\n{(run / 'summary.md').read_text()}\nwrote {run / 'summary.csv'}, {run / 'curves.png'} "
-          f"({time.perf_counter() - start:.0f} s)")
+    if grid.args.worker:
+        return {"run": grid.run, "worker": True}
+    rows = grid.summarise(write_table=write_table,
+                          plot=lambda rows, path: plot_curves(rows, path=path, assign_rounds=plan.atc.assign_rounds))
     table = {e["method"]: e for e in aggregate(rows)}
     seen = sum(r["leakage"]["recovered_clients"] for r in rows if r["method"] in SECURE)
 
@@ -127,7 +112,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     names = ("atc_secure", "atc_reference", "assign_only", "fedavg", "isolated", "ditto", "fedprox", "fedbn")
     line = "atc avg " + " ".join(f"{m}={value(m)}" for m in names) + f" individual_vectors_seen_by_server={seen}"
     print(line, flush=True)
-    return {"run": run, "rows": rows, "line": line}
+    return {"run": grid.run, "rows": rows, "line": line}
 
 
 if __name__ == "__main__":

@@ -21,17 +21,14 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 
-from fl_algorithms.experiments.cli import (add_run_args, append_cell, comma_list, open_grid, parse_grid_args,
-                                             start_workers)
+from fl_algorithms.experiments.cli import add_run_args, comma_list, start_grid
 from fl_algorithms.experiments.continual_grid import (METHODS, PROTOCOLS, ContinualClients, ContinualPlan, aggregate,
                                                       cell_key, plot_curves, run_continual_cell, write_table)
-from fl_algorithms.experiments.parallel import pending
 from fl_algorithms.tasks.continual import task_statistics
 from nlp_models._offline import ensure_offline
 
@@ -80,36 +77,25 @@ def build_plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Con
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     ensure_offline()
     parser = _parser()
-    args, device = parse_grid_args(parser, argv)
-    run, plan, cells_path, done = open_grid(parser, args, device, default_out=RESULTS,
-                                            build=lambda: build_plan(args, parser), load=ContinualPlan.from_record,
-                                            record=ContinualPlan.record, key=cell_key)
-    start = time.perf_counter()
+    grid = start_grid(parser, argv, script=__file__, default_out=RESULTS, build=lambda args: build_plan(args, parser),
+                      load=ContinualPlan.from_record, record=ContinualPlan.record, key=cell_key)
+    plan = grid.plan
     clients = None
-    done = start_workers(args, run, script=__file__, device=device, cells=plan.cells(), cells_path=cells_path,
-                         key=cell_key, forward=["--backbone", args.backbone])
-    for cell in pending(plan.cells(), done, key=cell_key, run=run if args.worker else None):
+    for cell in grid.todo():
         if clients is None or clients.settings.seed != cell["seed"]:
-            clients = ContinualClients(dataclasses.replace(plan.data, seed=cell["seed"]), backbone=args.backbone,
-                                       device=device)
+            clients = ContinualClients(dataclasses.replace(plan.data, seed=cell["seed"]), backbone=grid.args.backbone,
+                                       device=grid.device)
             for row in task_statistics(clients.tasks):
                 print(f"  seed {cell['seed']} client {row['client']} task {row['position']}: {row['task']} "
                       f"({row['train']} train, {row['test']} test)", flush=True)
-        try:
-            row = run_continual_cell(cell, clients, plan, progress=not args.no_progress, ledger_dir=run / "ledgers")
-        except ValueError as error:
-            raise SystemExit(f"error: {error}") from None
-        append_cell(cells_path, row)
-        done[cell_key(cell)] = row
+        row = grid.record(cell, lambda: run_continual_cell(cell, clients, plan, progress=not grid.args.no_progress,
+                                                           ledger_dir=grid.run / "ledgers"))
         print(f"{cell_key(cell)}: final accuracy {row['accuracy']:.4f}, forgetting {row['forgetting']:.4f}, "
               f"{row['seconds']:.0f} s", flush=True)
-    if args.worker:
-        return {"run": run, "worker": True}
-    rows = [done[cell_key(c)] for c in plan.cells()]
-    write_table(rows, csv_path=run / "summary.csv", md_path=run / "summary.md")
-    plot_curves(rows, path=run / "curves.png", schedule=plan.schedule)
-    print(f"\n{(run / 'summary.md').read_text()}\nwrote {run / 'summary.csv'}, {run / 'curves.png'} "
-          f"({time.perf_counter() - start:.0f} s)")
+    if grid.args.worker:
+        return {"run": grid.run, "worker": True}
+    rows = grid.summarise(write_table=write_table,
+                          plot=lambda rows, path: plot_curves(rows, path=path, schedule=plan.schedule))
     table = {e["method"]: e for e in aggregate(rows)}
 
     def value(method: str, key: str) -> str:
@@ -120,7 +106,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             f"fedseit_forgetting={value('fedseit_k3', 'forgetting')} fedweit_forgetting={value('fedweit', 'forgetting')} "
             f"descriptor_epsilon={value('fedseit_k3', 'descriptor_epsilon')}")
     print(line, flush=True)
-    return {"run": run, "rows": rows, "line": line}
+    return {"run": grid.run, "rows": rows, "line": line}
 
 
 if __name__ == "__main__":

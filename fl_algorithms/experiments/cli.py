@@ -2,10 +2,11 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -182,6 +183,72 @@ def open_grid(parser: argparse.ArgumentParser, args: argparse.Namespace, device:
     return run, plan, cells_path, done
 
 
+@dataclasses.dataclass
+class Grid:
+    """A grid example's open run (`start_grid`): its options, device, run directory, plan and the
+    finished cells by `key`. `todo` yields the cells this process runs, `record` runs and saves one,
+    `summarise` writes the tables and the plot of the finished grid."""
+
+    args: argparse.Namespace
+    device: str
+    run: Path
+    plan: Any
+    key: Callable[[Any], str]
+    done: dict[str, dict[str, Any]]
+    started: float
+    """`time.perf_counter()` when the grid opened."""
+
+    @property
+    def cells_path(self) -> Path:
+        return self.run / "cells.jsonl"
+
+    def todo(self) -> Iterator[Mapping[str, Any]]:
+        """The unfinished cells in plan order; under --worker only those whose claim this process wins."""
+        from fl_algorithms.experiments.parallel import pending
+
+        return pending(self.plan.cells(), self.done, key=self.key, run=self.run if self.args.worker else None)
+
+    def record(self, cell: Mapping[str, Any], compute: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+        """Run one cell (`compute()`) and save its row (`append_cell`). A ValueError, a setting the data
+        cannot meet, ends the program with its message instead of a traceback."""
+        try:
+            row = compute()
+        except ValueError as error:
+            raise SystemExit(f"error: {error}") from None
+        append_cell(self.cells_path, row)
+        self.done[self.key(cell)] = row
+        return row
+
+    def summarise(self, *, write_table: Callable[..., Any],
+                  plot: Callable[[list[dict[str, Any]], Path], Any]) -> list[dict[str, Any]]:
+        """Every cell's row in plan order, after writing summary.csv, summary.md and curves.png and
+        printing the Markdown table."""
+        rows = [self.done[self.key(cell)] for cell in self.plan.cells()]
+        write_table(rows, csv_path=self.run / "summary.csv", md_path=self.run / "summary.md")
+        plot(rows, self.run / "curves.png")
+        print(f"\n{(self.run / 'summary.md').read_text()}\nwrote {self.run / 'summary.csv'}, "
+              f"{self.run / 'curves.png'} ({time.perf_counter() - self.started:.0f} s)")
+        return rows
+
+
+def start_grid(parser: argparse.ArgumentParser, argv: Sequence[str] | None, *, script: str | Path,
+               default_out: Path, build: Callable[[argparse.Namespace], Any], load: Callable[[Any], Any],
+               record: Callable[[Any], Any], key: Callable[[Any], str],
+               forward: Sequence[str] = ("backbone",)) -> Grid:
+    """A grid example's whole start: `parse_grid_args`, `open_grid` (`build(args)` makes a new plan), then
+    `start_workers`, so under --workers N the unfinished cells have run in N processes when this returns.
+    `forward` names the options (their dests) that the workers get too, where set."""
+    args, device = parse_grid_args(parser, argv)
+    run, plan, cells_path, _ = open_grid(parser, args, device, default_out=default_out, build=lambda: build(args),
+                                         load=load, record=record, key=key)
+    started = time.perf_counter()
+    options = [part for name in forward if (value := getattr(args, name)) is not None
+               for part in (f"--{name.replace('_', '-')}", str(value))]
+    done = start_workers(args, run, script=script, device=device, cells=plan.cells(), cells_path=cells_path,
+                         key=key, forward=options)
+    return Grid(args=args, device=device, run=run, plan=plan, key=key, done=done, started=started)
+
+
 def read_cells(path: Path, *, key: Callable[[Any], str]) -> dict[str, dict[str, Any]]:
     """The finished cells of a grid (one JSON object per line of `path`), by `key(row)`; {} before the first."""
     if not path.exists():
@@ -200,5 +267,6 @@ def append_cell(path: Path, row: Mapping[str, Any]) -> None:
             handle.write(line)
 
 
-__all__ = ["RUN_OPTIONS", "add_run_args", "add_worker_args", "append_cell", "check_run_location", "comma_list", "open_grid", "open_run",
-           "given_options", "parse_grid_args", "plan_options_given", "read_cells", "start_workers"]
+__all__ = ["RUN_OPTIONS", "Grid", "add_run_args", "add_worker_args", "append_cell", "check_run_location", "comma_list",
+           "open_grid", "open_run", "given_options", "parse_grid_args", "plan_options_given", "read_cells",
+           "start_grid", "start_workers"]

@@ -5,12 +5,10 @@ FedMCP grid on an H200 reached 99% of the GPU's time with nine processes. So a g
 ``--workers N`` starts N copies of itself on its own run directory (``--resume RUN_DIR --worker``),
 each claiming the next unfinished cell when it is free, and writes the tables once they are done:
 
-    run = ...                                           # open_grid: run directory, plan.json
-    if args.workers > 1:
-        run_workers(run, script=__file__, workers=args.workers, forward=[...])
-        done = read_cells(cells_path, key=cell_key)     # what the workers recorded
-    for cell in pending(plan.cells(), done, key=cell_key, run=run if args.worker else None):
-        ...                                             # a worker runs only the cells it claimed
+    grid = start_grid(parser, argv, script=__file__, ...)   # cli: run directory, plan.json, and under
+                                                            # --workers N the workers' run_workers
+    for cell in grid.todo():                                # pending(): a worker runs only the cells it claimed
+        row = grid.record(cell, lambda: run_cell(cell, ...))
 
 A claim is a file created exclusively under ``RUN_DIR/claims/``; the starting process clears them,
 so cells claimed by a worker that died run again on the next start (finished cells are in

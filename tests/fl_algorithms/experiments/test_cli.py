@@ -177,3 +177,54 @@ def test_every_run_option_is_one_resume_accepts():
     assert dests <= RUN_OPTIONS and {"device", "threads", "workers", "worker", "cache"} <= dests
     args = parser.parse_args(["--device", "cpu", "--threads", "1", "--workers", "3", "--no-progress"])
     assert args.threads == 1 and args.workers == 3 and args.backbone == "minilm"
+
+
+class _ToyPlan:
+    """A plan of three cells, as the grid examples' plans look to `start_grid`."""
+
+    protocol = "plain"
+
+    def __init__(self, record=None):
+        self.rounds = (record or {}).get("rounds", 2)
+
+    def cells(self):
+        return [{"i": i} for i in range(3)]
+
+    def record(self):
+        return {"rounds": self.rounds}
+
+
+def test_start_grid_runs_records_resumes_and_summarises_a_grid(tmp_path, monkeypatch, capsys):
+    from fl_algorithms.experiments import cli, parallel
+
+    parser = argparse.ArgumentParser()
+    cli.add_run_args(parser, cache_help="cache")
+    forwarded = []
+    monkeypatch.setattr(parallel, "run_workers", lambda *a, **k: forwarded.append(k["forward"]))
+    key = lambda c: str(c["i"])  # noqa: E731
+    options = dict(script="x.py", default_out=tmp_path, build=lambda args: _ToyPlan(), load=_ToyPlan,
+                   record=_ToyPlan.record, key=key)
+    grid = cli.start_grid(parser, ["--out", str(tmp_path), "--run-name", "g", "--device", "cpu"], **options)
+    assert grid.run == tmp_path / "g" and grid.device == "cpu" and grid.done == {}
+    todo = grid.todo()
+    first = next(todo)
+    assert grid.record(first, lambda: {"i": first["i"], "score": 0.5}) == {"i": 0, "score": 0.5}
+    second = next(todo)
+    with pytest.raises(SystemExit, match="error: no data"):  # a bad setting: its message, no traceback
+        grid.record(second, lambda: (_ for _ in ()).throw(ValueError("no data")))
+    assert cli.read_cells(grid.cells_path, key=key) == {"0": {"i": 0, "score": 0.5}}  # the failed cell is not saved
+    # resumed, the finished cell is skipped; --workers forwards the options that are set
+    again = cli.start_grid(parser, ["--resume", str(grid.run), "--workers", "2", "--cache", "c", "--device", "cpu"],
+                           **{**options, "forward": ("backbone", "cache", "run_name")})
+    assert forwarded == [["--device", "cpu", "--threads", str(again.args.threads), "--no-progress",
+                          "--backbone", "minilm", "--cache", "c"]]
+    assert [c["i"] for c in again.todo()] == [1, 2]
+    for cell in (again.plan.cells()[1], again.plan.cells()[2]):
+        again.record(cell, lambda: {"i": cell["i"], "score": 1.0})
+    written = {}
+    rows = again.summarise(write_table=lambda rows, csv_path, md_path: (md_path.write_text("| table |"),
+                                                                       written.update(csv=csv_path)),
+                           plot=lambda rows, path: written.update(plot=path))
+    assert [r["i"] for r in rows] == [0, 1, 2] and written == {"csv": grid.run / "summary.csv",
+                                                               "plot": grid.run / "curves.png"}
+    assert "| table |" in capsys.readouterr().out

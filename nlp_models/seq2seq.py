@@ -207,8 +207,8 @@ class Seq2SeqModel(nn.Module):
 
         Only the targets' probabilities are formed, p(y_t) = g P_vocab(y_t) + (1 - g) sum_{i: x_i = y_t} a_i:
         the number `log_probs` gives at y_t, without building the (B, T, V) mixture or scattering the
-        attention into it (a full-vocabulary pass per term on a CPU; on a GPU the scatter is an atomic add,
-        slow under the deterministic kernels the grid asks for)."""
+        attention into it (a third of a CPU training step; on a GPU the scatter is an atomic add, which
+        deterministic kernels replace by a slower sorted one)."""
         _need_ids(self.config, source_ids)
         inputs, mask = self._teacher_inputs(target)
         logits, gate, attention = self._outputs(source, source_mask, inputs, mask)

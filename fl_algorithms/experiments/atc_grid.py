@@ -29,6 +29,7 @@ from fl_algorithms.algorithms.fedprox import FedProx
 from fl_algorithms.algorithms.local import Local
 from fl_algorithms.engine.secure_sum import SecureAggregationConfig
 from fl_algorithms.engine.sim import RoundRecord, RunConfig, SimulationRunner
+from fl_algorithms.experiments.config import check_choices, check_seeds
 from fl_algorithms.experiments.tables import grouped, plot_mean_curves, pyplot, save_figure, summarise
 from fl_algorithms.tasks.hetero import LAYOUT, HeteroClient
 from fl_algorithms.training.hetero_trainer import METRIC, HeteroConfig, HeteroFactory, HeteroTrainer
@@ -62,10 +63,8 @@ class ATCPlan:
     clip: float = 1.0
 
     def __post_init__(self) -> None:
-        if not self.methods or set(self.methods) - set(METHODS) or len(set(self.methods)) != len(self.methods):
-            raise ValueError(f"methods must be distinct values from {', '.join(METHODS)}, got {self.methods}")
-        if not self.seeds or len(set(self.seeds)) != len(self.seeds) or min(self.seeds) < 0:
-            raise ValueError("seeds must be distinct non-negative integers")
+        check_choices("methods", self.methods, METHODS)
+        check_seeds(self.seeds)
         if self.rounds < 2:
             raise ValueError("rounds must be at least 2 (CONTRAST's targets come from the previous round)")
         if not (self.sketch_epsilon > 0 and self.sketch_dim >= 1 and self.clip > 0):

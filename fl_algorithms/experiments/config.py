@@ -1,4 +1,5 @@
-"""Load frozen-dataclass configs from TOML files (nested tables map to nested dataclasses)."""
+"""Frozen-dataclass configs: load them from TOML files (nested tables map to nested dataclasses) and
+check the choice lists that grid plans share."""
 from __future__ import annotations
 
 import dataclasses
@@ -6,6 +7,7 @@ import tomllib
 import types
 import typing
 from pathlib import Path
+from collections.abc import Sequence
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -44,3 +46,15 @@ def load_toml(cls: type[T], path: str | Path, *, table: str | None = None) -> T:
     if table is not None:
         data = data[table]
     return from_dict(cls, data)
+
+
+def check_choices(name: str, values: Sequence[str], allowed: Sequence[str]) -> None:
+    """Raise ValueError unless `values` is a non-empty list of distinct members of `allowed`."""
+    if not values or set(values) - set(allowed) or len(set(values)) != len(values):
+        raise ValueError(f"{name} must be distinct values from {', '.join(allowed)}, got {values}")
+
+
+def check_seeds(seeds: Sequence[int]) -> None:
+    """Raise ValueError unless `seeds` is a non-empty list of distinct non-negative integers."""
+    if not seeds or len(set(seeds)) != len(seeds) or min(seeds) < 0:
+        raise ValueError("seeds must be distinct non-negative integers")

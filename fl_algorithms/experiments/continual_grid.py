@@ -25,6 +25,7 @@ from fl_algorithms.algorithms.fedseit import ContinualFedAvg, FedSeIT, FedWeIT, 
 from fl_algorithms.engine.peer_channel import PeerDirectory
 from fl_algorithms.engine.secure_sum import SecureAggregationConfig
 from fl_algorithms.engine.sim import RoundRecord, RunConfig, SimulationRunner
+from fl_algorithms.experiments.config import check_choices, check_seeds
 from fl_algorithms.experiments.tables import grouped, plot_mean_curves, pyplot, save_figure, summarise
 from fl_algorithms.tasks.continual import ContinualSettings, TaskData, build_tasks
 from fl_algorithms.training.continual_trainer import BASE_PART, ContinualTrainer, ContinualTrainerConfig
@@ -56,10 +57,8 @@ class ContinualPlan:
     """FedSeIT's W_f over the foreign features (paper Eq. 3; off by default in the reference's parser)."""
 
     def __post_init__(self) -> None:
-        if not self.methods or set(self.methods) - set(METHODS) or len(set(self.methods)) != len(self.methods):
-            raise ValueError(f"methods must be distinct values from {', '.join(METHODS)}, got {self.methods}")
-        if not self.seeds or len(set(self.seeds)) != len(self.seeds) or min(self.seeds) < 0:
-            raise ValueError("seeds must be distinct non-negative integers")
+        check_choices("methods", self.methods, METHODS)
+        check_seeds(self.seeds)
         if self.rounds_per_task < 2 or self.local_epochs < 1 or not self.clip > 0 or self.filters < 1:
             raise ValueError("need rounds_per_task >= 2, local_epochs >= 1, clip > 0, filters >= 1")
         if self.protocol not in PROTOCOLS:

@@ -23,6 +23,7 @@ from fl_algorithms.algorithms.fedavg import FedAvg
 from fl_algorithms.algorithms.local import Local
 from fl_algorithms.engine.sim import RoundRecord, RunConfig, SimulationRunner
 from fl_algorithms.engine.secure_sum import SecureAggregationConfig
+from fl_algorithms.experiments.config import check_choices, check_seeds
 from fl_algorithms.experiments.tables import grouped, plot_mean_curves, pyplot, save_figure, summarise
 from fl_algorithms.tasks.summarization import SETTINGS, SummaryClients, SummarySettings
 
@@ -48,11 +49,9 @@ class SummaryPlan:
     """Every field but `setting` and `seed`, which each cell sets."""
 
     def __post_init__(self) -> None:
-        for name, values, allowed in (("settings", self.settings, SETTINGS), ("methods", self.methods, METHODS)):
-            if not values or set(values) - set(allowed) or len(set(values)) != len(values):
-                raise ValueError(f"{name} must be distinct values from {', '.join(allowed)}, got {values}")
-        if not self.seeds or len(set(self.seeds)) != len(self.seeds) or min(self.seeds) < 0:
-            raise ValueError("seeds must be distinct non-negative integers")
+        check_choices("settings", self.settings, SETTINGS)
+        check_choices("methods", self.methods, METHODS)
+        check_seeds(self.seeds)
         if self.rounds < 1 or self.local_epochs < 1 or not self.clip > 0:
             raise ValueError("rounds and local_epochs must be positive, clip > 0")
         if self.protocol not in PROTOCOLS:

@@ -1,6 +1,6 @@
 import pytest
 
-from fl_algorithms.experiments.config import from_dict, load_toml
+from fl_algorithms.experiments.config import check_choices, check_seeds, from_dict, load_toml
 from fl_algorithms.engine.sim import RunConfig
 
 
@@ -20,3 +20,20 @@ def test_unknown_keys_and_bad_values_are_refused():
         from_dict(RunConfig, {"secure": {"protocol": "rot13"}})
     with pytest.raises(ValueError, match="rounds"):
         from_dict(RunConfig, {"rounds": 0})
+
+
+@pytest.mark.parametrize("values", [(), ("a", "a"), ("a", "z")])
+def test_check_choices_refuses_empty_repeated_or_unknown_values(values):
+    with pytest.raises(ValueError, match="methods must be distinct values from a, b"):
+        check_choices("methods", values, ("a", "b"))
+
+
+@pytest.mark.parametrize("seeds", [(), (1, 1), (0, -1)])
+def test_check_seeds_refuses_empty_repeated_or_negative_seeds(seeds):
+    with pytest.raises(ValueError, match="seeds must be distinct non-negative"):
+        check_seeds(seeds)
+
+
+def test_valid_choices_and_seeds_pass():
+    check_choices("methods", ("b", "a"), ("a", "b"))
+    check_seeds((2, 0, 1))

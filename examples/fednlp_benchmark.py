@@ -64,10 +64,14 @@ from nlp_models._offline import ensure_offline
 from nlp_models.data.partition import Partition
 from nlp_models.data.partition_stats import partition_summary, plot_partitions, summary_line
 
+WHOLE_TASKS = ("classification", "tagging", "qa")
+"""The formulations whose clients can train whole top layers instead of adapters (`--whole-layers`)."""
 DEFAULT_OUT = Path(__file__).resolve().parents[1] / "results" / "fednlp_grid"
 QUICK = dict(rounds=4, formulation=dict(clients=4, max_examples=320, min_client_examples=20),
              # tweets are short and cloze passages cheap next to headline decoding: more examples there
              per_task={"tagging": dict(max_examples=800), "qa": dict(max_examples=640)})
+WHOLE_LR = 5e-5
+"""Client lr when whole layers train (--whole-layers): FedNLP fine-tunes its transformers at 5e-5."""
 FULL = dict(rounds=20, seeds=(0, 1, 2), partitions=("iid", "label:10", "label:1", "label:0.1", "quantity:1"),
             formulation=dict(clients=10, max_examples=None, min_client_examples=20))
 
@@ -88,6 +92,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--rounds", type=int, default=None)
     p.add_argument("--clients", type=int, default=None)
     p.add_argument("--max-examples", type=int, default=None, help="corpus cap per task (0: all)")
+    p.add_argument("--whole-layers", type=int, default=None, metavar="K",
+                   help="classification, tagging and QA clients train the top K encoder layers whole (6: all "
+                        "but the embeddings, as FedNLP fine-tunes whole models) instead of adapters in the top 2, "
+                        "at client lr --whole-lr; seq2seq's generator is unchanged")
+    p.add_argument("--whole-lr", type=float, default=WHOLE_LR,
+                   help=f"client AdamW lr with --whole-layers (default {WHOLE_LR:g}, FedNLP's fine-tuning lr)")
     add_run_args(p, resume_help=", except --tasks/--algorithms/--partitions/--protocols/--seeds, which grow it")
     p.add_argument("--freezing", type=comma_list(int, what="frozen layer count"), default=None, metavar="K,K,..",
                    help="run FedNLP's layer-freezing study instead of the grid: BBC topics with the embeddings and "
@@ -111,6 +121,14 @@ def build_plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Gri
             formulation[key] = value or None
             for values in per_task.values():  # a value given on the command line holds for every task
                 values.pop(key, None)
+    if args.whole_layers is not None:
+        if args.whole_layers < 1 or not args.whole_lr > 0:
+            parser.error("--whole-layers must be at least 1 and --whole-lr positive")
+        for task in WHOLE_TASKS:
+            per_task[task] = {**per_task.get(task, {}), "tune": "layers", "adapter_layers": args.whole_layers,
+                              "lr": args.whole_lr}
+    elif "whole_lr" in getattr(args, "given", ()):
+        parser.error("--whole-lr is the client lr of --whole-layers; give both")
     chosen = {k: v for k, v in (("tasks", args.tasks), ("algorithms", args.algorithms),
                                 ("partitions", args.partitions), ("protocols", args.protocols),
                                 ("seeds", args.seeds), ("rounds", args.rounds)) if v is not None}

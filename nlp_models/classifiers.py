@@ -65,6 +65,17 @@ def tuned_top(backbone: nn.Module, *, layers: int) -> TopEncoder:
     return top
 
 
+def client_top(backbone: nn.Module, *, tune: str, layers: int, bottleneck: int, seed: int,
+               adapter_set: str = "adapter") -> TopEncoder:
+    """A client's trainable top `layers` layers: adapters in them (`tune='adapters'`, `adapted_top`)
+    or the layers themselves (`tune='layers'`, `tuned_top`)."""
+    if tune == "layers":
+        return tuned_top(backbone, layers=layers)
+    if tune != "adapters":
+        raise ValueError(f"tune must be 'adapters' or 'layers', got {tune!r}")
+    return adapted_top(backbone, adapter_layers=layers, bottleneck=bottleneck, seed=seed, adapter_set=adapter_set)
+
+
 def seeded_module(seed: int, make: Callable[[], nn.Module]) -> nn.Module:
     """`make()` under a forked RNG seeded by `seed`: a head initialised by the seed alone."""
     with torch.random.fork_rng(devices=[]):

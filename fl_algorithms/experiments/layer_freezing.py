@@ -65,8 +65,9 @@ def _clients(plan: FreezingPlan, variant: Mapping[str, Any], *, clients: int, la
              device: str) -> ClassificationClients:
     settings = FormulationSettings(**{**TASK_DEFAULTS["classification"], "clients": clients,
                                       "max_examples": plan.max_examples, "min_client_examples": 20,
-                                      "adapter_layers": layers, "lr": variant["lr"], "seed": plan.seed})
-    return ClassificationClients(settings, backbone=backbone, device=device, tune=variant["tune"])
+                                      "adapter_layers": layers, "lr": variant["lr"], "seed": plan.seed,
+                                      "tune": variant["tune"]})
+    return ClassificationClients(settings, backbone=backbone, device=device)
 
 
 def run_freezing(plan: FreezingPlan, *, backbone: str = "minilm", device: str = "cpu", progress: bool = False,

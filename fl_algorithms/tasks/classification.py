@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from fl_algorithms.tasks.formulation import FormulationClients, FormulationSettings, Shards
-from fl_algorithms.training.classification import TextTaskConfig, client_model, shared_parts, text_trainer
+from fl_algorithms.training.classification import TUNE, TextTaskConfig, client_model, shared_parts, text_trainer
 from fl_algorithms.training.trainer import SeededTorchTrainer
 from nlp_models.data.dataset import TextDataset
 from nlp_models.frozen_prefix import CachedSplit, cache_splits
@@ -31,13 +31,15 @@ class ClassificationClients(FormulationClients):
 
     shared_parts = staticmethod(shared_parts)
 
-    def __init__(self, settings: FormulationSettings, *, backbone: str = "minilm", device: str = "cpu",
-                 tune: str = "adapters") -> None:
-        """`tune='layers'` trains the top `settings.adapter_layers` layers whole instead of adapters
-        in them (FedNLP's layer-freezing study)."""
+    tunes = TUNE
+
+    def __init__(self, settings: FormulationSettings, *, backbone: str = "minilm", device: str = "cpu") -> None:
+        """`settings.tune='layers'` trains the top `settings.adapter_layers` layers whole instead of
+        adapters in them (FedNLP's layer-freezing study)."""
         super().__init__(settings, backbone=backbone, device=device)
         self.config = TextTaskConfig(adapter_layers=settings.adapter_layers, bottleneck=settings.bottleneck,
-                                     batch_size=settings.batch_size, lr=settings.lr, seed=settings.seed, tune=tune)
+                                     batch_size=settings.batch_size, lr=settings.lr, seed=settings.seed,
+                                     tune=settings.tune)
 
     @cached_property
     def corpus(self) -> Shards[TextDataset]:

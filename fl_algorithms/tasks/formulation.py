@@ -26,6 +26,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from fl_algorithms.training.classification import TUNE
 from fl_algorithms.training.trainer import LocalTrainer, OptimizerConfig, SeededTorchTrainer, flatten
 from nlp_models.data.partition import (ClientSplit, Partition, PartitionError, client_splits, dirichlet_label_skew,
                                        dirichlet_quantity_skew, feature_cluster_skew, iid_partition)
@@ -109,7 +110,9 @@ class FormulationSettings:
     """What every formulation's clients share: the partition, the model shape and the client optimiser.
 
     Clients train Houlsby adapters in the top `adapter_layers` layers of the frozen MiniLM (the layers
-    below are computed once, `nlp_models.frozen_prefix`) plus the task's head, with AdamW at `lr`.
+    below are computed once, `nlp_models.frozen_prefix`) plus the task's head, with AdamW at `lr`; with
+    `tune='layers'` they train those top layers whole instead (FedNLP fine-tunes whole models; 6 of
+    MiniLM's 6 layers is everything but the embeddings), where the formulation offers it.
     """
 
     clients: int = 4
@@ -124,6 +127,8 @@ class FormulationSettings:
     batch_size: int = 16
     lr: float = 1e-3
     seed: int = 0
+    tune: str = "adapters"
+    """'adapters' (adapters in the top `adapter_layers` layers train) or 'layers' (those layers train whole)."""
 
     def __post_init__(self) -> None:
         checks = [
@@ -136,6 +141,7 @@ class FormulationSettings:
             (self.adapter_layers >= 1 and self.bottleneck >= 1 and self.batch_size >= 1,
              "adapter_layers, bottleneck and batch_size must be positive"),
             (self.lr > 0, "lr must be positive"),
+            (self.tune in TUNE, f"tune must be one of {', '.join(TUNE)}, got {self.tune!r}"),
             (self.seed >= 0, "seed must be non-negative"),
         ]
         for ok, message in checks:
@@ -216,14 +222,18 @@ class FormulationClients:
 
     A subclass provides `corpus` (a cached `Shards`, or any object with `.partition` and `.splits`), `_model()` (a
     fresh seeded client model), `shared_parts(model)`, `client_data`, `make_trainer` and
-    `trivial_scores(client_id)`; `prefix_adapters = False` where no adapted prefix split applies.
+    `trivial_scores(client_id)`; `prefix_adapters = False` where no adapted prefix split applies, and
+    `tunes` the `FormulationSettings.tune` values its `_model()` can build.
     """
 
     task: str
     metric: str
     prefix_adapters = True
+    tunes: tuple[str, ...] = ("adapters",)
 
     def __init__(self, settings: FormulationSettings, *, backbone: str = "minilm", device: str = "cpu") -> None:
+        if settings.tune not in self.tunes:
+            raise ValueError(f"the {self.task} clients cannot tune {settings.tune!r}; they offer {', '.join(self.tunes)}")
         self.settings, self.backbone_name = settings, backbone
         self.device = resolve_device(device)
         self._data: dict[int, Any] = {}

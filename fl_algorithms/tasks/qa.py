@@ -35,9 +35,9 @@ from torch import nn
 from torch.nn import functional as F
 
 from fl_algorithms.tasks.formulation import SPLITS, FormulationClients, mean_over_clients
-from fl_algorithms.training.classification import ADAPTER_SET, shared_parts
+from fl_algorithms.training.classification import ADAPTER_SET, TUNE, shared_parts
 from fl_algorithms.training.trainer import SeededTorchTrainer
-from nlp_models.classifiers import adapted_top, seeded_module
+from nlp_models.classifiers import client_top, seeded_module
 from nlp_models.data.cloze_qa import ClozeExample, answer_candidates, build_cloze_qa
 from nlp_models.data.dataset import cap_indices
 from nlp_models.data.partition import ClientSplit, Partition
@@ -168,10 +168,13 @@ class SpanExtractor(nn.Module):
         return self.head(self.suffix(hidden, attention_mask))
 
 
-def build_span_extractor(backbone: nn.Module, *, adapter_layers: int, bottleneck: int, seed: int) -> SpanExtractor:
+def build_span_extractor(backbone: nn.Module, *, adapter_layers: int, bottleneck: int, seed: int,
+                         tune: str = "adapters") -> SpanExtractor:
     """A client model like `nlp_models.classifiers.build_suffix_classifier`: its own adapters (set
-    'adapter') and head, seeded by `seed` only, over the backbone's shared frozen top layers."""
-    top = adapted_top(backbone, adapter_layers=adapter_layers, bottleneck=bottleneck, seed=seed, adapter_set=ADAPTER_SET)
+    'adapter') and head, seeded by `seed` only, over the backbone's shared frozen top layers; with
+    `tune='layers'` its own trainable copy of the top `adapter_layers` layers instead of adapters."""
+    top = client_top(backbone, tune=tune, layers=adapter_layers, bottleneck=bottleneck, seed=seed,
+                     adapter_set=ADAPTER_SET)
     # no bias: a constant added to every position's start (or end) logit leaves the span softmax
     # unchanged, so its gradient is zero up to float32 noise, which AdamW's normalised steps would
     # turn into lr-sized random walks (the secure and plaintext twins drifted 1e-2 apart there)
@@ -252,6 +255,7 @@ class QAClients(FormulationClients):
 
     task = "qa"
     metric = "f1"
+    tunes = TUNE
 
     shared_parts = staticmethod(shared_parts)
 
@@ -304,7 +308,7 @@ class QAClients(FormulationClients):
     def _model(self) -> SpanExtractor:
         s = self.settings
         return build_span_extractor(self.backbone[0], adapter_layers=s.adapter_layers, bottleneck=s.bottleneck,
-                                    seed=s.seed).to(self.device)
+                                    seed=s.seed, tune=s.tune).to(self.device)
 
     def make_trainer(self, client_id: int) -> SeededTorchTrainer:
         """A fresh client (new adapters, head and AdamW) over its own cached questions; evaluates

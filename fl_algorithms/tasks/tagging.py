@@ -34,9 +34,9 @@ from torch import nn
 from torch.nn import functional as F
 
 from fl_algorithms.tasks.formulation import FormulationClients, FormulationSettings, Shards
-from fl_algorithms.training.classification import ADAPTER_SET, shared_parts
+from fl_algorithms.training.classification import ADAPTER_SET, TUNE, shared_parts
 from fl_algorithms.training.trainer import SeededTorchTrainer
-from nlp_models.classifiers import adapted_top, seeded_module
+from nlp_models.classifiers import client_top, seeded_module
 from nlp_models.data.dataset import TextDataset
 from nlp_models.data.tokenize import IGNORE_INDEX, tokenize_words
 from nlp_models.frozen_prefix import CachedSplit, TopEncoder, cache_splits
@@ -211,10 +211,12 @@ class TokenTagger(nn.Module):
 
 
 def build_token_tagger(backbone: nn.Module, *, num_labels: int, adapter_layers: int, bottleneck: int,
-                       seed: int, head_dropout: float = HEAD_DROPOUT) -> TokenTagger:
+                       seed: int, head_dropout: float = HEAD_DROPOUT, tune: str = "adapters") -> TokenTagger:
     """A client model over the backbone's (frozen, shared) top layers; adapters and head are seeded by
-    `seed` alone, so every client starts from the same model (`build_suffix_classifier`'s recipe)."""
-    top = adapted_top(backbone, adapter_layers=adapter_layers, bottleneck=bottleneck, seed=seed, adapter_set=ADAPTER_SET)
+    `seed` alone, so every client starts from the same model (`build_suffix_classifier`'s recipe). With
+    `tune='layers'` the top `adapter_layers` layers are the client's own trainable copy instead."""
+    top = client_top(backbone, tune=tune, layers=adapter_layers, bottleneck=bottleneck, seed=seed,
+                     adapter_set=ADAPTER_SET)
     head = seeded_module(seed, lambda: TokenClassifier(backbone.config.hidden_size, num_labels, dropout=head_dropout))
     return TokenTagger(suffix=top, head=head)
 
@@ -226,6 +228,7 @@ class TaggingClients(FormulationClients):
 
     task = "tagging"
     metric = "span_f1"
+    tunes = TUNE
 
     shared_parts = staticmethod(shared_parts)
 
@@ -275,7 +278,7 @@ class TaggingClients(FormulationClients):
     def _model(self) -> TokenTagger:
         s = self.settings
         return build_token_tagger(self.backbone[0], num_labels=len(self.label_names), adapter_layers=s.adapter_layers,
-                                  bottleneck=s.bottleneck, seed=s.seed).to(self.device)
+                                  bottleneck=s.bottleneck, seed=s.seed, tune=s.tune).to(self.device)
 
     def make_trainer(self, client_id: int) -> SeededTorchTrainer:
         """A fresh client (new adapters, head and AdamW) over its own cached sentences; evaluates on

@@ -140,6 +140,26 @@ def test_bad_arguments_are_refused_before_any_run(tmp_path):
     assert not any(tmp_path.iterdir())
 
 
+def test_whole_layers_train_those_layers_in_the_tasks_that_offer_it(tmp_path):
+    from fl_algorithms.experiments.fednlp_grid import FORMULATIONS
+
+    parser = bench._parser()
+    plan = bench.build_plan(parser.parse_args(["--quick", "--whole-layers", "6", "--whole-lr", "3e-5"]), parser)
+    for task in bench.WHOLE_TASKS:
+        settings = plan.settings(task, partition="iid", seed=0)
+        assert (settings.tune, settings.adapter_layers, settings.lr) == ("layers", 6, 3e-5)
+    assert plan.settings("qa", partition="iid", seed=0).max_examples == 640  # the quick caps stay
+    assert plan.settings("seq2seq", partition="iid", seed=0).tune == "adapters"
+    for task, where in FORMULATIONS.items():  # WHOLE_TASKS are exactly the formulations that offer it
+        module, _, name = where.partition(":")
+        offers = "layers" in getattr(importlib.import_module(module), name).tunes
+        assert offers == (task in bench.WHOLE_TASKS), task
+    for bad in (["--whole-lr", "1e-4"], ["--whole-layers", "0"]):
+        with pytest.raises(SystemExit):
+            bench.main(["--quick", *bad, "--out", str(tmp_path)])
+    assert not any(tmp_path.iterdir())
+
+
 def test_secure_vs_plain_allows_the_encoder_bound_plus_float32_rounding_and_no_more():
     import numpy as np
 

@@ -141,6 +141,23 @@ def test_local_training_lowers_the_training_loss_and_evaluates(clients):
         assert 0.0 <= out["exact_match"] <= out["f1"] <= 1.0 and out["n"] == len(clients.client_data(2)[split])
 
 
+def test_whole_layer_clients_train_and_upload_their_own_copy_of_the_top_layers(clients):
+    whole = QAClients(dataclasses.replace(SETTINGS, tune="layers", adapter_layers=2, lr=1e-3), backbone="tiny")
+    backbone = whole.backbone[0]
+    frozen = {n: p.detach().clone() for n, p in backbone.named_parameters()}
+    initial = whole.initial()
+    layer_params = sum(p.numel() for p in backbone.encoder.layer.parameters())  # both of the tiny BERT's layers
+    assert initial["adapter"].size == layer_params and initial["head"].size == 2 * 32
+    assert not any("adapters" in n for n in whole.shared_parts(whole._model())["adapter"])
+    trainer = whole.make_trainer(1)
+    trainer.train(epochs=2)
+    assert not np.array_equal(trainer.get_shared()["adapter"], initial["adapter"])
+    for name, p in backbone.named_parameters():  # the shared frozen backbone is never trained
+        assert torch.equal(p, frozen[name]), name
+    with pytest.raises(ValueError, match="tune must be one of adapters, layers"):
+        dataclasses.replace(SETTINGS, tune="everything")
+
+
 def test_trivial_baseline_is_the_first_entity_scored_with_squad_metrics(clients):
     scores = clients.trivial_scores()
     assert scores["empty"] == {"f1": 0.0, "exact_match": 0.0}

@@ -66,3 +66,8 @@ def test_trivial_is_the_lead_baseline_with_the_mean_training_headline_length(cli
     assert lead["rougeL"] == pytest.approx(1.0)
     expected = np.mean([clients.trivial_scores(k)["rougeL"] for k in (1, 2, 3)])
     assert clients.trivial() == pytest.approx(expected) and 0.0 < clients.trivial() < 1.0
+
+
+def test_the_generator_refuses_whole_layer_tuning():
+    with pytest.raises(ValueError, match="seq2seq clients cannot tune 'layers'"):
+        HeadlineClients(FormulationSettings(clients=2, max_examples=40, tune="layers"), backbone="tiny")

@@ -59,6 +59,18 @@ def test_initial_parameters_are_every_fresh_clients_shared_parameters(clients):
             np.testing.assert_array_equal(shared[part], initial[part])
 
 
+def test_whole_layer_clients_upload_the_top_layer_and_leave_the_backbone_alone():
+    whole = TaggingClients(replace(SETTINGS, tune="layers", lr=1e-3), backbone="tiny")
+    backbone = whole.backbone[0]
+    frozen = {n: p.detach().clone() for n, p in backbone.named_parameters()}
+    initial = whole.initial()
+    assert initial["adapter"].size == sum(p.numel() for p in backbone.encoder.layer[-1].parameters())
+    trainer = whole.make_trainer(2)
+    trainer.train(epochs=1)
+    assert not np.array_equal(trainer.get_shared()["adapter"], initial["adapter"])
+    assert all(torch.equal(p, frozen[n]) for n, p in backbone.named_parameters())
+
+
 def test_tags_sit_on_first_pieces_and_truncated_words_get_none():
     tokenizer = load_tokenizer()
     # [CLS] goo ##oo ##al at [SEP]: 'Anfield' does not fit in 6 pieces

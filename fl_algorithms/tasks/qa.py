@@ -12,7 +12,10 @@ SIMPLIFICATIONS (against FedNLP's QA runs):
   not open-domain reading comprehension, and its scores are not comparable with SQuAD's.
 * model: FedNLP fully fine-tunes DistilBERT/BERT; here a frozen MiniLM-L6 (sentence-transformers
   weights) with Houlsby adapters in its top `adapter_layers` layers and a bias-free Linear(hidden, 2) head is
-  trained, the layers below computed once per example (`nlp_models.frozen_prefix`). That cache feeds
+  trained, the layers below computed once per example (`nlp_models.frozen_prefix`); with
+  `tune='layers'` the top `adapter_layers` layers train whole instead (6: all but the embeddings, FedNLP's
+  setting; a centralised pilot of that reader clears the first-entity baseline, the adapter reader barely
+  does: README). That cache feeds
   all-zero token_type_ids (question and passage are told apart by [SEP] only); this matches how the
   sentence-transformers MiniLM was trained, which never used segment B.
 * truncation: input is question + passage cut to `max_length` tokens (only the passage is cut;

@@ -14,7 +14,8 @@ score, never inflate it (its gold entities still count towards recall).
 
 SIMPLIFICATIONS against FedNLP (Lin et al., 2022): FedNLP fine-tunes the whole transformer on
 W-NUT 2017 / OntoNotes / CoNLL; here the MiniLM backbone stays frozen and only adapters and the head
-train, and the offline tweets corpus stands in for W-NUT. There is no sentence label, so
+train (with `tune='layers'` the top `adapter_layers` layers train whole instead, 6 being all but the
+embeddings), and the offline tweets corpus stands in for W-NUT. There is no sentence label, so
 'label:ALPHA' partitions are refused; 'cluster:ALPHA' skews over k-means clusters of the backbone's
 mean-pooled sentence embeddings, as FedNLP does for tagging.
 """

@@ -13,8 +13,9 @@ NER scored by seqeval span F1 (.tagging), cloze questions over BBC scored by SQu
 headline from body scored by ROUGE-L (.seq2seq). Clients train Houlsby adapters in the top layers of
 the frozen MiniLM plus a head (seq2seq: the decoder of a BERT2BERT model warm-started from MiniLM);
 SIMPLIFICATION: FedNLP fine-tunes whole models, which `--whole-layers 6` does for classification,
-tagging and QA (every layer but the embeddings, client lr 5e-5). FedOPT is FedNLP's: server SGD with momentum (FedAvgM,
-lr 0.1, momentum 0.9, as FedNLP's own scripts); FedAdam / FedAdagrad / FedYogi are Reddi et al.'s (--algorithms).
+tagging and QA (every layer but the embeddings, client lr 5e-5). FedOPT is FedNLP's: server SGD with
+momentum (FedAvgM, lr 0.1, momentum 0.9, as FedNLP's own scripts); FedAdam / FedAdagrad / FedYogi are
+Reddi et al.'s (--algorithms).
 
 Partitions: iid, label:ALPHA (Dirichlet label skew; tagging has no sentence label and uses
 cluster:ALPHA, FedNLP's k-means feature clusters, instead), quantity:BETA, cluster:ALPHA.

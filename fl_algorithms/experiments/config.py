@@ -6,8 +6,8 @@ import dataclasses
 import tomllib
 import types
 import typing
-from pathlib import Path
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, TypeVar
 
 T = TypeVar("T")

@@ -58,7 +58,7 @@ from fl_algorithms.experiments.fednlp_grid import (ALGORITHMS, METRIC_NAMES, PRO
                                                    cell_key, encoder_bound, flat_vector, load_formulation,
                                                    paired_comparisons, partition_for, plan_from_record, plan_record,
                                                    plot_curves, plot_partition_curves, run_cell, untwinned,
-                                                   write_paired, write_table)
+                                                   whole_layer_tasks, write_paired, write_table)
 from fl_algorithms.experiments.layer_freezing import FreezingPlan, plot_freezing, run_freezing, write_freezing
 from fl_algorithms.experiments.parallel import pending
 from fl_algorithms.tasks.formulation import TASKS, PartitionSpec
@@ -66,7 +66,7 @@ from nlp_models._offline import ensure_offline
 from nlp_models.data.partition import Partition
 from nlp_models.data.partition_stats import partition_summary, plot_partitions, summary_line
 
-WHOLE_TASKS = ("classification", "tagging", "qa")
+WHOLE_TASKS = whole_layer_tasks()
 """The formulations whose clients can train whole top layers instead of adapters (`--whole-layers`)."""
 DEFAULT_OUT = Path(__file__).resolve().parents[1] / "results" / "fednlp_grid"
 QUICK = dict(rounds=4, formulation=dict(clients=4, max_examples=320, min_client_examples=20),

@@ -88,11 +88,21 @@ def make_algorithm(name: str, settings: AlgorithmSettings = AlgorithmSettings())
     return makers[name]()
 
 
-def load_formulation(task: str, settings: FormulationSettings, *, backbone: str, device: str) -> Formulation:
+def formulation_class(task: str) -> type:
+    """The clients class of `task` (imported on first use: each pulls in its own corpus and metrics)."""
     if task not in FORMULATIONS:
         raise ValueError(f"unknown task {task!r}; choose from {', '.join(TASKS)}")
     module, _, name = FORMULATIONS[task].partition(":")
-    return getattr(importlib.import_module(module), name)(settings, backbone=backbone, device=device)
+    return getattr(importlib.import_module(module), name)
+
+
+def load_formulation(task: str, settings: FormulationSettings, *, backbone: str, device: str) -> Formulation:
+    return formulation_class(task)(settings, backbone=backbone, device=device)
+
+
+def whole_layer_tasks() -> tuple[str, ...]:
+    """The tasks whose clients can train whole top layers instead of adapters (`tune='layers'`)."""
+    return tuple(task for task in TASKS if "layers" in formulation_class(task).tunes)
 
 
 WIDENABLE = ("tasks", "algorithms", "partitions", "protocols", "seeds")
@@ -458,6 +468,6 @@ def plan_from_record(raw: Mapping[str, Any]) -> GridPlan:
 
 
 __all__ = ["FORMULATIONS", "ALGORITHMS", "PROTOCOLS", "METRIC_NAMES", "TASK_DEFAULTS", "AlgorithmSettings",
-           "make_algorithm", "load_formulation", "GridPlan", "WIDENABLE", "cell_key", "secure_config", "flat_vector", "shared_vector", "run_cell",
+           "make_algorithm", "formulation_class", "load_formulation", "whole_layer_tasks", "GridPlan", "WIDENABLE", "cell_key", "secure_config", "flat_vector", "shared_vector", "run_cell",
            "encoder_bound", "aggregate", "paired_comparisons", "write_paired", "write_table", "plot_curves", "plot_partition_curves", "plan_record",
            "plan_from_record", "partition_for", "untwinned"]

@@ -24,7 +24,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from fl_algorithms.training.trainer import OptimizerConfig, SeededTorchTrainer
-from nlp_models.classifiers import SuffixClassifier, build_suffix_classifier, make_head, tuned_top
+from nlp_models.classifiers import SuffixClassifier, client_top, make_head
 from nlp_models.data.partition import ClientSplit
 from nlp_models.frozen_prefix import CachedBatch, CachedSplit, PrefixCache, prefix_split
 from nlp_models.heads import classification_metrics as logit_metrics
@@ -64,12 +64,10 @@ class TextTaskConfig:
 def client_model(backbone: nn.Module, *, num_labels: int, config: TextTaskConfig) -> SuffixClassifier:
     """One client's adapters and head over the backbone's top layers (frozen weights shared), or with
     tune='layers' its own trainable copy of those layers and a head."""
-    if config.tune == "layers":
-        head = make_head(backbone.config.hidden_size, num_labels, dropout=config.head_dropout, seed=config.seed)
-        return SuffixClassifier(suffix=tuned_top(backbone, layers=config.adapter_layers), head=head)
-    return build_suffix_classifier(backbone, num_labels=num_labels, adapter_layers=config.adapter_layers,
-                                   bottleneck=config.bottleneck, head_dropout=config.head_dropout, seed=config.seed,
-                                   adapter_set=ADAPTER_SET)
+    top = client_top(backbone, tune=config.tune, layers=config.adapter_layers, bottleneck=config.bottleneck,
+                     seed=config.seed, adapter_set=ADAPTER_SET)
+    head = make_head(backbone.config.hidden_size, num_labels, dropout=config.head_dropout, seed=config.seed)
+    return SuffixClassifier(suffix=top, head=head)
 
 
 def shared_parts(model: nn.Module) -> dict[str, list[str]]:

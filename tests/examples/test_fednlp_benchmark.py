@@ -143,6 +143,7 @@ def test_bad_arguments_are_refused_before_any_run(tmp_path):
 def test_whole_layers_train_those_layers_in_the_tasks_that_offer_it(tmp_path):
     from fl_algorithms.experiments.fednlp_grid import FORMULATIONS
 
+    assert bench.WHOLE_TASKS == ("classification", "tagging", "qa")
     parser = bench._parser()
     plan = bench.build_plan(parser.parse_args(["--quick", "--whole-layers", "6", "--whole-lr", "3e-5"]), parser)
     for task in bench.WHOLE_TASKS:

@@ -116,7 +116,7 @@ def build_prefix_cache(backbone: nn.Module, input_ids: torch.Tensor, attention_m
 
 def suffix_forward(backbone: nn.Module, hidden: torch.Tensor, attention_mask: torch.Tensor, *, split: int) -> torch.Tensor:
     """Last hidden states from cached states after `split` layers: runs layers[split:] only."""
-    h = hidden.float()
+    h = hidden.to(torch.promote_types(hidden.dtype, torch.float32))  # half caches compute in float32
     ext = create_bidirectional_mask(config=backbone.config, inputs_embeds=h, attention_mask=attention_mask)
     for layer in _encoder_layers(backbone)[split:]:
         h = layer(h, ext)

@@ -15,7 +15,8 @@ SIMPLIFICATIONS (against FedNLP's QA runs):
   trained, the layers below computed once per example (`nlp_models.frozen_prefix`); with
   `tune='layers'` the top `adapter_layers` layers train whole instead (6: all but the embeddings, FedNLP's
   setting; a centralised pilot of that reader clears the first-entity baseline, the adapter reader barely
-  does: README). That cache feeds
+  does: README; the quick grid trains the top 2 whole), but for the biases the span softmax ignores (every
+  key bias and the top LayerNorm's bias: zero gradient, see `build_span_extractor`). That cache feeds
   all-zero token_type_ids (question and passage are told apart by [SEP] only); this matches how the
   sentence-transformers MiniLM was trained, which never used segment B.
 * truncation: input is question + passage cut to `max_length` tokens (only the passage is cut;
@@ -182,12 +183,17 @@ def build_span_extractor(backbone: nn.Module, *, adapter_layers: int, bottleneck
     # unchanged, so its gradient is zero up to float32 noise, which AdamW's normalised steps would
     # turn into lr-sized random walks (the secure and plaintext twins drifted 1e-2 apart there)
     head = seeded_module(seed, lambda: nn.Linear(backbone.config.hidden_size, 2, bias=False))
+    if tune == "layers":
+        # the same holds for the top layer's LayerNorm bias, the last thing added to every position
+        # alike: the head maps it to one constant per logit column (its key biases are already frozen)
+        top.encoder.layer[-1].output.LayerNorm.bias.requires_grad_(False)
     return SpanExtractor(suffix=top, head=head)
 
 
 def _masked_logits(model: nn.Module, batch: QABatch) -> tuple[torch.Tensor, torch.Tensor]:
     """Start and end logits with every position but the passage and [CLS] set to -inf."""
-    logits = model(batch.hidden, batch.attention_mask).float()
+    logits = model(batch.hidden, batch.attention_mask)
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # half precision scores in float32
     allowed = batch.context_mask.clone()
     allowed[:, 0] = True  # [CLS]: the target of examples whose answer was cut away
     logits = logits.masked_fill(~allowed.unsqueeze(-1), float("-inf"))

@@ -149,7 +149,7 @@ def test_whole_layers_train_those_layers_in_the_tasks_that_offer_it(tmp_path):
     for task in bench.WHOLE_TASKS:
         settings = plan.settings(task, partition="iid", seed=0)
         assert (settings.tune, settings.adapter_layers, settings.lr) == ("layers", 6, 3e-5)
-    assert plan.settings("qa", partition="iid", seed=0).max_examples == 640  # the quick caps stay
+    assert [plan.settings(t, partition="iid", seed=0).max_examples for t in ("qa", "tagging")] == [960, 800]  # quick caps
     assert plan.settings("seq2seq", partition="iid", seed=0).tune == "adapters"
     for task, where in FORMULATIONS.items():  # WHOLE_TASKS are exactly the formulations that offer it
         module, _, name = where.partition(":")
@@ -159,6 +159,17 @@ def test_whole_layers_train_those_layers_in_the_tasks_that_offer_it(tmp_path):
         with pytest.raises(SystemExit):
             bench.main(["--quick", *bad, "--out", str(tmp_path)])
     assert not any(tmp_path.iterdir())
+
+
+def test_quick_qa_trains_its_top_two_layers_whole_and_the_other_tasks_adapters():
+    parser = bench._parser()
+    plan = bench.build_plan(parser.parse_args(["--quick"]), parser)
+    qa = plan.settings("qa", partition="iid", seed=0)
+    assert (qa.tune, qa.adapter_layers, qa.lr, qa.max_examples, qa.max_length) == ("layers", 2, 2e-3, 960, 128)
+    for task in ("classification", "tagging", "seq2seq"):
+        assert plan.settings(task, partition="iid", seed=0).tune == "adapters", task
+    capped = bench.build_plan(parser.parse_args(["--quick", "--max-examples", "200"]), parser)
+    assert capped.settings("qa", partition="iid", seed=0).max_examples == 200  # the command line holds for every task
 
 
 def test_secure_vs_plain_allows_the_encoder_bound_plus_float32_rounding_and_no_more():

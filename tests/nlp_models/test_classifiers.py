@@ -3,8 +3,8 @@ import torch
 
 from nlp_models.adapters import attach_adapters
 from nlp_models.backbone import tiny_bert
-from nlp_models.classifiers import (AdapterClassifier, FullModel, SuffixClassifier, build_suffix_classifier, make_head,
-                                   tuned_top)
+from nlp_models.classifiers import (KEY_BIAS, AdapterClassifier, FullModel, SuffixClassifier, build_suffix_classifier,
+                                   make_head, tuned_top)
 from nlp_models.frozen_prefix import TopEncoder, build_prefix_cache
 from nlp_models.heads import TextClassifier
 
@@ -53,6 +53,20 @@ def test_tuned_top_trains_its_own_copy_of_the_top_layers_and_leaves_the_backbone
     assert not torch.equal(top["encoder.layer.0.attention.self.query.weight"],
                            before["encoder.layer.1.attention.self.query.weight"])  # the copy moved...
     assert all(torch.equal(p, before[n]) for n, p in backbone.named_parameters())  # ...the backbone did not
+
+
+def test_tuned_top_freezes_only_the_key_biases_whose_gradient_is_zero():
+    backbone = tiny_bert(vocab_size=100, layers=3, hidden=32).requires_grad_(False)
+    model = SuffixClassifier(suffix=tuned_top(backbone, layers=2), head=make_head(32, 2, seed=0)).double()
+    frozen = {n for n, p in model.named_parameters() if not p.requires_grad}
+    assert frozen == {f"suffix.encoder.layer.{i}.{KEY_BIAS}" for i in (0, 1)}
+    model.requires_grad_(True)
+    ids, mask, labels = _batch()
+    cache = build_prefix_cache(backbone, ids, mask, split=1, progress=False)
+    torch.nn.functional.cross_entropy(model(cache.hidden.double(), cache.attention_mask), labels).backward()
+    grads = {n: p.grad.abs().max().item() for n, p in model.named_parameters()}
+    assert max(grads[n] for n in frozen) < 1e-12  # float64: the softmax ignores them exactly
+    assert min(g for n, g in grads.items() if n not in frozen) > 1e-8
 
 
 def test_adapter_classifier_and_full_model_classify_the_same_way():

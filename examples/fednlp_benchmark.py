@@ -116,7 +116,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--freezing-lr", type=float, default=FreezingPlan.lr, help="client lr when whole layers train")
     p.add_argument("--freezing-algorithm", choices=ALGORITHMS, default=None,
                    help="federated algorithm of the freezing study (default: fedopt as FedNLP; fedavg with --quick, "
-                        "since FedOPT at FedNLP's server lr 0.1 has moved less than one FedAvg round after 4 rounds)")
+                        "since FedOPT at FedNLP's scripts' server lr 0.1 has moved less than one FedAvg round after 4 rounds)")
     p.add_argument("--report", action="store_true",
                    help="with --resume: write the tables, plots and result lines from the finished runs only, "
                         "running none (a grid still under way elsewhere, or stopped early); lists what is missing")

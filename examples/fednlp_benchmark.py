@@ -55,8 +55,8 @@ import torch
 from fl_algorithms.experiments.cli import (add_run_args, append_cell, comma_list, open_run, parse_grid_args,
                                            read_cells, start_workers)
 from fl_algorithms.experiments.fednlp_grid import (ALGORITHMS, METRIC_NAMES, PROTOCOLS, WIDENABLE, AlgorithmSettings,
-                                                   GridPlan, aggregate,
-                                                   cell_key, encoder_bound, flat_vector, load_formulation,
+                                                   GridPlan, aggregate, cell_key, encoder_bound, flat_vector,
+                                                   load_formulation,
                                                    paired_comparisons, partition_for, plan_from_record, plan_record,
                                                    plot_curves, plot_partition_curves, run_cell, untwinned,
                                                    whole_layer_tasks, write_paired, write_table)

@@ -140,8 +140,6 @@ def build_plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Gri
                               "lr": args.whole_lr}
     elif "whole_lr" in getattr(args, "given", ()):
         parser.error("--whole-lr is the client lr of --whole-layers; give both")
-    if not args.fedopt_server_lr > 0:
-        parser.error("--fedopt-server-lr must be positive")
     chosen = {k: v for k, v in (("tasks", args.tasks), ("algorithms", args.algorithms),
                                 ("partitions", args.partitions), ("protocols", args.protocols),
                                 ("seeds", args.seeds), ("rounds", args.rounds)) if v is not None}

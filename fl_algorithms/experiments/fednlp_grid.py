@@ -72,6 +72,13 @@ class AlgorithmSettings:
     adaptive_lr: float = 1e-2
     """Server lr of FedAdam / FedAdagrad / FedYogi (tau 1e-3, Reddi et al.)."""
 
+    def __post_init__(self) -> None:
+        if self.local_epochs < 1 or self.fedprox_mu < 0 or not 0 <= self.fedavgm_momentum < 1:
+            raise ValueError("need local_epochs >= 1, fedprox_mu >= 0 and 0 <= fedavgm_momentum < 1")
+        if not (self.fedavgm_lr > 0 and self.adaptive_lr > 0):
+            raise ValueError(f"server lrs must be positive; got fedavgm_lr={self.fedavgm_lr}, "
+                             f"adaptive_lr={self.adaptive_lr}")
+
 
 def make_algorithm(name: str, settings: AlgorithmSettings = AlgorithmSettings()) -> Algorithm:
     """FedAvg, FedProx, FedOPT (FedNLP's: FedAvgM, server SGD with momentum), FedAdam, FedAdagrad, FedYogi."""

@@ -181,3 +181,11 @@ def test_a_secure_fedavg_run_cut_off_from_its_twin_is_named_for_a_rerun_and_only
     del done[cell_key(dict(twin, protocol="secagg+"))]  # neither finished: both run anyway
     assert untwinned(plan, done) == set()
     assert untwinned(GridPlan(tasks=("qa",), algorithms=("fedprox",), seeds=(0,)), {}) == set()
+
+
+def test_algorithm_settings_refuse_values_no_run_could_use():
+    for bad in (dict(fedavgm_lr=0.0), dict(fedavgm_lr=float("nan")), dict(adaptive_lr=-1e-2),
+                dict(fedavgm_momentum=1.0), dict(fedprox_mu=-0.1), dict(local_epochs=0)):
+        with pytest.raises(ValueError):
+            AlgorithmSettings(**bad)
+    assert AlgorithmSettings(fedavgm_lr=1.0, fedavgm_momentum=0.0).fedavgm_lr == 1.0

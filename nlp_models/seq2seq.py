@@ -9,6 +9,13 @@ The decoder is a BERT with causal self-attention and cross-attention (transforme
 MiniLM's bottom `decoder_layers` layers, its cross-attention and LM-head transform are new (MiniLM
 ships no MLM head), and the output projection E is tied to the (frozen) word embeddings.
 
+`cross_init='self'` starts each layer's cross-attention as a copy of the same layer's pre-trained
+self-attention instead of at random. EXTENSION beyond Rothe et al. (who initialise it randomly),
+stated: a decoder token then attends over the article as it attended over its own sentence (with
+MiniLM's positional heads among them), so the copy mixture below copies sensible words from the
+first round; at FedNLP's quick budget (192 training articles, 4 rounds) ROUGE-L rises from 0.07 to
+about 0.16 (README).
+
 The encoder is frozen, so its states are computed once per article (like `nlp_models.frozen_prefix`)
 and every training step runs the decoder only. What trains (and is uploaded) is chosen by `train`:
 
@@ -32,6 +39,7 @@ Decoding is greedy (no repeated bigram) or, without copying, beam search through
 from __future__ import annotations
 
 import copy
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -47,6 +55,7 @@ from nlp_models.heads import batch_position_ids, batch_token_type_ids
 
 IGNORE_INDEX = -100
 TRAINABLE = ("decoder", "adapters")
+CROSS_INITS = ("random", "self")
 
 
 @dataclass(frozen=True)
@@ -65,6 +74,11 @@ class Seq2SeqConfig:
     adapter_layers: int = 1
     copy: bool = True
     """Pointer-generator output mixture (see the module docstring)."""
+    copy_bias: float = 0.0
+    """Initial bias of the copy gate g: g starts near sigmoid(copy_bias), so a negative value starts the
+    mixture mostly copying (See et al. leave it to training; a prior for small data)."""
+    cross_init: str = "random"
+    """'random' (Rothe et al.) or 'self': cross-attention starts as the layer's self-attention."""
     num_beams: int = 1
     """Beam search (through `generate`) needs copy=False; greedy otherwise."""
     no_repeat_ngram_size: int = 2
@@ -81,15 +95,22 @@ class Seq2SeqConfig:
             raise ValueError("train='adapters' needs at least one adapter set")
         if self.num_beams < 1 or self.no_repeat_ngram_size < 0:
             raise ValueError("num_beams must be >= 1 and no_repeat_ngram_size >= 0")
+        if self.cross_init not in CROSS_INITS:
+            raise ValueError(f"cross_init must be one of {', '.join(CROSS_INITS)}, got {self.cross_init!r}")
+        if not math.isfinite(self.copy_bias):
+            raise ValueError(f"copy_bias must be finite, got {self.copy_bias}")
         if self.copy and self.num_beams > 1:
             raise ValueError("beam search is implemented for copy=False only; use num_beams=1 with copy")
 
 
-def warm_decoder(encoder: BertModel, *, layers: int, seed: int) -> BertLMHeadModel:
+def warm_decoder(encoder: BertModel, *, layers: int, seed: int, cross_init: str = "random") -> BertLMHeadModel:
     """A causal BERT decoder with cross-attention whose embeddings and bottom `layers` layers are
-    copies of `encoder`'s (Rothe et al.'s BERT2BERT warm start); new weights are seeded by `seed`."""
+    copies of `encoder`'s (Rothe et al.'s BERT2BERT warm start); new weights are seeded by `seed`.
+    With `cross_init='self'` each layer's cross-attention starts as a copy of its self-attention."""
     if not 1 <= layers <= encoder.config.num_hidden_layers:
         raise ValueError(f"decoder_layers must be in 1..{encoder.config.num_hidden_layers}, got {layers}")
+    if cross_init not in CROSS_INITS:
+        raise ValueError(f"cross_init must be one of {', '.join(CROSS_INITS)}, got {cross_init!r}")
     config = BertConfig(**{**encoder.config.to_dict(), "num_hidden_layers": layers, "is_decoder": True,
                            "add_cross_attention": True, "tie_word_embeddings": True})
     config._attn_implementation = "eager"  # the copy mixture reads the cross-attention probabilities
@@ -101,6 +122,9 @@ def warm_decoder(encoder: BertModel, *, layers: int, seed: int) -> BertLMHeadMod
     missing, unexpected = decoder.bert.load_state_dict(state, strict=False)
     if unexpected or any("crossattention" not in k and "pooler" not in k for k in missing):
         raise RuntimeError(f"warm start mismatch: missing {missing[:4]}, unexpected {unexpected[:4]}")
+    if cross_init == "self":
+        for layer in decoder.bert.encoder.layer:
+            layer.crossattention.load_state_dict(layer.attention.state_dict())
     decoder.tie_weights()
     return decoder
 
@@ -145,6 +169,9 @@ class Seq2SeqModel(nn.Module):
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(config.seed)
             self.copy_gate = nn.Linear(2 * hidden, 1) if config.copy else None
+        if self.copy_gate is not None:
+            with torch.no_grad():
+                self.copy_gate.bias.add_(config.copy_bias)
 
     @property
     def encoder(self) -> BertModel:
@@ -302,7 +329,7 @@ def client_seq2seq(encoder: BertModel, template: BertLMHeadModel, *, config: Seq
 def build_seq2seq(encoder: BertModel, *, config: Seq2SeqConfig, tokenizer: Any) -> Seq2SeqModel:
     """Warm-start a decoder from `encoder` (frozen here) and wrap both: the one-call form."""
     encoder.requires_grad_(False)
-    template = warm_decoder(encoder, layers=config.decoder_layers, seed=config.seed)
+    template = warm_decoder(encoder, layers=config.decoder_layers, seed=config.seed, cross_init=config.cross_init)
     return client_seq2seq(encoder, template, config=config, ids=special_ids(tokenizer))
 
 
@@ -337,5 +364,5 @@ def rouge_scores(predictions: Sequence[str], references: Sequence[str]) -> dict[
     return {key: value / len(predictions) for key, value in totals.items()}
 
 
-__all__ = ["IGNORE_INDEX", "TRAINABLE", "Seq2SeqConfig", "warm_decoder", "encode_sources", "special_ids", "Seq2SeqModel",
+__all__ = ["IGNORE_INDEX", "TRAINABLE", "CROSS_INITS", "Seq2SeqConfig", "warm_decoder", "encode_sources", "special_ids", "Seq2SeqModel",
            "client_seq2seq", "build_seq2seq", "tokenize_pairs", "rouge_scores"]

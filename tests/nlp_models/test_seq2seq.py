@@ -26,6 +26,33 @@ def test_decoder_is_warm_started_from_the_encoders_bottom_layers(parts):
     assert decoder.cls.predictions.decoder.weight is decoder.bert.embeddings.word_embeddings.weight
     with pytest.raises(ValueError, match="decoder_layers"):
         warm_decoder(encoder, layers=4, seed=0)
+    with pytest.raises(ValueError, match="cross_init"):
+        warm_decoder(encoder, layers=2, seed=0, cross_init="encoder")
+
+
+def test_cross_attention_can_start_as_the_layers_self_attention(parts):
+    encoder, _ = parts
+    random, warm = warm_decoder(encoder, layers=2, seed=0), warm_decoder(encoder, layers=2, seed=0, cross_init="self")
+    for layer in range(2):
+        self_attention = warm.bert.encoder.layer[layer].attention.state_dict()
+        cross = warm.bert.encoder.layer[layer].crossattention.state_dict()
+        assert cross.keys() == self_attention.keys()
+        assert all(torch.equal(cross[k], self_attention[k]) for k in cross)
+        # a copy, not a shared tensor: training the cross-attention leaves the self-attention alone
+        assert warm.bert.encoder.layer[layer].crossattention.self.query.weight.data_ptr() != \
+            warm.bert.encoder.layer[layer].attention.self.query.weight.data_ptr()
+        assert not torch.equal(random.bert.encoder.layer[layer].crossattention.self.query.weight,
+                               random.bert.encoder.layer[layer].attention.self.query.weight)
+    rest = {k: v for k, v in warm.state_dict().items() if "crossattention" not in k}
+    assert all(torch.equal(v, random.state_dict()[k]) for k, v in rest.items())
+
+
+def test_the_copy_bias_shifts_the_gates_initial_bias_only(parts):
+    encoder, tokenizer = parts
+    plain = build_seq2seq(encoder, config=Seq2SeqConfig(), tokenizer=tokenizer)
+    biased = build_seq2seq(encoder, config=Seq2SeqConfig(copy_bias=-3.0), tokenizer=tokenizer)
+    assert torch.allclose(biased.copy_gate.bias, plain.copy_gate.bias - 3.0)
+    assert torch.equal(biased.copy_gate.weight, plain.copy_gate.weight)
 
 
 def test_only_the_decoder_but_its_embeddings_trains_and_clients_share_the_frozen_embeddings(parts):
@@ -146,3 +173,7 @@ def test_bad_configs_are_refused():
         Seq2SeqConfig(train="adapters")
     with pytest.raises(ValueError, match="beam"):
         Seq2SeqConfig(copy=True, num_beams=4)
+    with pytest.raises(ValueError, match="cross_init"):
+        Seq2SeqConfig(cross_init="zeros")
+    with pytest.raises(ValueError, match="copy_bias"):
+        Seq2SeqConfig(copy_bias=float("nan"))

@@ -273,7 +273,9 @@ class SimulationRunner:
         params = self.server.client_parameters(state=self.state, client_id=c)
         return self.clients[c].on_evaluate(params, round=len(self.history))
 
-    def run(self, *, resume: bool = False, progress: bool = True, desc: str = "rounds") -> list[RoundRecord]:
+    def run(self, *, resume: bool = False, progress: bool = True, desc: str = "rounds",
+            metric: str = "accuracy") -> list[RoundRecord]:
+        """Run the remaining rounds; the progress bar shows the clients' mean `metric` after each."""
         if resume:
             self.load()
         start = len(self.history) + 1
@@ -282,7 +284,7 @@ class SimulationRunner:
             rec = self.run_round(t)
             self.history.append(rec)
             self.save()
-            bar.set_postfix(acc=f"{rec.mean('accuracy'):.3f}")
+            bar.set_postfix({metric: f"{rec.mean(metric):.3f}"})
             if self.on_round is not None:
                 self.on_round(rec)
         return self.history

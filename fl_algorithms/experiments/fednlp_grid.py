@@ -274,7 +274,7 @@ def run_cell(cell: Mapping[str, Any], clients: Formulation, plan: GridPlan, *, p
 
     runner.on_round = after_round
     start = time.perf_counter()
-    history = runner.run(progress=progress, desc=cell_key(cell))
+    history = runner.run(progress=progress, desc=cell_key(cell), metric=f"validation_{clients.metric}")
     seconds = time.perf_counter() - start
     metric = clients.metric
     final = shared_vector(algorithm, runner.state)

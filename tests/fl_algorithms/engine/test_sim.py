@@ -148,3 +148,19 @@ def test_a_curve_split_is_evaluated_every_round_and_the_test_split_in_the_last_o
     assert last.mean("validation_accuracy") == pytest.approx(last.mean("accuracy") + 0.5)
     with pytest.raises(ValueError, match="curve_split must differ"):
         RunConfig(rounds=2, curve_split="test")
+
+
+def test_the_progress_bar_shows_the_metric_it_is_given(toy_trainers, capsys):
+    """With a curve split, rounds before the last report only 'validation_*' keys: the grid names that
+    metric, and the bar shows its value instead of nan."""
+    cfg = RunConfig(rounds=2, curve_split="validation",
+                    secure=SecureAggregationConfig(protocol="plain", clip=4.0, max_weight=100, max_clients=8,
+                                                   min_release_group=2))
+    trainers = toy_trainers(3)
+    for t in trainers.values():
+        t.evaluate = lambda *, split="test", real=t.evaluate: real(split="test")  # the toy has one split
+    runner = SimulationRunner(algorithm=FedAvg(local_epochs=1), trainers=trainers, config=cfg)
+    runner.run(progress=True, metric="validation_accuracy")
+    shown = capsys.readouterr().err
+    first = runner.history[0].mean("validation_accuracy")
+    assert f"validation_accuracy={first:.3f}" in shown and "nan" not in shown

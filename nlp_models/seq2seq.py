@@ -364,5 +364,5 @@ def rouge_scores(predictions: Sequence[str], references: Sequence[str]) -> dict[
     return {key: value / len(predictions) for key, value in totals.items()}
 
 
-__all__ = ["IGNORE_INDEX", "TRAINABLE", "CROSS_INITS", "Seq2SeqConfig", "warm_decoder", "encode_sources", "special_ids", "Seq2SeqModel",
-           "client_seq2seq", "build_seq2seq", "tokenize_pairs", "rouge_scores"]
+__all__ = ["IGNORE_INDEX", "TRAINABLE", "CROSS_INITS", "Seq2SeqConfig", "warm_decoder", "encode_sources",
+           "special_ids", "Seq2SeqModel", "client_seq2seq", "build_seq2seq", "tokenize_pairs", "rouge_scores"]

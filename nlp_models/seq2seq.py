@@ -48,6 +48,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 from transformers import BertConfig, BertLMHeadModel, BertModel, EncoderDecoderModel
+from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 from transformers.modeling_outputs import BaseModelOutput
 
 from nlp_models.adapters import AdapterConfig, attach_adapters
@@ -186,11 +187,14 @@ class Seq2SeqModel(nn.Module):
         return encode_sources(self.encoder, input_ids, attention_mask)
 
     def _outputs(self, source: torch.Tensor, source_mask: torch.Tensor, inputs: torch.Tensor, mask: torch.Tensor, *,
-                 last_only: bool = False) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+                 last_only: bool = False, cache: EncoderDecoderCache | None = None,
+                 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         """The decoder's (B, T, V) vocabulary logits and, when the config copies, the gate g (B, T, 1) and
-        the last layer's cross-attention a (B, T, S), mean over heads (T = 1 with `last_only`)."""
+        the last layer's cross-attention a (B, T, S), mean over heads (T = 1 with `last_only`). With a
+        `cache`, `inputs` are the new tokens only (their keys and values are added to it) and `mask`
+        covers the cached tokens and the new ones."""
         out = self.decoder.bert(input_ids=inputs, attention_mask=mask, encoder_hidden_states=source.float(),
-                                encoder_attention_mask=source_mask, use_cache=False,
+                                encoder_attention_mask=source_mask, use_cache=cache is not None, cache=cache,
                                 output_attentions=self.config.copy)
         states = out.last_hidden_state[:, -1:] if last_only else out.last_hidden_state
         logits = self.decoder.cls(states).float()
@@ -203,11 +207,12 @@ class Seq2SeqModel(nn.Module):
         return logits, gate, attention
 
     def _decode(self, source: torch.Tensor, source_mask: torch.Tensor, source_ids: torch.Tensor | None,
-                inputs: torch.Tensor, mask: torch.Tensor, *, last_only: bool = False) -> torch.Tensor:
+                inputs: torch.Tensor, mask: torch.Tensor, *, last_only: bool = False,
+                cache: EncoderDecoderCache | None = None) -> torch.Tensor:
         """(B, T, V) next-token log-probabilities (T = 1 with `last_only`, as decoding needs): the
         vocabulary softmax, mixed with the copy distribution over `source_ids` when the config copies."""
         _need_ids(self.config, source_ids)
-        logits, gate, attention = self._outputs(source, source_mask, inputs, mask, last_only=last_only)
+        logits, gate, attention = self._outputs(source, source_mask, inputs, mask, last_only=last_only, cache=cache)
         vocab = logits.log_softmax(-1)
         if gate is None:
             return vocab
@@ -263,15 +268,20 @@ class Seq2SeqModel(nn.Module):
         finally:
             self.train(was)
 
-    def _greedy(self, source: torch.Tensor, source_mask: torch.Tensor, source_ids: torch.Tensor | None) -> torch.Tensor:
-        """Greedy decoding (the whole prefix re-read each step: targets are short) with no repeated n-gram."""
+    def _greedy(self, source: torch.Tensor, source_mask: torch.Tensor, source_ids: torch.Tensor | None, *,
+                use_cache: bool = True) -> torch.Tensor:
+        """Greedy decoding with no repeated n-gram. Each step feeds only the newest token and reuses the
+        earlier tokens' keys and values (and the article's cross-attention keys and values) from a
+        cache; `use_cache=False` re-reads the whole prefix each step, the reference the cache must equal."""
         ids = self.wrapper.config
         sequence = torch.full((source.shape[0], 1), ids.decoder_start_token_id, dtype=torch.long,
                               device=source.device)
         done = torch.zeros(source.shape[0], dtype=torch.bool, device=source.device)
+        cache = EncoderDecoderCache(DynamicCache(), DynamicCache()) if use_cache else None
         for _ in range(self.config.max_target):
-            logp = self._decode(source, source_mask, source_ids, sequence, torch.ones_like(sequence),
-                                last_only=True)[:, -1]
+            inputs = sequence[:, -1:] if use_cache else sequence
+            logp = self._decode(source, source_mask, source_ids, inputs, torch.ones_like(sequence),
+                                last_only=True, cache=cache)[:, -1]
             for row, banned in enumerate(_repeated_ngram_ends(sequence.tolist(), self.config.no_repeat_ngram_size)):
                 if banned:
                     logp[row, list(banned)] = -float("inf")

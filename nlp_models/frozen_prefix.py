@@ -181,6 +181,11 @@ class CachedSplit:
     def __len__(self) -> int:
         return self.labels.shape[0]
 
+    @property
+    def lengths(self) -> torch.Tensor:
+        """(N,) tokens per example (what `batch` trims to)."""
+        return self.attention_mask.sum(dim=1)
+
     @classmethod
     def take(cls, cache: PrefixCache, labels: torch.Tensor, indices: Sequence[int] | np.ndarray) -> "CachedSplit":
         """Rows `indices` of a cache over a whole corpus (copies: a client holds only its own)."""

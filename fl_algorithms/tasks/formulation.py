@@ -129,6 +129,10 @@ class FormulationSettings:
     seed: int = 0
     tune: str = "adapters"
     """'adapters' (adapters in the top `adapter_layers` layers train) or 'layers' (those layers train whole)."""
+    length_groups: int = 0
+    """With k > 0, each run of k consecutive training batches of an epoch's random order is sorted by
+    length before it is cut into batches (`length_grouped`): less padding, batches still drawn at random.
+    0 keeps the random order as it is."""
 
     def __post_init__(self) -> None:
         checks = [
@@ -143,6 +147,7 @@ class FormulationSettings:
             (self.lr > 0, "lr must be positive"),
             (self.tune in TUNE, f"tune must be one of {', '.join(TUNE)}, got {self.tune!r}"),
             (self.seed >= 0, "seed must be non-negative"),
+            (self.length_groups >= 0, "length_groups must be non-negative"),
         ]
         for ok, message in checks:
             if not ok:
@@ -152,6 +157,22 @@ class FormulationSettings:
     @property
     def partition_spec(self) -> PartitionSpec:
         return PartitionSpec.parse(self.partition)
+
+
+def length_grouped(order: torch.Tensor, lengths: torch.Tensor, *, batch_size: int, groups: int) -> torch.Tensor:
+    """`order` with each run of `groups * batch_size` consecutive examples sorted by `lengths`, longest
+    first (ties keep their order), so that batches cut from it in turn need little padding (transformers'
+    group_by_length, with runs of a few batches so that each epoch still draws its batches at random).
+    `groups=0` returns `order` unchanged."""
+    if groups < 0 or batch_size < 1:
+        raise ValueError("groups must be non-negative and batch_size positive")
+    if groups == 0:
+        return order
+    run = groups * batch_size
+    keys = lengths[order]
+    parts = [order[start:start + run][torch.argsort(keys[start:start + run], descending=True, stable=True)]
+             for start in range(0, len(order), run)]
+    return torch.cat(parts) if parts else order
 
 
 T = TypeVar("T")
@@ -311,7 +332,8 @@ class FormulationClients:
             raise ValueError(f"client {client_id} has no training examples")
         return SeededTorchTrainer(
             client_id=client_id, seed=s.seed, model=model, shared=self.shared_parts(model),
-            train_batches=lambda: train.batches(s.batch_size, order=torch.randperm(len(train))),
+            train_batches=lambda: train.batches(s.batch_size, order=length_grouped(
+                torch.randperm(len(train)), train.lengths, batch_size=s.batch_size, groups=s.length_groups)),
             eval_batches={name: (lambda d=data[name]: d.batches(EVAL_BATCH_SIZE)) for name in ("validation", "test")},
             num_examples=len(train), loss_fn=loss_fn, metric_fn=metric_fn,
             optimizer=OptimizerConfig(name="adamw", lr=s.lr))
@@ -337,5 +359,5 @@ class FormulationClients:
         return float(np.average([m[self.metric] for m in metrics.values()], weights=weights))
 
 
-__all__ = ["TASKS", "SPLITS", "PARTITION_KINDS", "PartitionSpec", "FormulationSettings", "Shards", "Formulation", "mean_over_clients",
-           "FormulationClients"]
+__all__ = ["TASKS", "SPLITS", "PARTITION_KINDS", "PartitionSpec", "FormulationSettings", "length_grouped", "Shards",
+           "Formulation", "mean_over_clients", "FormulationClients"]

@@ -143,6 +143,10 @@ class QASplit:
     def __len__(self) -> int:
         return len(self.cached)
 
+    @property
+    def lengths(self) -> torch.Tensor:
+        return self.cached.lengths
+
     def batch(self, index: torch.Tensor) -> QABatch:
         """Rows `index`, every (N, L) tensor trimmed to the same length as `CachedSplit.batch` trims
         the states (right padding: the passage tokens all lie before it)."""

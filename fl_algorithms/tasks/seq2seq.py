@@ -57,6 +57,11 @@ class HeadlineSplit:
     def __len__(self) -> int:
         return self.target.shape[0]
 
+    @property
+    def lengths(self) -> torch.Tensor:
+        """(N,) source tokens per article (what `batch` trims the sources to)."""
+        return self.source_mask.sum(dim=1)
+
     def batch(self, index: torch.Tensor) -> HeadlineBatch:
         mask = self.source_mask[index]
         width = max(int(mask.sum(dim=1).max()), 1) if len(index) else 1

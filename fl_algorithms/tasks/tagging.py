@@ -109,6 +109,10 @@ class TaggedSplit:
     def __len__(self) -> int:
         return len(self.states)
 
+    @property
+    def lengths(self) -> torch.Tensor:
+        return self.states.lengths
+
     def batch(self, index: torch.Tensor) -> TaggedBatch:
         """Rows `index`; labels and word positions trimmed to the same length as the states."""
         base = self.states.batch(index)

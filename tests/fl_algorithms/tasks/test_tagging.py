@@ -199,3 +199,20 @@ def test_trivial_baseline_goes_through_seqeval(clients, monkeypatch):
     scores = most_frequent_tag_scores([["B-person", "B-person", "O"]], [["B-person", "O"], ["O"]])
     assert scores["span_f1"] == pytest.approx(0.5)
     assert len(calls) == clients.num_clients + 1
+
+
+def test_length_groups_draw_every_training_sentence_once_with_less_padding(clients):
+    """`length_groups` reorders the epoch's batches (FormulationSettings): the same sentences, once each,
+    in batches padded to fewer tokens than the random order's."""
+    grouped = TaggingClients(replace(SETTINGS, length_groups=2), backbone="tiny")
+    epochs = {}
+    for name, source in (("random", clients), ("grouped", grouped)):
+        torch.manual_seed(5)
+        epochs[name] = list(source.make_trainer(1).train_batches())
+    gold = sorted(clients.client_data(1)["train"].gold)
+    for batches in epochs.values():
+        assert sorted(g for b in batches for g in b.gold) == gold
+
+    def tokens(batches):
+        return sum(b.hidden.shape[0] * b.hidden.shape[1] for b in batches)
+    assert tokens(epochs["grouped"]) < tokens(epochs["random"])

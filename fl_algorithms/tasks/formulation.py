@@ -169,7 +169,7 @@ def length_grouped(order: torch.Tensor, lengths: torch.Tensor, *, batch_size: in
     if groups == 0:
         return order
     run = groups * batch_size
-    keys = lengths[order]
+    keys = lengths.to(order.device)[order]  # a split's lengths may live on the GPU, the order on the CPU
     parts = [order[start:start + run][torch.argsort(keys[start:start + run], descending=True, stable=True)]
              for start in range(0, len(order), run)]
     return torch.cat(parts) if parts else order

@@ -330,10 +330,11 @@ class FormulationClients:
         train, s = data["train"], self.settings
         if len(train) == 0:
             raise ValueError(f"client {client_id} has no training examples")
+        lengths = train.lengths  # fixed for the client's life: counted once, not every epoch
         return SeededTorchTrainer(
             client_id=client_id, seed=s.seed, model=model, shared=self.shared_parts(model),
             train_batches=lambda: train.batches(s.batch_size, order=length_grouped(
-                torch.randperm(len(train)), train.lengths, batch_size=s.batch_size, groups=s.length_groups)),
+                torch.randperm(len(train)), lengths, batch_size=s.batch_size, groups=s.length_groups)),
             eval_batches={name: (lambda d=data[name]: d.batches(EVAL_BATCH_SIZE)) for name in ("validation", "test")},
             num_examples=len(train), loss_fn=loss_fn, metric_fn=metric_fn,
             optimizer=OptimizerConfig(name="adamw", lr=s.lr))

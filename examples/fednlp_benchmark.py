@@ -63,6 +63,7 @@ from fl_algorithms.experiments.fednlp_grid import (ALGORITHMS, METRIC_NAMES, PRO
 from fl_algorithms.experiments.layer_freezing import FreezingPlan, plot_freezing, run_freezing, write_freezing
 from fl_algorithms.experiments.parallel import pending
 from fl_algorithms.tasks.formulation import TASKS, PartitionSpec
+from fl_algorithms.training.memo import FirstRunMemo
 from nlp_models._offline import ensure_offline
 from nlp_models.data.partition import Partition
 from nlp_models.data.partition_stats import partition_summary, plot_partitions, summary_line
@@ -258,6 +259,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                      f"not {args.backbone}; give the same --backbone")
     trajectories: dict[tuple[str, str], list[np.ndarray]] = {}  # secure FedAvg's parameters per round
     clients_cache: dict[tuple, Any] = {}
+    first_runs = FirstRunMemo()  # of the clients in clients_cache: FedAvg, its twin and FedOPT share round 1's training
     print(f"run directory: {run}  (device {device}, torch threads {args.threads}, {len(plan.cells())} runs, "
           f"{len(done)} already done)", flush=True)
     if not args.report:
@@ -274,6 +276,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         ident = (cell["task"], cell["partition"], cell["seed"])
         if ident not in clients_cache:
             clients_cache.clear()  # one task's clients in memory at a time
+            first_runs = FirstRunMemo()
             settings = plan.settings(cell["task"], partition=cell["partition"], seed=cell["seed"])
             try:
                 clients_cache[ident] = load_formulation(cell["task"], settings, backbone=args.backbone, device=device)
@@ -284,7 +287,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         tracked = cell["seed"] == plan.seeds[0] and cell["algorithm"] == "fedavg"
         trajectory: list[np.ndarray] = []
         summary, _ = run_cell(cell, clients, plan, progress=not args.no_progress,
-                              round_parameters=trajectory if tracked else None)
+                              round_parameters=trajectory if tracked else None, first_runs=first_runs)
         if tracked and cell["protocol"] == plan.protocols[0]:
             trajectories[cell["task"], cell["partition"]] = trajectory
         if tracked and cell["protocol"] == "plain" and (cell["task"], cell["partition"]) in trajectories:

@@ -31,6 +31,7 @@ from fl_algorithms.api import Algorithm
 from fl_algorithms.engine.secure_sum import SecureAggregationConfig, SecureAggregator
 from fl_algorithms.engine.sim import RoundRecord, RunConfig, SimulationRunner
 from fl_algorithms.experiments.tables import grouped, paired_difference, pyplot, save_figure
+from fl_algorithms.training.memo import FirstRunMemo
 from fl_algorithms.tasks.formulation import TASKS, Formulation, FormulationSettings, PartitionSpec
 from nlp_models.device import device_name
 
@@ -248,20 +249,29 @@ def run_cell(cell: Mapping[str, Any], clients: Formulation, plan: GridPlan, *, p
              on_round: Callable[[RoundRecord], None] | None = None,
              round_parameters: list[np.ndarray] | None = None,
              initial: Mapping[str, np.ndarray] | None = None,
-             nudge: Callable[[int, Mapping[str, np.ndarray]], None] | None = None) -> tuple[dict[str, Any], np.ndarray]:
+             nudge: Callable[[int, Mapping[str, np.ndarray]], None] | None = None,
+             first_runs: FirstRunMemo | None = None) -> tuple[dict[str, Any], np.ndarray]:
     """One federated run: its summary (test metric, validation curve, costs) and its final parameters.
 
     With `round_parameters`, the shared parameters after every round are appended to it (float64:
     the secure-vs-plain differences are near 1e-8), so that two runs can be compared round by round.
     `initial` replaces the formulation's seeded starting point, and `nudge(round, parameters)` may
     change the server's shared parameters in place after a round, before they are recorded and sent
-    (a sensitivity check perturbs them; in place works for FedAvg, whose state holds the arrays)."""
+    (a sensitivity check perturbs them; in place works for FedAvg, whose state holds the arrays).
+    `first_runs`, shared by the runs of one (task, partition, seed) over the same `clients`, computes
+    each client's first local run once for the runs that repeat it (`FirstRunMemo`); `round_seconds`
+    then counts the restored runs' training time as measured when they were computed."""
     algorithm = make_algorithm(cell["algorithm"], plan.algorithm)
     config = RunConfig(rounds=plan.rounds, clients_per_round=plan.clients_per_round, seed=cell["seed"],
                        sampler="seeded", curve_split="validation",
                        secure=secure_config(plan, protocol=cell["protocol"], clients=clients))
+    trainers = {k: clients.make_trainer(k) for k in range(1, clients.num_clients + 1)}
+    if first_runs is not None:
+        for trainer in trainers.values():
+            trainer.first_runs = first_runs
+    reused = first_runs.reused_seconds if first_runs is not None else 0.0
     runner = SimulationRunner(algorithm=algorithm, config=config, initial=dict(initial or clients.initial()),
-                              trainers={k: clients.make_trainer(k) for k in range(1, clients.num_clients + 1)})
+                              trainers=trainers)
     def after_round(record: RoundRecord) -> None:
         if nudge is not None:
             nudge(record.round, algorithm.shared_parameters(runner.state))
@@ -274,6 +284,7 @@ def run_cell(cell: Mapping[str, Any], clients: Formulation, plan: GridPlan, *, p
     start = time.perf_counter()
     history = runner.run(progress=progress, desc=cell_key(cell), metric=f"validation_{clients.metric}")
     seconds = time.perf_counter() - start
+    reused = (first_runs.reused_seconds if first_runs is not None else 0.0) - reused
     metric = clients.metric
     final = shared_vector(algorithm, runner.state)
     tested = {k: m for k, m in sorted(history[-1].metrics.items()) if metric in m}  # test metrics by client
@@ -283,7 +294,7 @@ def run_cell(cell: Mapping[str, Any], clients: Formulation, plan: GridPlan, *, p
         "pooled_score": clients.pooled(tested),  # over the union of the test splits, as FedNLP scores
         "client_scores": [m[metric] for m in tested.values()],  # test metric per client, by client id
         "curve": [r.mean(f"validation_{metric}") for r in history],
-        "seconds": seconds, "round_seconds": seconds / len(history),
+        "seconds": seconds, "round_seconds": (seconds + reused) / len(history), "reused_train_seconds": reused,
         "secure_seconds_per_round": float(np.mean([r.secure_seconds for r in history])),
         "bytes_uploaded_per_client_round": float(np.mean(uploads)) if uploads else 0.0,
         "parameters": int(final.size), "clipped_values": int(sum(r.clipped for r in history)),

@@ -7,6 +7,7 @@ torch trainer keeps the model, the data and (optionally) the client's DP-SGD acc
 from __future__ import annotations
 
 import copy
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -16,6 +17,7 @@ import torch
 from torch import nn
 
 from fl_algorithms.training.loop import run_epochs, seeded, sequence_seed
+from fl_algorithms.training.memo import FirstRunMemo
 
 
 class LocalTrainer(Protocol):
@@ -163,17 +165,32 @@ class SeededTorchTrainer(TorchTrainer):
 
     The run counter is part of the checkpoint, so a resumed run repeats the uninterrupted one, and
     two runs that differ only in the aggregation protocol differ only by what the aggregation did.
+    With `first_runs`, the client's first local run is looked up there and stored there (`FirstRunMemo`:
+    runs of one grid unit that repeat it compute it once).
     """
 
-    def __init__(self, *, client_id: int, seed: int, **kwargs: Any) -> None:
+    def __init__(self, *, client_id: int, seed: int, first_runs: FirstRunMemo | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.client_id, self.seed, self.calls = client_id, seed, 0
+        self.first_runs = first_runs
 
     def train(self, *, epochs: int, proximal: Mapping[str, np.ndarray] | None = None, mu: float = 0.0,
               round: int | None = None) -> dict[str, float]:
+        memo = self.first_runs if self.calls == 0 and self._optimizer is None else None
+        key = None if memo is None else memo.digest(client_id=self.client_id, seed=self.seed, model=self.model,
+                                                    optimizer=self.optimizer_config, epochs=epochs,
+                                                    proximal=proximal, mu=mu)
+        if memo is not None and (found := memo.restore(key)) is not None:
+            state, metrics = found
+            self.load_state_dict(state)  # trainable parameters, optimiser state and the run count
+            return metrics
+        start = time.perf_counter()
         with seeded(sequence_seed(self.seed, self.client_id, self.calls)):
             self.calls += 1
-            return super().train(epochs=epochs, proximal=proximal, mu=mu, round=round)
+            metrics = super().train(epochs=epochs, proximal=proximal, mu=mu, round=round)
+        if memo is not None:
+            memo.store(key, self.state_dict(), metrics, seconds=time.perf_counter() - start)
+        return metrics
 
     def state_dict(self) -> dict[str, Any]:
         return {**super().state_dict(), "calls": self.calls}

@@ -57,6 +57,8 @@ def test_quick_grid_prints_one_line_per_task_and_resumes(tmp_path, capsys):
     # the encoder's error (bound ~5e-9 per round here) plus float32 rounding of O(1) parameters
     assert all(0 < r["encoder_bound"] < 1e-7 and r["secure_vs_plain_max_diff"] < 1e-6 for r in twins)
     assert all(len(r["secure_vs_plain_round_diffs"]) == 1 for r in twins)
+    for r in rows:  # secure FedAvg trains round 1; its twin and FedOPT restore those client runs (FirstRunMemo)
+        assert (r["reused_train_seconds"] > 0) == (r["protocol"] == "plain" or r["algorithm"] == "fedopt"), r
     again = bench.main(["--resume", str(run), "--backbone", "tiny", "--no-progress"])
     assert "12 already done" in capsys.readouterr().out
     assert again["lines"] == out["lines"]

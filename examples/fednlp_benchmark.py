@@ -1,7 +1,7 @@
 """FedNLP's benchmark grid (Lin et al., 2022) with every upload through secure aggregation: text
 classification, sequence tagging, extractive QA and seq2seq, under FedAvg, FedProx and FedOPT.
 
-    python examples/fednlp_benchmark.py --quick      # 4 tasks x 3 algorithms, SecAgg+, 7-12 min on 2 cores
+    python examples/fednlp_benchmark.py --quick      # 4 tasks x 3 algorithms, SecAgg+, 9-11 min on 2 cores
     python examples/fednlp_benchmark.py              # + non-IID partitions, 3 seeds (a GPU-sized run)
     python examples/fednlp_benchmark.py --resume results/fednlp_grid/<run>   # finish an interrupted grid
     python examples/fednlp_benchmark.py --resume results/fednlp_grid/<run> --algorithms fedprox  # grow it
@@ -77,7 +77,7 @@ QUICK = dict(rounds=4, formulation=dict(clients=4, max_examples=320, min_client_
              # QA trains its top 2 encoder layers whole at lr 2e-3
              # (picked on validation F1 among 3e-4, 1e-3, 2e-3, 3e-3 over every question), as many cloze
              # questions as 10 minutes held on the faster 2-core host measured (960 of 1,231; an AVX2-only
-             # host takes 707 s, README); the adapter reader ends under the first-entity baseline here
+             # host takes 637 s, README); the adapter reader ends under the first-entity baseline here
              per_task={"tagging": dict(max_examples=800),
                        "qa": dict(max_examples=960, tune="layers", adapter_layers=2, lr=2e-3)})
 WHOLE_LR = 5e-5

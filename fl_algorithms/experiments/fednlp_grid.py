@@ -31,8 +31,8 @@ from fl_algorithms.api import Algorithm
 from fl_algorithms.engine.secure_sum import SecureAggregationConfig, SecureAggregator
 from fl_algorithms.engine.sim import RoundRecord, RunConfig, SimulationRunner
 from fl_algorithms.experiments.tables import grouped, paired_difference, pyplot, save_figure
-from fl_algorithms.training.memo import FirstRunMemo
 from fl_algorithms.tasks.formulation import TASKS, Formulation, FormulationSettings, PartitionSpec
+from fl_algorithms.training.memo import FirstRunMemo
 from nlp_models.device import device_name
 
 FORMULATIONS = {
@@ -268,6 +268,8 @@ def run_cell(cell: Mapping[str, Any], clients: Formulation, plan: GridPlan, *, p
     trainers = {k: clients.make_trainer(k) for k in range(1, clients.num_clients + 1)}
     if first_runs is not None:
         for trainer in trainers.values():
+            if not hasattr(trainer, "first_runs"):
+                raise TypeError(f"{type(trainer).__name__} cannot share first runs (a SeededTorchTrainer can)")
             trainer.first_runs = first_runs
     reused = first_runs.reused_seconds if first_runs is not None else 0.0
     runner = SimulationRunner(algorithm=algorithm, config=config, initial=dict(initial or clients.initial()),

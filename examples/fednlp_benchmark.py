@@ -298,8 +298,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         summary["backbone"] = args.backbone  # not part of the plan: --resume checks it against the finished runs
         append_cell(cells_path, summary)
         done[key] = summary
+        restored = (f" ({summary['reused_train_seconds']:.1f} s of first client runs restored, counted)"
+                    if summary.get("reused_train_seconds") else "")
         print(f"{key}: {summary['metric']}={summary['score']:.4f} (trivial {summary['trivial']:.4f}), "
-              f"{summary['round_seconds']:.1f} s/round, secure {summary['secure_seconds_per_round']:.2f} s/round",
+              f"{summary['round_seconds']:.1f} s/round{restored}, secure {summary['secure_seconds_per_round']:.2f} s/round",
               flush=True)
     if args.worker:
         return {"run": run, "worker": True}

@@ -271,7 +271,7 @@ def run_cell(cell: Mapping[str, Any], clients: Formulation, plan: GridPlan, *, p
             if not hasattr(trainer, "first_runs"):
                 raise TypeError(f"{type(trainer).__name__} cannot share first runs (a SeededTorchTrainer can)")
             trainer.first_runs = first_runs
-    reused = first_runs.reused_seconds if first_runs is not None else 0.0
+    reused_before = first_runs.reused_seconds if first_runs is not None else 0.0
     runner = SimulationRunner(algorithm=algorithm, config=config, initial=dict(initial or clients.initial()),
                               trainers=trainers)
     def after_round(record: RoundRecord) -> None:
@@ -286,7 +286,7 @@ def run_cell(cell: Mapping[str, Any], clients: Formulation, plan: GridPlan, *, p
     start = time.perf_counter()
     history = runner.run(progress=progress, desc=cell_key(cell), metric=f"validation_{clients.metric}")
     seconds = time.perf_counter() - start
-    reused = (first_runs.reused_seconds if first_runs is not None else 0.0) - reused
+    reused = first_runs.reused_seconds - reused_before if first_runs is not None else 0.0
     metric = clients.metric
     final = shared_vector(algorithm, runner.state)
     tested = {k: m for k, m in sorted(history[-1].metrics.items()) if metric in m}  # test metrics by client

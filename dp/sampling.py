@@ -51,7 +51,6 @@ from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
 import numpy as np
-from scipy import stats
 
 SCHEMES = ("poisson", "fixed_size", "seeded", "everyone")
 
@@ -92,6 +91,8 @@ class SamplingRecord:
         `min_cohort`: P[Binomial(population - 1, rate) = min_cohort - 1] (module doc); 0 otherwise."""
         if self.amplification_rate >= 1 or self.min_cohort == 0:
             return 0.0
+        from scipy import stats  # here, not at the top: scipy.stats costs every client process about 1 s
+
         return float(stats.binom.pmf(self.min_cohort - 1, self.population - 1, self.rate))
 
     @property

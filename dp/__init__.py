@@ -12,8 +12,8 @@
 """
 import importlib
 
-# Where each name lives. Importing `dp` (as `import dp.sampling` does) loads none of them: a client
-# process that only samples or encodes should not pay for dp_accounting's import (about 2 s on 2 cores);
+# Where each name lives. Importing `dp` (as `import dp.sampling` does) loads none of them, so a
+# submodule is imported with what it needs only (dp.central's dp_accounting and scipy are not);
 # `from dp import Ledger` loads dp.ledger on first use (PEP 562).
 _WHERE = {
     "dp.central": ("CentralDPAggregator", "CentralDPConfig"),

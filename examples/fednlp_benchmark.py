@@ -258,8 +258,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         parser.error(f"--resume {run}: its finished runs used --backbone {', '.join(others)}, "
                      f"not {args.backbone}; give the same --backbone")
     trajectories: dict[tuple[str, str], list[np.ndarray]] = {}  # secure FedAvg's parameters per round
-    clients_cache: dict[tuple, Any] = {}
-    first_runs = FirstRunMemo()  # of the clients in clients_cache: FedAvg, its twin and FedOPT share round 1's training
+    # one (task, partition, seed)'s clients at a time, with the memo through which FedAvg, its twin and FedOPT
+    # share each client's first local run (a memo serves one set of clients only)
+    clients_cache: dict[tuple, tuple[Any, FirstRunMemo]] = {}
     print(f"run directory: {run}  (device {device}, torch threads {args.threads}, {len(plan.cells())} runs, "
           f"{len(done)} already done)", flush=True)
     if not args.report:
@@ -276,14 +277,14 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         ident = (cell["task"], cell["partition"], cell["seed"])
         if ident not in clients_cache:
             clients_cache.clear()  # one task's clients in memory at a time
-            first_runs = FirstRunMemo()
             settings = plan.settings(cell["task"], partition=cell["partition"], seed=cell["seed"])
             try:
-                clients_cache[ident] = load_formulation(cell["task"], settings, backbone=args.backbone, device=device)
-                clients_cache[ident].partition  # noqa: B018 - loads and partitions, or raises
+                loaded = load_formulation(cell["task"], settings, backbone=args.backbone, device=device)
+                loaded.partition  # noqa: B018 - loads and partitions, or raises
             except ValueError as error:
                 raise SystemExit(f"error: {cell['task']} {cell['partition']}: {error}") from None
-        clients = clients_cache[ident]
+            clients_cache[ident] = (loaded, FirstRunMemo())
+        clients, first_runs = clients_cache[ident]
         tracked = cell["seed"] == plan.seeds[0] and cell["algorithm"] == "fedavg"
         trajectory: list[np.ndarray] = []
         summary, _ = run_cell(cell, clients, plan, progress=not args.no_progress,

@@ -1,5 +1,5 @@
 """dp/__init__.py: every name the package exports resolves to its module's object, and importing a
-light submodule (as every client process does with dp.sampling) loads no accounting library."""
+light submodule such as dp.sampling (which the round engine imports) loads no accounting library."""
 import importlib
 import subprocess
 import sys

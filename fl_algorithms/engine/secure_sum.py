@@ -83,6 +83,12 @@ class SecureAggregationConfig:
     """Fewest contributors of a noise-free release: a sum of fewer (or a non-empty cluster of fewer,
     in a cluster-indexed part) is refused before server code sees it, and the protocol never unmasks
     fewer. Lower it only knowingly (small tests); DP-noised releases are not bound by it."""
+    colluders: int = 0
+    """c: enrolled clients that may collude with the server. Every protocol then needs g + c survivors
+    (g = the survivor floor: `min_release_group`, or DDP's n_min) and every client c + 1 live masking
+    partners, so neither an input nor a sum over fewer than g honest clients is opened however the
+    server chooses the dropouts; SecAgg/SecAgg+ need c below their threshold, LightSecAgg c <= T.
+    0 (the default) claims nothing against colluding clients."""
     fixed_parts: tuple[str, ...] = ()
     """Masked parts whose per-client vector is the same in every round (e.g. a fixed document-mean
     summary): the disclosure guard tracks their releases over the whole run (checkpointed with
@@ -103,13 +109,15 @@ class SecureAggregationConfig:
         if self.central_dp is not None and self.distributed_dp is not None:
             raise ValueError("choose central_dp or distributed_dp, not both")
         object.__setattr__(self, "fixed_parts", tuple(sorted({str(p) for p in self.fixed_parts})))
-        for name in ("max_clients", "min_release_group"):
+        for name in ("max_clients", "min_release_group", "colluders"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
                 raise ValueError(f"{name} must be an int, got {value!r}")
             object.__setattr__(self, name, int(value))
         if self.max_clients < 1:
             raise ValueError(f"max_clients must be positive, got {self.max_clients}")
+        if self.colluders < 0:
+            raise ValueError(f"colluders must be >= 0, got {self.colluders}")
         group = self.min_release_group
         if group < 2:
             raise ValueError(f"min_release_group must be an int >= 2 (one member's sum is its input), got {group}")
@@ -149,6 +157,7 @@ class SecureAggregationConfig:
                "distributed_dp": None if ddp is None else dataclasses.asdict(ddp),
                "central_dp": None if central is None else dataclasses.asdict(central),
                "insecure_seed": self.insecure_seed, "min_release_group": self.min_release_group,
+               "colluders": self.colluders,
                "fixed_parts": list(self.fixed_parts)}
         return json.loads(json.dumps(doc, default=str))  # as it reads after a trip over the wire
 
@@ -338,6 +347,10 @@ class SecureAggregator:
                 raise InsufficientNoiseError(message + ": its summed noise would be below the calibrated level")
             raise DisclosureError(message + ": a noise-free sum of fewer may not be released",
                                   summary_key="secure-sum")
+        c = self.config.colluders
+        if members < floor + c:
+            raise DisclosureError(f"a secure sum of {members} members cannot reach {why}={floor} honest survivors "
+                                  f"besides {c} colluders", summary_key="secure-sum")
         if self.config.protocol == "lightsecagg":
             import math
 
@@ -346,9 +359,27 @@ class SecureAggregator:
             target = resolve_count(params.get("target_survivors", 0.8), members, name="target_survivors",
                                    rounding=math.ceil)
             params["target_survivors"] = max(target, floor)
-        else:
+            params["min_group"] = max(int(params.get("min_group", 1)), floor)
+            params["colluders"] = c
+        elif self.config.protocol != "plain":
             params["min_clients"] = max(int(params.get("min_clients", 2)), floor)
+            params["colluders"] = c
+        else:
+            params["min_clients"] = max(int(params.get("min_clients", 2)), floor + c)
         return params
+
+    def client_protocol_params(self) -> dict[str, object]:
+        """Keyword arguments of every client's protocol: its own floors, so that a client refuses a
+        round announcing fewer colluders or a smaller group than the run was configured with."""
+        floor, _ = self.config.survivor_floor()
+        c = self.config.colluders
+        if self.config.protocol == "lightsecagg":
+            return {"min_colluders": c, "min_group": floor}
+        if self.config.protocol in ("secagg", "secagg+"):
+            from secagg.protocols.secagg import ClientPolicy
+
+            return {"policy": ClientPolicy(min_colluders=c, min_group=floor)}
+        return {}
 
     def server_protocol(self, *, round_id: int, members: Iterable[int], length: int,
                         overrides: Mapping[str, object] | None = None, **extra: object):
@@ -357,17 +388,30 @@ class SecureAggregator:
         enrolment roster); they may not name the survivor minimum."""
         clients = sorted(int(c) for c in members)
         params = self.protocol_params(members=len(clients), overrides=overrides)
-        clash = sorted(set(extra) & {"min_clients", "target_survivors", "round_id", "clients", "length", "ring"})
+        clash = sorted(set(extra) & {"min_clients", "target_survivors", "min_group", "colluders", "round_id", "clients",
+                                     "length", "ring"})
         if clash:
             raise ValueError(f"server_protocol: {clash} are set by the secure layer; pass policy in `overrides`")
         return registry.server_class(self.config.protocol)(round_id=round_id, clients=clients, length=length,
                                                            ring=self.config.ring, **params, **extra)
+
+    def refuse_forgeable_counts(self, layout: "Layout") -> None:
+        """Cluster-indexed parts are noise-free and their per-cluster minimum rests on member counts
+        that come from the clients' own (masked, unverifiable) vectors: a malicious client can move
+        count into a cluster that holds one honest client, and the server then decodes that client's
+        vector. So they are refused when the run declares colluding clients (`colluders` > 0); with
+        colluders = 0 they hold against an honest-but-curious server and honest clients only."""
+        if self.config.colluders and any(k for _, _, k in layout.parts):
+            raise DisclosureError(f"cluster-indexed parts cannot be protected against {self.config.colluders} "
+                                  "colluding clients: their member counts can be forged (no proof that a count "
+                                  "vector is one-hot); use ordinary parts or colluders=0", summary_key="secure-sum")
 
     # ---- client half ------------------------------------------------------------------------
     def client_encode(self, upload: Upload, *, parts: tuple[str, ...] | None, round: int,
                       sum_name: str = DEFAULT_SUM, client_id: int = 0) -> EncodedInput:
         """Client side: the ring vector of this client's parts in one sum (fixed point or DDP)."""
         layout = Layout.of(upload, parts)
+        self.refuse_forgeable_counts(layout)
         seed = self.config.insecure_seed
         if self.ddp:
             if any(k for _, _, k in layout.parts):
@@ -442,6 +486,7 @@ class SecureAggregator:
                                            error_bound=self.encoder.mean_error_bound(n_clients=count,
                                                                                      total_weight=dec.total_weight))
                 continue
+            self.refuse_forgeable_counts(layout)
             blocks = ring_sum[start: start + k * (n + 2)].reshape(k, n + 2)
             start += k * (n + 2)
             members = [int(m) for m in ring.to_signed(blocks[:, n + 1])]
@@ -584,8 +629,9 @@ class SecureAggregator:
         The protocol is built by `server_protocol`: a sum over too many members, or too few to reach
         the survivor floor, is refused before anything runs."""
         server = self.server_protocol(round_id=round_id, members=inputs, length=length, overrides=protocol_params)
+        policy = self.client_protocol_params()
         clients = {cid: registry.client_class(self.config.protocol)(client_id=cid, round_id=round_id,
-                                                                    input_fn=lambda v=vec: v)
+                                                                    input_fn=lambda v=vec: v, **policy)
                    for cid, vec in inputs.items()}
         return run_round(server, clients, drop_at=drop_at, bytes_sent=bytes_sent)
 

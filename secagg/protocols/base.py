@@ -41,6 +41,9 @@ class RoundResult:
     """Clients first found missing (silent or faulty) at each stage."""
     faulty: Mapping[int, str] = field(default_factory=dict)
     """Clients dropped for a bad reply or for a bad message to a peer, with the stage and reason."""
+    disputes: tuple[tuple[int, int], ...] = ()
+    """(accuser, accused) pairs both dropped because the server cannot tell which lied: blame for a
+    dispute is not recorded against either end (`accusation_matching`)."""
 
 
 class ServerProtocol(ABC):
@@ -69,6 +72,7 @@ class ServerProtocol(ABC):
         self._dropped: dict[str, frozenset[int]] = {}
         self._faulty: dict[int, str] = {}
         """Client -> 'stage: reason' for every client dropped for misbehaving."""
+        self._disputes: list[tuple[int, int]] = []
 
     # ---- driver interface ---------------------------------------------------------------
     @abstractmethod
@@ -121,6 +125,12 @@ class ServerProtocol(ABC):
         self._replies.pop(client, None)
         self._dropped[self.stage] = self._dropped.get(self.stage, frozenset()) | {client}
 
+    def quorum(self) -> int:
+        """Fewest replies with which the current stage can still lead to a finished round. Drivers may
+        close a stage early once this many have arrived and a grace period has passed (a staller then
+        counts as dropped); the default, every expected client, never closes early."""
+        return len(self._expected)
+
     def max_reply_bytes(self) -> int:
         """Largest reply (all frames) this round can legitimately receive: drivers refuse bigger
         messages before decoding them. Protocols with larger replies than one vector override it."""
@@ -156,7 +166,15 @@ class ServerProtocol(ABC):
     def _finish(self, ring_sum: np.ndarray, contributors) -> RoundResult:
         """The round's result, with who dropped (and who was faulty) at each stage."""
         self.stage = "done"
-        return RoundResult(ring_sum, frozenset(contributors), dict(self._dropped), dict(self._faulty))
+        return RoundResult(ring_sum, frozenset(contributors), dict(self._dropped), dict(self._faulty),
+                           tuple(self._disputes))
+
+    def settle_accusations(self, accused_by: Mapping[int, frozenset[int]]) -> None:
+        """Drop both ends of a maximal matching of the accusations (`accusation_matching`)."""
+        drop, matched = accusation_matching(accused_by)
+        for c, reason in drop.items():
+            self.mark_faulty(c, reason)
+        self._disputes.extend(matched)
 
     def _enter(self, stage: str, requests: dict[int, Message]) -> dict[int, Message]:
         self.stage = stage
@@ -187,27 +205,28 @@ class WrappedClient:
         return self.inner.handle(msg)
 
 
-def accusation_cover(accused_by: dict[int, frozenset[int]]) -> dict[int, str]:
-    """Clients to drop so that no accusation (accuser -> sender of a bad share) is left between two
-    kept clients, with the reason for each: greedy vertex cover, most accusations first, then
-    the accused over the accuser, then the lower id (deterministic, so every run agrees)."""
-    edges = {(a, u) for a, us in accused_by.items() for u in us}
-    out: dict[int, str] = {}
-    while edges:
-        degree: dict[int, list[int]] = {}
-        for a, u in edges:
-            degree.setdefault(a, [0, 0])[0] += 1
-            degree.setdefault(u, [0, 0])[0] += 1
-            degree[u][1] += 1
-        c = min(degree, key=lambda k: (-degree[k][0], -degree[k][1], k))
-        accusers = sorted(a for a, u in edges if u == c)
-        named = sorted(u for a, u in edges if a == c)
-        out[c] = "; ".join(filter(None, [
-            f"its sealed shares for clients {accusers} failed authentication there" if accusers else "",
-            f"it reported bad sealed shares from clients {named}" if named else ""]))
-        edges = {(a, u) for a, u in edges if c not in (a, u)}
-    return out
+def accusation_matching(accused_by: Mapping[int, frozenset[int]]) -> tuple[dict[int, str], tuple[tuple[int, int], ...]]:
+    """Clients to drop so that no accusation (accuser -> sender of a sealed message that failed to
+    open) is left between two kept clients, and the accusations settled by dropping both ends.
 
+    The server cannot tell which end of an accusation lies, but at least one of them misbehaved
+    (an honest receiver never fails to open an honest sender's message relayed unchanged). So it
+    drops BOTH ends of each accusation of a maximal matching: the matched pairs are disjoint and
+    each holds at least one misbehaving client, so the honest clients dropped never outnumber the
+    misbehaving ones, whatever the colluders accuse; and every accusation has a dropped end (the
+    matching is maximal). A greedy cover that drops one end instead lets two colluders accusing
+    one victim drop it alone (it used to). Deterministic (accusations in (accuser, accused)
+    order), so every run agrees. Returns ({client: reason}, matched (accuser, accused) pairs)."""
+    out: dict[int, str] = {}
+    matched: list[tuple[int, int]] = []
+    for a, u in sorted((a, u) for a, us in accused_by.items() for u in us):
+        if a in out or u in out or a == u:
+            continue
+        matched.append((a, u))
+        why = (f"disputed: client {a} reported that client {u}'s sealed message failed to open; the server "
+               f"cannot tell which of the two lied, so both are dropped")
+        out[a] = out[u] = why
+    return out, tuple(matched)
 
 
 MAX_VECTOR_LENGTH = 1 << 28

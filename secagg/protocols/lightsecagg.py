@@ -12,9 +12,14 @@ may drop), privacy T (1 <= T < U <= N). Vectors live in F_p, p = 2^31 - 1, uint3
                   stage, sender and receiver as associated data. The server relays ciphertext only.
     masked_input  server -> client j: the ciphertexts addressed to j. Client j opens them and
                   uploads y_j = x_j + z_j (mod p), 4 bytes per coordinate.
-    recovery      server -> U1 (clients whose y arrived; abort if |U1| < U): the set U1. Each
-                  client j in U1 returns sum_{i in U1} [~z_i]_j. From any U of these the server
-                  decodes sum_{i in U1} z_i once and outputs sum_{i in U1} y_i - sum_{i in U1} z_i.
+    consistency   server -> U1 (clients whose y arrived; abort if |U1| < max(U, g + c)): the set U1.
+                  Each client checks it and signs it with its enrolled key (`consistency.py`).
+    recovery      server -> the signers: U1 and the signatures. Each client j checks at least U
+                  valid signatures over the same U1, then returns sum_{i in U1} [~z_i]_j. From any
+                  U of these the server decodes sum_{i in U1} z_i and outputs sum_{i in U1} y_i -
+                  sum_{i in U1} z_i; pieces beyond U are cross-checked as a Reed–Solomon code
+                  (`secagg.reed_solomon`): a wrong piece is located, its sender named in
+                  `RoundResult.faulty`, and the sum decoded without it (or the round aborts).
 
 Security (honest-but-curious server, which also relays every client-to-client message):
   * the server learns only sum_{i in U1} x_i: each y_i is one-time padded by a uniform z_i, and the
@@ -30,15 +35,16 @@ Security (honest-but-curious server, which also relays every client-to-client me
 Faulty clients are isolated, not fatal: a reply that fails validation (a low-order public key, a
 wrong piece set, a vector outside F_p) drops its sender at that stage. A sealed piece that fails
 authentication (or is not in F_p) at its receiver j cannot be judged by the server, so j names the
-sender in its masked input (`bad_pieces`) and goes on; the server drops a small set of clients
-covering every accusation (`accusation_cover`: one client sending bad pieces to many, or accusing
-many, is dropped alone) before it fixes U1, so every member of U1 holds a piece from every other.
-A lying client can exclude one honest client per round at most by accusing it alone (denial of
-service, reported in `RoundResult.faulty`); nothing is learned from it.
-Not covered (as in the paper): a malicious server announcing different survivor sets to different
-clients. Substituted public keys are caught when clients are enrolled (`identity`: each client
-signs its key and checks every peer's signature against the roster); without enrolment the
-clients trust the server's relay of keys.
+sender in its masked input (`bad_pieces`) and goes on; the server drops both ends of each
+accusation of a maximal matching (`base.accusation_matching`: an accusation never costs more
+honest seats than colluding ones) before it fixes U1, so every member of U1 holds a piece from
+every other. Two clients advertising the same key are both dropped. With c colluders (c <= T)
+the server opens U1 only if |U1| >= g + c, and each client checks that before it signs, so no
+sum over fewer than g honest clients is opened. A server announcing different survivor sets to
+different clients needs U signatures on each (the consistency stage, enrolled runs).
+Substituted public keys are caught when clients are enrolled (`identity`: each client signs its
+key and checks every peer's signature against the roster); without enrolment the clients trust
+the server's relay of keys and of the survivor set.
 Simplification relative to the paper: the offline (share) stage runs inside the round rather than
 ahead of it and in parallel with training; the protocol is otherwise the paper's.
 """
@@ -49,14 +55,14 @@ from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
-from secagg import crypto
+from secagg import crypto, reed_solomon
 from secagg.crypto import DecryptionError, KeyPair, agree, context, open_sealed, seal
 from secagg.identity import SIGNATURE_BYTES, Identity, Roster, advertisement
-from secagg.lcc import LagrangeCode
+from secagg.lcc import LagrangeCode, betas
 from secagg.messages import AbortError, Array, Bytes, BytesMap, Int, IntList, Message, ProtocolError, Schema
 from secagg.prg import random_vector
-from secagg.protocols.base import (MAX_VECTOR_LENGTH, ClientProtocol, InputFn, RoundResult, ServerProtocol,
-                                   accusation_cover)
+from secagg.protocols.base import MAX_VECTOR_LENGTH, ClientProtocol, InputFn, RoundResult, ServerProtocol
+from secagg.protocols.consistency import Floors, require_signatures, sign_survivors, survivor_statement
 from secagg.ring import FIELD_P31, MERSENNE_31, Ring
 
 NAME = "lightsecagg"
@@ -69,16 +75,20 @@ _MAX_BLOB = 4 * MAX_LEN + SEAL_OVERHEAD
 SETUP = Schema("lsa_setup", {
     "length": Int(1, MAX_LEN), "modulus": Int(3, 1 << 32), "roster": IntList(MAX_CLIENTS, 1),
     "target": Int(2, MAX_CLIENTS), "privacy": Int(1, MAX_CLIENTS),
+    "colluders": Int(0, MAX_CLIENTS), "min_group": Int(1, MAX_CLIENTS),
 })
 KEYS = Schema("lsa_keys", {"keys": BytesMap(MAX_CLIENTS, crypto.PUBLIC_KEY_BYTES, exact=True),
                            "signatures": BytesMap(MAX_CLIENTS, SIGNATURE_BYTES)})
 RELAY = Schema("lsa_relay", {"pieces": BytesMap(MAX_CLIENTS, _MAX_BLOB)})
-RECOVER = Schema("lsa_recover", {"survivors": IntList(MAX_CLIENTS, 1)})
+SURVIVORS = Schema("lsa_survivors", {"survivors": IntList(MAX_CLIENTS, 1)})
+RECOVER = Schema("lsa_recover", {"survivors": IntList(MAX_CLIENTS, 1),
+                                 "signatures": BytesMap(MAX_CLIENTS, SIGNATURE_BYTES)})
 # client -> server replies, by stage
 PUBLIC_KEY = Schema("lsa_public_key", {"public_key": Bytes(crypto.PUBLIC_KEY_BYTES, exact=True),
                                        "signature": Bytes(SIGNATURE_BYTES)})
 CODED_PIECES = Schema("lsa_coded_pieces", {"pieces": BytesMap(MAX_CLIENTS, _MAX_BLOB)})
 MASKED_INPUT = Schema("lsa_masked_input", {"vector": Array("uint32", MAX_LEN), "bad_pieces": IntList(MAX_CLIENTS, 1)})
+SURVIVOR_SIGNATURE = Schema("lsa_survivor_signature", {"signature": Bytes(SIGNATURE_BYTES)})
 AGGREGATE_PIECE = Schema("lsa_aggregate_piece", {"piece": Array("uint32", MAX_LEN)})
 
 
@@ -111,13 +121,15 @@ class LightSecAggServer(ServerProtocol):
 
     name = NAME
     schemas = {"advertise": PUBLIC_KEY, "share": CODED_PIECES, "masked_input": MASKED_INPUT,
-               "recovery": AGGREGATE_PIECE}
+               "consistency": SURVIVOR_SIGNATURE, "recovery": AGGREGATE_PIECE}
 
     def __init__(self, *, round_id: int, clients: Sequence[int], length: int, ring: Ring = FIELD_P31,
-                 target_survivors: int | float = 0.8, privacy: int | float = 0.5,
-                 roster: Roster | None = None) -> None:
-        """`roster`: enrolled clients' verify keys; with it, an unsigned or wrongly signed key
-        advertisement drops its sender at once (clients check every signature themselves anyway)."""
+                 target_survivors: int | float = 0.8, privacy: int | float = 0.5, colluders: int = 0,
+                 min_group: int = 1, roster: Roster | None = None) -> None:
+        """`colluders` (c <= T) and `min_group` (g): the round is opened only with at least g + c
+        survivors. `roster`: enrolled clients' verify keys; with it, an unsigned or wrongly signed key
+        advertisement (or survivor signature) drops its sender at once (clients check every
+        signature themselves anyway)."""
         super().__init__(round_id=round_id, clients=clients, length=length, ring=ring)
         self.roster = roster
         if ring.modulus != MERSENNE_31:
@@ -128,12 +140,19 @@ class LightSecAggServer(ServerProtocol):
         self.target = resolve_count(target_survivors, n, name="target_survivors", rounding=math.ceil)
         self.privacy = max(1, resolve_count(privacy, n, name="privacy", rounding=math.floor))
         _check_parameters(n, self.target, self.privacy)
+        self.floors = Floors(colluders=int(colluders), min_group=int(min_group))
+        if self.floors.colluders > self.privacy:
+            raise ValueError(f"colluders={colluders} exceeds the privacy T={self.privacy}: that many clients "
+                             "could decode another client's mask from their coded pieces")
+        self.min_survivors = max(self.target, self.floors.survivors)
+        """Fewest survivors the round may be opened with: U, and g honest besides c colluders."""
         self.code = LagrangeCode(num_coded=n, num_nodes=self.target, privacy=self.privacy, length=length)
         self.position = {c: j for j, c in enumerate(self.clients)}
         self.blob_bytes = 4 * self.code.piece_length + SEAL_OVERHEAD
         self._keys: dict[int, bytes] = {}
         self._relayed_to: dict[int, frozenset[int]] = {}   # receiver -> senders of the pieces relayed to it
         self._survivors: tuple[int, ...] = ()
+        self._signatures: dict[int, bytes] = {}
         self._masked_sum: np.ndarray | None = None
         self._result: RoundResult | None = None
 
@@ -142,15 +161,14 @@ class LightSecAggServer(ServerProtocol):
         if self.stage != "init":
             raise RuntimeError("the round has already started")
         setup = dict(length=self.length, modulus=self.ring.modulus, roster=self.clients,
-                     target=self.target, privacy=self.privacy)
+                     target=self.target, privacy=self.privacy, colluders=self.floors.colluders,
+                     min_group=self.floors.min_group)
         return self._enter("advertise", {c: self._request(SETUP.kind, c, **setup) for c in self.clients})
 
     def check_reply(self, msg: Message) -> None:
         if self.stage == "advertise":
             if not crypto.is_valid_public_key(msg["public_key"]):
                 raise ProtocolError(f"client {msg.sender} advertised an invalid (low-order) public key")
-            if msg["public_key"] in self._replied_keys():
-                raise ProtocolError(f"client {msg.sender} advertised another client's public key")
             if self.roster is not None and not self.roster.verify(
                     msg.sender, msg["signature"], advertisement(NAME, self.round_id, msg.sender, msg["public_key"])):
                 raise ProtocolError(f"client {msg.sender}'s key advertisement is not signed by its enrolled key")
@@ -164,12 +182,17 @@ class LightSecAggServer(ServerProtocol):
             self._check_vector(msg["vector"], self.length)
             if not set(msg["bad_pieces"]) <= self._relayed_to.get(msg.sender, frozenset()):
                 raise ProtocolError(f"client {msg.sender} reports bad pieces from clients that sent it none")
+        elif self.stage == "consistency":
+            if self.roster is not None and not self.roster.verify(
+                    msg.sender, msg["signature"], survivor_statement(NAME, self.round_id, self._survivors)):
+                raise ProtocolError(f"client {msg.sender}'s signature over the survivor set is not valid")
         elif self.stage == "recovery":
             self._check_vector(msg["piece"], self.code.piece_length)
 
     def on_stage_complete(self, replies: dict[int, Message]) -> dict[int, Message]:
         handler = {"advertise": self._after_advertise, "share": self._after_share,
-                   "masked_input": self._after_masked_input, "recovery": self._after_recovery}[self.stage]
+                   "masked_input": self._after_masked_input, "consistency": self._after_consistency,
+                   "recovery": self._after_recovery}[self.stage]
         return handler(replies)
 
     def result(self) -> RoundResult:
@@ -178,11 +201,27 @@ class LightSecAggServer(ServerProtocol):
         return self._result
 
     # ---- stages -----------------------------------------------------------------------------
+    def quorum(self) -> int:
+        return min(len(self._expected), self.min_survivors)
+
+    def describe(self) -> str:
+        """One line: the round's code and threat parameters (printed with each round)."""
+        return (f"{self.name} n={len(self.clients)} target={self.target} privacy={self.privacy} "
+                f"colluders={self.floors.colluders} min_group={self.floors.min_group} "
+                f"min_survivors={self.min_survivors}")
+
     def _require(self, replies: Mapping[int, Message], detail: str) -> None:
-        if len(replies) < self.target:
-            raise AbortError(stage=self.stage, survivors=len(replies), required=self.target, detail=detail)
+        if len(replies) < self.min_survivors:
+            raise AbortError(stage=self.stage, survivors=len(replies), required=self.min_survivors, detail=detail)
 
     def _after_advertise(self, replies: dict[int, Message]) -> dict[int, Message]:
+        owners: dict[bytes, list[int]] = {}
+        for c, m in replies.items():
+            owners.setdefault(m["public_key"], []).append(c)
+        for shared in (cs for cs in owners.values() if len(cs) > 1):
+            for c in shared:  # nobody can tell whose key it is: drop every client that advertised it
+                self.mark_faulty(c, f"advertised a public key that clients {sorted(shared)} all advertised")
+        replies = {c: m for c, m in replies.items() if c not in self._faulty}
         self._require(replies, "too few public keys")
         self._keys = {c: m["public_key"] for c, m in sorted(replies.items())}
         signatures = {c: m["signature"] for c, m in sorted(replies.items())}
@@ -199,9 +238,7 @@ class LightSecAggServer(ServerProtocol):
         return self._enter("masked_input", relays)
 
     def _after_masked_input(self, replies: dict[int, Message]) -> dict[int, Message]:
-        accused_by = {c: frozenset(m["bad_pieces"]) for c, m in replies.items() if m["bad_pieces"]}
-        for c, reason in accusation_cover(accused_by).items():
-            self.mark_faulty(c, reason)
+        self.settle_accusations({c: frozenset(m["bad_pieces"]) for c, m in replies.items() if m["bad_pieces"]})
         replies = {c: m for c, m in replies.items() if c not in self._faulty}
         self._require(replies, "too few masked inputs")
         acc = np.zeros(self.length, dtype=np.uint32)
@@ -209,15 +246,36 @@ class LightSecAggServer(ServerProtocol):
             self.ring.add_(acc, msg["vector"])
         self._masked_sum = acc
         self._survivors = tuple(sorted(replies))
+        return self._enter("consistency", {
+            c: self._request(SURVIVORS.kind, c, survivors=self._survivors) for c in self._survivors
+        })
+
+    def _after_consistency(self, replies: dict[int, Message]) -> dict[int, Message]:
+        if len(replies) < self.target:
+            raise AbortError(stage="consistency", survivors=len(replies), required=self.target,
+                             detail="too few survivors signed the survivor set")
+        self._signatures = {c: m["signature"] for c, m in replies.items()}
         return self._enter("recovery", {
-            c: self._request(RECOVER.kind, c, survivors=self._survivors) for c in self._survivors
+            c: self._request(RECOVER.kind, c, survivors=self._survivors, signatures=self._signatures)
+            for c in sorted(replies)
         })
 
     def _after_recovery(self, replies: dict[int, Message]) -> dict[int, Message]:
-        self._require(replies, "too few aggregate coded pieces to decode the aggregate mask")
-        helpers = sorted(replies)[: self.target]
+        if len(replies) < self.target:
+            raise AbortError(stage="recovery", survivors=len(replies), required=self.target,
+                             detail="too few aggregate coded pieces to decode the aggregate mask")
+        helpers = sorted(replies)
         coded = np.stack([replies[c]["piece"] for c in helpers])
-        mask_sum = self.code.decode([self.position[c] for c in helpers], coded)
+        points = [betas(len(self.clients))[self.position[c]] for c in helpers]
+        try:
+            bad = reed_solomon.locate_vector_errors(points, coded, k=self.target)
+        except reed_solomon.UncorrectableError as exc:
+            raise AbortError(stage="recovery", survivors=len(helpers), required=self.target,
+                             detail=f"aggregate coded pieces disagree beyond correction: {exc}") from exc
+        for i in sorted(bad):
+            self.mark_faulty(helpers[i], "sent a wrong aggregate coded piece (located and left out)")
+        good = [i for i in range(len(helpers)) if i not in bad][: self.target]
+        mask_sum = self.code.decode([self.position[helpers[i]] for i in good], coded[good])
         total = self.ring.sub_(self._masked_sum, mask_sum)
         self._result = self._finish(total, self._survivors)
         self._masked_sum = None
@@ -229,9 +287,6 @@ class LightSecAggServer(ServerProtocol):
         return max(4 * self.length, pieces) + (64 << 10)
 
     # ---- helpers ----------------------------------------------------------------------------
-    def _replied_keys(self) -> set[bytes]:
-        return {m["public_key"] for m in self._replies.values()}
-
     def _check_vector(self, v: np.ndarray, length: int) -> None:
         try:
             self.ring.validate(v, length=length)
@@ -244,16 +299,20 @@ class LightSecAggClient(ClientProtocol):
     it refuses a round whose T or U is smaller (a weaker guarantee than it accepts)."""
 
     name = NAME
-    schemas = {s.kind: s for s in (SETUP, KEYS, RELAY, RECOVER)}
+    schemas = {s.kind: s for s in (SETUP, KEYS, RELAY, SURVIVORS, RECOVER)}
 
     def __init__(self, *, client_id: int, round_id: int, input_fn: InputFn, max_length: int = MAX_LEN,
-                 min_privacy: int = 1, min_survivors: int = 2, identity: Identity | None = None) -> None:
+                 min_privacy: int = 1, min_survivors: int = 2, min_colluders: int = 0, min_group: int = 1,
+                 identity: Identity | None = None) -> None:
         super().__init__(client_id=client_id, round_id=round_id, input_fn=input_fn, max_length=max_length)
         if identity is not None and identity.client_id != client_id:
             raise ValueError(f"identity of client {identity.client_id} given to client {client_id}")
         self.identity = identity
         self.min_privacy = min_privacy
         self.min_survivors = min_survivors
+        self.min_colluders, self.min_group = min_colluders, min_group
+        self.floors = Floors()
+        self._survivors: tuple[int, ...] = ()
         self.code: LagrangeCode | None = None
         self._position: dict[int, int] = {}
         self._keypair: KeyPair | None = None  # kept only until the pairwise keys are derived
@@ -268,7 +327,7 @@ class LightSecAggClient(ClientProtocol):
 
     def respond(self, msg: Message) -> tuple[Message | None, tuple[str, ...]]:
         handler = {SETUP.kind: self._on_setup, KEYS.kind: self._on_keys, RELAY.kind: self._on_relay,
-                   RECOVER.kind: self._on_recover}[msg.kind]
+                   SURVIVORS.kind: self._on_survivors, RECOVER.kind: self._on_recover}[msg.kind]
         return handler(msg)
 
     # ---- stages -----------------------------------------------------------------------------
@@ -285,6 +344,13 @@ class LightSecAggClient(ClientProtocol):
         if t < self.min_privacy or u < self.min_survivors:
             raise ProtocolError(f"round parameters T={t}, U={u} are below this client's floor "
                                 f"(T >= {self.min_privacy}, U >= {self.min_survivors})")
+        floors = Floors(colluders=msg["colluders"], min_group=msg["min_group"])
+        floors.check_policy(min_colluders=self.min_colluders, min_group=self.min_group)
+        if floors.colluders > t:
+            raise ProtocolError(f"{floors.colluders} colluders exceed the privacy T={t}")
+        if floors.survivors > len(roster):
+            raise ProtocolError(f"the round needs {floors.survivors} survivors of {len(roster)}")
+        self.floors = floors
         self.code = LagrangeCode(num_coded=len(roster), num_nodes=u, privacy=t, length=d)
         self._position = {c: j for j, c in enumerate(roster)}
         self._keypair = KeyPair.generate()
@@ -345,17 +411,28 @@ class LightSecAggClient(ClientProtocol):
         masked = self._input(code.length, FIELD_P31).copy()
         FIELD_P31.add_(masked, self._mask)
         self._held, self._mask, self._peer_keys = held, None, {}
-        return self._reply(MASKED_INPUT.kind, vector=masked, bad_pieces=tuple(sorted(bad))), (RECOVER.kind,)
+        return self._reply(MASKED_INPUT.kind, vector=masked, bad_pieces=tuple(sorted(bad))), (SURVIVORS.kind,)
 
-    def _on_recover(self, msg: Message):
-        survivors, me = msg["survivors"], self.client_id
+    def _on_survivors(self, msg: Message):
+        survivors, me = tuple(sorted(set(msg["survivors"]))), self.client_id
         if me not in survivors:
-            raise ProtocolError("recovery requested from a client outside the survivor set")
-        if len(survivors) < self.code.num_nodes:
-            raise ProtocolError(f"survivor set of {len(survivors)} is below U={self.code.num_nodes}")
+            raise ProtocolError("the survivor set leaves out this client, whose masked input was sent")
+        if len(survivors) < max(self.code.num_nodes, self.floors.survivors):
+            raise ProtocolError(f"survivor set of {len(survivors)} is below U={self.code.num_nodes} or "
+                                f"{self.floors.min_group} honest clients besides {self.floors.colluders} colluders")
         unknown = [c for c in survivors if c != me and c not in self._held]
         if unknown:
             raise ProtocolError(f"survivors {unknown[:5]} did not share a coded piece with this client")
+        self._survivors = survivors
+        signature = sign_survivors(self.identity, NAME, self.round_id, survivors)
+        return self._reply(SURVIVOR_SIGNATURE.kind, signature=signature), (RECOVER.kind,)
+
+    def _on_recover(self, msg: Message):
+        survivors, me = self._survivors, self.client_id
+        if tuple(sorted(set(msg["survivors"]))) != survivors:
+            raise ProtocolError("the recovery request names another survivor set than the one this client signed")
+        require_signatures(self.identity, protocol=NAME, round_id=self.round_id, survivors=survivors,
+                           signatures=msg["signatures"], eligible=survivors, needed=self.code.num_nodes)
         acc = self._own_piece.copy()
         for c in survivors:
             if c != me:

@@ -15,28 +15,40 @@ for one client, and removes the masks:
 
 SecAgg uses the complete graph; SecAgg+ a random Harary graph of degree ~2 log2 N.
 
-Threat model: honest-but-curious server (it may also drop or delay messages); any party may
-send malformed bytes. Stages: advertise -> share -> check -> masked -> unmask.
+Threat model: a server honest-but-curious in its computation that may drop or delay any message
+(so it chooses who drops), colluding with up to c enrolled clients (`colluders`, below the
+threshold t); any party may send malformed bytes. Guarantee: no individual input and no sum over
+fewer than g (`min_clients`) honest clients is learned. Stages: advertise -> share -> check ->
+masked -> consistency -> unmask.
 
 Faulty clients are isolated, not fatal: a reply that fails validation (e.g. a low-order public key)
 drops its sender at that stage (`ServerProtocol.accept`). A share ciphertext that fails
 authentication at its receiver c cannot be judged by the server (it cannot open it), so the
 shares are checked before anyone masks: in the check stage each client opens the shares relayed
 to it and names the senders whose shares failed (`bad_shares`). The server cannot tell which end
-of an accusation lies, but one of them misbehaved, so it drops a small set of clients covering
-every accusation (greedy vertex cover: the client in most accusations first, the accused on a
-tie): one client sending bad shares to many is dropped alone, and so is one accusing many. Only
+of an accusation lies, but one of them misbehaved, so it drops BOTH ends of each accusation of a
+maximal matching (`base.accusation_matching`): colluders can never make an accusation cost more
+honest seats than colluding ones, and the pair is recorded as a dispute, not as a culprit. Only
 then does it tell each client which neighbours to mask with (`mask_with`: its kept neighbours,
 whose shares it holds), so no survivor ever masks with a client whose masking key it cannot help
 rebuild, however many of its shares were spoiled. A dropped client's self-mask seed is never
-requested. A lying client excludes one honest neighbour per round at most by accusing it alone
-(accusing two drops the accuser instead); colluders can pile accusations on one victim. That is
-denial of service, reported in `RoundResult.faulty`; nothing is learned from it. The check stage
-is one round trip of a few bytes per neighbour (Bonawitz et al. instead abort the whole round when
-a share fails to decrypt).
+requested. The check stage is one round trip of a few bytes per neighbour (Bonawitz et al.
+instead abort the whole round when a share fails to decrypt).
 
-The consistency-check round of the malicious-server variant (signatures over the survivor set)
-is not implemented.
+Isolation (the server choosing dropouts, helped by colluders) is refused on both sides: a client
+masks only with at least max(t - 1, c + 1) partners and reveals its unmasking shares only if at
+least c + 1 of them survived (one is honest, so its input never stands alone); the server opens a
+round only with at least g + c survivors and, on SecAgg+'s sparse ring, only if no c colluders can
+cut out a component of fewer than g honest survivors (`graph.smallest_isolable_group`). Before any
+share is revealed, the consistency stage of the malicious-server variant runs
+(`consistency.py`): survivors sign the announced survivor set and each client checks t valid
+signatures over the same set (enrolled runs). At unmasking, shares beyond the threshold are
+cross-checked as Reed–Solomon codewords (`secagg.reed_solomon`): wrong shares are corrected
+where the redundancy allows and their senders named in `RoundResult.faulty`; a sum that cannot
+be opened correctly aborts instead of being released wrong.
+
+Duplicate round keys (two clients advertising the same key, each signing it with its own
+identity) drop every client that advertised it; the round goes on.
 """
 from __future__ import annotations
 
@@ -45,16 +57,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from secagg import crypto, shamir
+from secagg import crypto, reed_solomon, shamir
 from secagg.crypto import DecryptionError, KeyPair
-from secagg.graph import complete_graph, default_degree, harary_graph, is_connected
+from secagg.graph import complete_graph, default_degree, harary_graph, is_connected, random_order, smallest_isolable_group
 from secagg.identity import SIGNATURE_BYTES, Identity, Roster, advertisement
 from secagg.messages import (
     MAX_CLIENT_ID, AbortError, Array, Bytes, BytesMap, Int, IntList, Message, ProtocolError, Schema,
 )
 from secagg.prg import apply_mask_
-from secagg.protocols.base import (MAX_VECTOR_LENGTH, ClientProtocol, InputFn, RoundResult, ServerProtocol,
-                                   accusation_cover)
+from secagg.protocols.base import MAX_VECTOR_LENGTH, ClientProtocol, InputFn, RoundResult, ServerProtocol
+from secagg.protocols.consistency import Floors, require_signatures, sign_survivors, survivor_statement
 from secagg.ring import RING_2_32, Ring
 
 MAX_LEN = MAX_VECTOR_LENGTH
@@ -67,6 +79,7 @@ SHARE_CIPHERTEXT = SHARE_PLAINTEXT + crypto.NONCE_BYTES + crypto.TAG_BYTES
 ADVERTISE_REQUEST = Schema("advertise_request", {
     "length": Int(1, MAX_LEN), "threshold": Int(1, MAX_PEERS),
     "neighbours": IntList(MAX_PEERS, 1, MAX_CLIENT_ID),
+    "colluders": Int(0, MAX_PEERS), "min_group": Int(1, MAX_PEERS),
 })
 ADVERTISE_KEYS = Schema("advertise_keys", {"keys": Bytes(KEYS_BYTES, exact=True),
                                            "signature": Bytes(SIGNATURE_BYTES)})
@@ -79,7 +92,9 @@ CHECK_REQUEST = Schema("check_request", {"ciphertexts": BytesMap(MAX_PEERS, SHAR
 SHARE_CHECK = Schema("share_check", {"bad_shares": IntList(MAX_PEERS, 1, MAX_CLIENT_ID)})
 MASKED_REQUEST = Schema("masked_request", {"mask_with": IntList(MAX_PEERS, 1, MAX_CLIENT_ID)})
 MASKED_INPUT = Schema("masked_input", {"vector": Array("uint32", MAX_LEN)})
-UNMASK_REQUEST = Schema("unmask_request", {"alive": IntList(MAX_PEERS, 1, MAX_CLIENT_ID)})
+CONSISTENCY_REQUEST = Schema("consistency_request", {"survivors": IntList(MAX_PEERS, 1, MAX_CLIENT_ID)})
+SURVIVOR_SIGNATURE = Schema("survivor_signature", {"signature": Bytes(SIGNATURE_BYTES)})
+UNMASK_REQUEST = Schema("unmask_request", {"signatures": BytesMap(MAX_PEERS, SIGNATURE_BYTES)})
 UNMASK_SHARES = Schema("unmask_shares", {
     "seed_shares": BytesMap(MAX_PEERS, shamir.SECRET_BYTES, exact=True),
     "key_shares": BytesMap(MAX_PEERS, shamir.SECRET_BYTES, exact=True),
@@ -117,15 +132,18 @@ class SecAggPlusServer(ServerProtocol):
 
     name = "secagg+"
     schemas = {"advertise": ADVERTISE_KEYS, "share": SHARES, "check": SHARE_CHECK, "masked": MASKED_INPUT,
-               "unmask": UNMASK_SHARES}
+               "consistency": SURVIVOR_SIGNATURE, "unmask": UNMASK_SHARES}
 
     def __init__(
         self, *, round_id: int, clients: Sequence[int], length: int, ring: Ring = RING_2_32,
         degree: int | None = None, threshold_fraction: float = 0.5, min_clients: int = 2,
-        roster: Roster | None = None,
+        colluders: int = 0, roster: Roster | None = None,
     ) -> None:
-        """`roster`: enrolled clients' verify keys; with it, an unsigned or wrongly signed key
-        advertisement drops its sender at once (clients check every signature themselves anyway)."""
+        """`min_clients`: g, the fewest honest clients whose sum may be opened; `colluders`: c, the
+        colluding clients the round withstands (c < t); the round needs max(t, g + c) survivors.
+        `roster`: enrolled clients' verify keys; with it, an unsigned or wrongly signed key
+        advertisement (or survivor signature) drops its sender at once (clients check every
+        signature themselves anyway)."""
         super().__init__(round_id=round_id, clients=clients, length=length, ring=ring)
         self.roster = roster
         if not ring.is_power_of_two:
@@ -133,20 +151,41 @@ class SecAggPlusServer(ServerProtocol):
         if not 0.0 <= threshold_fraction < 1.0:
             raise ValueError("threshold_fraction must be in [0, 1)")
         n = len(self.clients)
+        self.order = random_order(self.clients)
         self.graph = self._make_graph(degree if degree is not None else default_degree(n))
         k = max(len(v) for v in self.graph.values()) if n > 1 else 0
+        self.complete = k >= n - 1
+        self.half = None if self.complete else (k + 1) // 2
         self.threshold = threshold_for(k + 1, threshold_fraction)
-        self.min_clients = max(min_clients, self.threshold)
+        self.floors = Floors(colluders=int(colluders), min_group=int(min_clients))
+        if self.floors.colluders >= self.threshold and n > 1:
+            raise ValueError(f"colluders={colluders} must be below the threshold t={self.threshold}: "
+                             f"c colluders plus the server would hold t shares of a client's secrets")
+        self.partners = max(self.threshold - 1, self.floors.partners)
+        """Fewest live masking partners (self excluded) a client needs at masking and at unmasking."""
+        self.min_clients = max(self.floors.survivors, self.threshold)
+        """Fewest survivors the round may be opened with."""
         self._keys: dict[int, bytes] = {}
         self._signatures: dict[int, bytes] = {}
         self._u2: frozenset[int] = frozenset()
         self._mask_with: dict[int, frozenset[int]] = {}   # client -> neighbours it was told to mask with
         self._u3: frozenset[int] = frozenset()
+        self._survivor_signatures: dict[int, bytes] = {}
         self._sum: np.ndarray | None = None
         self._result: RoundResult | None = None
 
     def _make_graph(self, degree: int) -> dict[int, frozenset[int]]:
-        return harary_graph(self.clients, degree)
+        return harary_graph(self.clients, degree, order=self.order)
+
+    def quorum(self) -> int:
+        return min(len(self._expected), self.min_clients)
+
+    def describe(self) -> str:
+        """One line: the round's graph and threat parameters (printed with each round)."""
+        k = max((len(v) for v in self.graph.values()), default=0)
+        return (f"{self.name} n={len(self.clients)} degree={k} threshold={self.threshold} "
+                f"colluders={self.floors.colluders} min_group={self.floors.min_group} "
+                f"min_survivors={self.min_clients}")
 
     # stage 0
     def start(self) -> dict[int, Message]:
@@ -154,7 +193,8 @@ class SecAggPlusServer(ServerProtocol):
             raise AbortError(stage="advertise", survivors=len(self.clients), required=self.min_clients)
         return self._enter("advertise", {
             c: self._request("advertise_request", c, length=self.length, threshold=self.threshold,
-                             neighbours=tuple(sorted(self.graph[c])))
+                             neighbours=tuple(sorted(self.graph[c])), colluders=self.floors.colluders,
+                             min_group=self.floors.min_group)
             for c in self.clients
         })
 
@@ -177,6 +217,10 @@ class SecAggPlusServer(ServerProtocol):
         elif self.stage == "masked":
             if msg["vector"].shape[0] != self.length:
                 raise ProtocolError(f"masked input of length {msg['vector'].shape[0]}, expected {self.length}")
+        elif self.stage == "consistency":
+            if self.roster is not None and not self.roster.verify(
+                    msg.sender, msg["signature"], survivor_statement(SIGNED_AS, self.round_id, self._u3)):
+                raise ProtocolError(f"client {msg.sender}'s signature over the survivor set is not valid")
         elif self.stage == "unmask":
             alive, dropped = self._unmask_sets(msg.sender)
             if set(msg["seed_shares"]) != alive | {msg.sender} or set(msg["key_shares"]) != dropped:
@@ -199,24 +243,29 @@ class SecAggPlusServer(ServerProtocol):
             self.fold_input(msg)
 
     def _viable(self, alive: set[int], stage: str) -> frozenset[int]:
-        """Drop clients whose live neighbourhood (self included) is below the threshold, repeatedly."""
+        """Drop clients with fewer live neighbours than `partners`, repeatedly (they would refuse to
+        mask, or be exposed), and abort below the survivor minimum."""
         alive = set(alive)
         while True:
-            weak = {c for c in alive if len(self.graph[c] & alive) + 1 < self.threshold}
+            weak = {c for c in alive if len(self.graph[c] & alive) < self.partners}
             if not weak:
                 break
             alive -= weak
         if len(alive) < self.min_clients:
             raise AbortError(stage=stage, survivors=len(alive), required=self.min_clients,
-                             detail=f"neighbourhood threshold {self.threshold}")
+                             detail=f"neighbourhood threshold {self.threshold}, {self.partners} partners each")
         return frozenset(alive)
 
     def _after_advertise(self, replies: dict[int, Message]) -> dict[int, Message]:
         keys = {c: m["keys"] for c, m in replies.items()}
-        if len(set(keys.values())) != len(keys):
-            raise AbortError(stage="advertise", survivors=len(keys), required=self.min_clients,
-                             detail="two clients advertised the same public keys")
-        u1 = self._viable(set(keys), "advertise")
+        owners: dict[bytes, list[int]] = {}
+        for c, k in keys.items():
+            for half in {k[: crypto.PUBLIC_KEY_BYTES], k[crypto.PUBLIC_KEY_BYTES:]}:
+                owners.setdefault(half, []).append(c)
+        for shared in (cs for cs in owners.values() if len(cs) > 1):
+            for c in shared:  # nobody can tell whose key it is: drop every client that advertised it
+                self.mark_faulty(c, f"advertised a public key that clients {sorted(shared)} all advertised")
+        u1 = self._viable(set(keys) - self._faulty.keys(), "advertise")
         self._keys = {c: keys[c] for c in u1}
         self._signatures = {c: replies[c]["signature"] for c in u1}
         return self._enter("share", {
@@ -238,9 +287,7 @@ class SecAggPlusServer(ServerProtocol):
         })
 
     def _after_check(self, replies: dict[int, Message]) -> dict[int, Message]:
-        accused_by = {c: frozenset(m["bad_shares"]) for c, m in replies.items() if m["bad_shares"]}
-        for c, reason in accusation_cover(accused_by).items():
-            self.mark_faulty(c, reason)
+        self.settle_accusations({c: frozenset(m["bad_shares"]) for c, m in replies.items() if m["bad_shares"]})
         kept = self._viable(set(replies) - self._faulty.keys(), "check")
         self._mask_with = {c: self.graph[c] & kept for c in kept}
         return self._enter("masked", {
@@ -249,20 +296,43 @@ class SecAggPlusServer(ServerProtocol):
 
     def _after_masked(self, replies: dict[int, Message]) -> dict[int, Message]:
         u3 = frozenset(replies)
-        for c in u3:  # a survivor whose live neighbourhood is too small cannot be unmasked safely
-            if len(self.graph[c] & u3) + 1 < self.threshold:
-                raise AbortError(stage="masked", survivors=len(u3), required=self.min_clients,
-                                 detail=f"client {c} has fewer than {self.threshold} live share holders")
-        if len(u3) < self.min_clients:
-            raise AbortError(stage="masked", survivors=len(u3), required=self.min_clients)
-        if not is_connected(self.graph, u3):
-            raise AbortError(stage="masked", survivors=len(u3), required=self.min_clients,
-                             detail="survivors' masking graph is disconnected: partial sums would leak")
+        self._check_openable(u3, "masked")
         self._u3 = u3
         self._sum = self.take_running_sum()
+        return self._enter("consistency", {
+            c: self._request("consistency_request", c, survivors=tuple(sorted(u3))) for c in u3
+        })
+
+    def _check_openable(self, u3: frozenset[int], stage: str) -> None:
+        """Refuse to unmask a survivor set from which the server and c colluders could learn an input
+        or a sum over fewer than g honest clients."""
+        if len(u3) < self.min_clients:
+            raise AbortError(stage=stage, survivors=len(u3), required=self.min_clients)
+        for c in u3:  # a survivor with too few live partners cannot be unmasked safely
+            if len(self._mask_with[c] & u3) < self.partners:
+                raise AbortError(stage=stage, survivors=len(u3), required=self.min_clients,
+                                 detail=f"client {c} has fewer than {self.partners} live masking partners")
+        if not is_connected({c: self._mask_with[c] for c in u3}, u3):
+            raise AbortError(stage=stage, survivors=len(u3), required=self.min_clients,
+                             detail="survivors' masking graph is disconnected: partial sums would leak")
+        if self.half is not None:
+            cut = smallest_isolable_group(order=self.order, half=self.half, survivors=u3,
+                                          colluders=self.floors.colluders, min_group=self.floors.min_group)
+            if cut is not None:
+                raise AbortError(stage=stage, survivors=len(u3), required=self.min_clients,
+                                 detail=f"{self.floors.colluders} colluders could cut survivors {list(cut)[:8]} "
+                                        f"out of the sum (a group below {self.floors.min_group} honest clients)")
+
+    def _after_consistency(self, replies: dict[int, Message]) -> dict[int, Message]:
+        signed = frozenset(replies)
+        if len(signed) < self.threshold:
+            raise AbortError(stage="consistency", survivors=len(signed), required=self.threshold,
+                             detail="too few survivors signed the survivor set")
+        self._survivor_signatures = {c: m["signature"] for c, m in replies.items()}
         return self._enter("unmask", {
-            c: self._request("unmask_request", c, alive=tuple(sorted(self._unmask_sets(c)[0])))
-            for c in u3
+            c: self._request("unmask_request", c, signatures={
+                v: self._survivor_signatures[v] for v in (self.graph[c] & signed)})
+            for c in signed
         })
 
     def _unmask_sets(self, c: int) -> tuple[frozenset[int], frozenset[int]]:
@@ -293,7 +363,10 @@ class SecAggPlusServer(ServerProtocol):
 
     def _reconstruct(self, replies: dict[int, Message], responders: set[int], owners: frozenset[int],
                      field: str) -> dict[int, int]:
-        """Shamir-reconstruct one secret per owner, batching owners that share holders."""
+        """Shamir-reconstruct one secret per owner from every share that came back, batching owners
+        that share holders. Shares beyond the threshold are cross-checked (Reed–Solomon): wrong ones
+        are corrected where the redundancy allows and their senders recorded as faulty; a secret that
+        cannot be rebuilt correctly aborts the round rather than open a wrong sum."""
         by_holders: dict[tuple[int, ...], list[int]] = {}
         for u in owners:
             holders = sorted((self.graph[u] | {u}) & responders)
@@ -301,12 +374,23 @@ class SecAggPlusServer(ServerProtocol):
             if len(holders) < self.threshold:
                 raise AbortError(stage="unmask", survivors=len(holders), required=self.threshold,
                                  detail=f"not enough shares to unmask client {u}")
-            by_holders.setdefault(tuple(holders[: self.threshold]), []).append(u)
+            by_holders.setdefault(tuple(holders), []).append(u)
         out: dict[int, int] = {}
+        liars: dict[int, set[int]] = {}
         for holders, us in by_holders.items():
-            shares = [[shamir.from_bytes(replies[h][field][u]) for h in holders] for u in us]
-            for u, secret in zip(us, shamir.combine(list(holders), shares)):
+            rows = [[shamir.from_bytes(replies[h][field][u]) for h in holders] for u in us]
+            try:
+                values, bad = reed_solomon.decode_many(list(holders), rows, k=self.threshold, prime=shamir.PRIME)
+            except reed_solomon.UncorrectableError as exc:
+                raise AbortError(stage="unmask", survivors=len(holders), required=self.threshold,
+                                 detail=f"unmasking shares of clients {sorted(us)[:5]} disagree beyond correction: {exc}"
+                                 ) from exc
+            for u, secret, wrong in zip(us, values, bad):
                 out[u] = secret
+                for i in wrong:  # indices into holders
+                    liars.setdefault(holders[i], set()).add(u)
+        for h, us in sorted(liars.items()):
+            self.mark_faulty(h, f"sent wrong {field.replace('_', ' ')} for clients {sorted(us)[:5]} (corrected)")
         return out
 
     def result(self) -> RoundResult:
@@ -328,9 +412,11 @@ class SecAggServer(SecAggPlusServer):
     name = "secagg"
 
     def __init__(self, *, round_id: int, clients: Sequence[int], length: int, ring: Ring = RING_2_32,
-                 threshold_fraction: float = 0.5, min_clients: int = 2, roster: Roster | None = None) -> None:
+                 threshold_fraction: float = 0.5, min_clients: int = 2, colluders: int = 0,
+                 roster: Roster | None = None) -> None:
         super().__init__(round_id=round_id, clients=clients, length=length, ring=ring, degree=None,
-                         threshold_fraction=threshold_fraction, min_clients=min_clients, roster=roster)
+                         threshold_fraction=threshold_fraction, min_clients=min_clients, colluders=colluders,
+                         roster=roster)
 
     def _make_graph(self, degree: int) -> dict[int, frozenset[int]]:
         return complete_graph(self.clients)
@@ -345,11 +431,16 @@ class ClientPolicy:
     """Refuse a threshold t <= this fraction of the neighbourhood: a lower t would let a server that
     lies about who dropped collect both a client's self-mask seed and its masking key."""
     max_neighbours: int = 4096
+    min_colluders: int = 0
+    """Refuse a round that withstands fewer colluding clients than this."""
+    min_group: int = 1
+    """Refuse a round that would open sums over fewer honest clients than this."""
 
 
 class SecAggPlusClient(ClientProtocol):
     name = "secagg+"
-    schemas = {s.kind: s for s in (ADVERTISE_REQUEST, SHARE_REQUEST, CHECK_REQUEST, MASKED_REQUEST, UNMASK_REQUEST)}
+    schemas = {s.kind: s for s in (ADVERTISE_REQUEST, SHARE_REQUEST, CHECK_REQUEST, MASKED_REQUEST,
+                                   CONSISTENCY_REQUEST, UNMASK_REQUEST)}
 
     def __init__(self, *, client_id: int, round_id: int, input_fn: InputFn, max_length: int = MAX_LEN,
                  policy: ClientPolicy = ClientPolicy(), identity: Identity | None = None) -> None:
@@ -380,7 +471,12 @@ class SecAggPlusClient(ClientProtocol):
         size = len(nbrs) + 1
         if t > size or t <= self.policy.min_threshold_fraction * size:
             raise ProtocolError(f"threshold {t} unsafe for a neighbourhood of {size}")
-        self.length, self.threshold, self.neighbours = msg["length"], t, nbrs
+        floors = Floors(colluders=msg["colluders"], min_group=msg["min_group"])
+        floors.check_policy(min_colluders=self.policy.min_colluders, min_group=self.policy.min_group)
+        if floors.colluders >= t:
+            raise ProtocolError(f"{floors.colluders} colluders would reach the threshold {t}")
+        self.length, self.threshold, self.neighbours, self.floors = msg["length"], t, nbrs, floors
+        self.partners = max(t - 1, floors.partners)
         # The masking key's private scalar is drawn from the Shamir field so it can be shared whole.
         self.s_secret = shamir.random_element()
         self.c_pair, self.s_pair = KeyPair.generate(), KeyPair.from_private_bytes(shamir.to_bytes(self.s_secret))
@@ -395,8 +491,9 @@ class SecAggPlusClient(ClientProtocol):
             raise ProtocolError("share request names clients that are not neighbours")
         if len(keys) + 1 < self.threshold:
             raise ProtocolError(f"only {len(keys)} neighbours left, threshold {self.threshold}")
-        own = self.c_pair.public_bytes + self.s_pair.public_bytes
-        if own in keys.values() or len(set(keys.values())) != len(keys):
+        halves = [k[i:i + crypto.PUBLIC_KEY_BYTES] for k in keys.values() for i in (0, crypto.PUBLIC_KEY_BYTES)]
+        halves += [self.c_pair.public_bytes, self.s_pair.public_bytes]
+        if len(set(halves)) != len(halves):
             raise ProtocolError("repeated public keys")
         if self.identity is not None:
             signatures = msg["signatures"]
@@ -443,8 +540,9 @@ class SecAggPlusClient(ClientProtocol):
         mask_with = frozenset(msg["mask_with"])
         if not mask_with <= self.held.keys():
             raise ProtocolError("masked request names clients whose shares this client does not hold")
-        if len(mask_with) + 1 < self.threshold:
-            raise ProtocolError(f"only {len(mask_with)} neighbours to mask with, threshold {self.threshold}")
+        if len(mask_with) < self.partners:
+            raise ProtocolError(f"only {len(mask_with)} neighbours to mask with, {self.partners} needed "
+                                f"(threshold {self.threshold}, {self.floors.colluders} colluders)")
         mask_keys = {v: self._agree(self.s_pair, self.peer_keys[v][crypto.PUBLIC_KEY_BYTES:],
                                     _mask_info(self.round_id, self.client_id, v)) for v in mask_with}
         y = self._input(self.length, self.ring).copy()
@@ -452,7 +550,7 @@ class SecAggPlusClient(ClientProtocol):
         for v, key in mask_keys.items():
             apply_mask_(y, key, self.ring, sign=_sign(self.client_id, v))
         self.masked_with = mask_with
-        return self._reply("masked_input", vector=y), ("unmask_request",)
+        return self._reply("masked_input", vector=y), ("consistency_request",)
 
     @staticmethod
     def _agree(own: KeyPair, peer_public: bytes, info: bytes) -> bytes:
@@ -461,12 +559,26 @@ class SecAggPlusClient(ClientProtocol):
         except ValueError as exc:
             raise ProtocolError("peer public key is invalid (low order)") from exc
 
+    def _on_consistency_request(self, msg: Message):
+        survivors = tuple(sorted(set(msg["survivors"])))
+        if self.client_id not in survivors:
+            raise ProtocolError("the survivor set leaves out this client, whose masked input was sent")
+        if len(survivors) < max(self.floors.survivors, self.threshold):
+            raise ProtocolError(f"only {len(survivors)} survivors: fewer than {self.floors.min_group} honest "
+                                f"clients besides {self.floors.colluders} colluders")
+        alive = self.masked_with & frozenset(survivors)
+        if len(alive) < self.partners:
+            raise ProtocolError(f"only {len(alive)} of the clients this client masked with survived, "
+                                f"{self.partners} needed: its input would not be hidden among honest ones")
+        self.survivors, self.alive = survivors, alive
+        signature = sign_survivors(self.identity, SIGNED_AS, self.round_id, survivors)
+        return self._reply("survivor_signature", signature=signature), ("unmask_request",)
+
     def _on_unmask_request(self, msg: Message):
-        alive = frozenset(msg["alive"])
-        if not alive <= self.masked_with:
-            raise ProtocolError("unmask request names clients this client did not mask with")
-        if len(alive) + 1 < self.threshold:
-            raise ProtocolError(f"only {len(alive)} neighbours alive, threshold {self.threshold}")
+        require_signatures(self.identity, protocol=SIGNED_AS, round_id=self.round_id, survivors=self.survivors,
+                           signatures=msg["signatures"], eligible=self.neighbours & set(self.survivors),
+                           needed=self.threshold)
+        alive = self.alive
         dropped = self.masked_with - alive
         seed_shares = {u: self.held[u][0] for u in alive}
         seed_shares[self.client_id] = shamir.to_bytes(self.own_shares[0])

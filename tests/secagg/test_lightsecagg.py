@@ -184,7 +184,7 @@ def _finish_with_relay(server, clients, relays, receiver, relay):
 
 
 @pytest.mark.parametrize("tamper", ["flipped", "wrong_key"])
-def test_a_piece_that_fails_authentication_drops_its_sender_not_the_round(tamper):
+def test_a_piece_that_fails_authentication_drops_both_ends_not_the_round(tamper):
     server, clients, inputs = make_round(6, 64, target=4, privacy=2)
     requests = advance_to("share", server, clients)
     deliver(server, clients, requests)
@@ -199,13 +199,15 @@ def test_a_piece_that_fails_authentication_drops_its_sender_not_the_round(tamper
     bad = Message(good.kind, good.round, SERVER, receiver, {"pieces": {**good["pieces"], sender: bytes(blob)}})
     replies, result = _finish_with_relay(server, clients, relays, receiver, bad)
     assert replies[receiver]["bad_pieces"] == (sender,)
-    assert result.faulty == {sender: f"masked_input: its sealed shares for clients [{receiver}] failed authentication there"}
-    assert result.contributors == frozenset(range(1, 7)) - {sender}
+    assert result.faulty.keys() == {sender, receiver} and all("disputed" in w for w in result.faulty.values())
+    assert result.disputes == ((receiver, sender),)
+    assert result.contributors == frozenset(range(1, 7)) - {sender, receiver}
     assert np.array_equal(result.ring_sum, field_sum(inputs[c] for c in result.contributors))
 
 
-def test_a_client_reporting_two_bad_pieces_is_dropped_itself():
-    """Swapping two senders' pieces (or a liar) makes one receiver report both: it is the one dropped."""
+def test_a_client_reporting_two_bad_pieces_costs_one_honest_seat_at_most():
+    """Swapping two senders' pieces (or a liar) makes one receiver report both: it goes with the
+    first it named (the server cannot tell who lied), the other stays."""
     server, clients, inputs = make_round(6, 64, target=4, privacy=2)
     deliver(server, clients, advance_to("share", server, clients))
     relays = server.advance()
@@ -214,8 +216,8 @@ def test_a_client_reporting_two_bad_pieces_is_dropped_itself():
                       {"pieces": {**good["pieces"], 2: good["pieces"][1], 1: good["pieces"][2]}})
     replies, result = _finish_with_relay(server, clients, relays, receiver, swapped)
     assert replies[receiver]["bad_pieces"] == (1, 2)
-    assert result.faulty.keys() == {receiver} and "reported bad sealed shares from clients [1, 2]" in result.faulty[receiver]
-    assert result.contributors == frozenset(range(1, 7)) - {receiver}
+    assert result.faulty.keys() == {receiver, 1} and result.disputes == ((receiver, 1),)
+    assert result.contributors == frozenset(range(1, 7)) - {receiver, 1}
     assert np.array_equal(result.ring_sum, field_sum(inputs[c] for c in result.contributors))
 
 
@@ -254,39 +256,35 @@ def test_envelope_errors_are_discarded_and_malformed_replies_drop_their_sender()
         with pytest.raises(ProtocolError):
             server.accept(msg)
         assert server.waiting_for() == waiting
-    for sender, msg in ((2, reply("lsa_public_key", 2, public_key=b"\x01" * 31, signature=b"")),         # wrong size
-                        (3, reply("lsa_public_key", 3, public_key=first["public_key"], signature=b""))):  # someone else's key
-        with pytest.raises(ProtocolError):
-            server.accept(msg)
-        assert sender not in server.waiting_for() and server._faulty[sender].startswith("advertise: ")
-    assert "another client's public key" in server._faulty[3]
+    with pytest.raises(ProtocolError, match="fields wrong|bytes"):
+        server.accept(reply("lsa_public_key", 2, public_key=b"\x01" * 31, signature=b""))  # wrong size
+    assert 2 not in server.waiting_for() and server._faulty[2].startswith("advertise: ")
+    server.accept(reply("lsa_public_key", 3, public_key=first["public_key"], signature=b""))  # someone else's key
     deliver(server, clients, {c: r for c, r in requests.items() if c not in (1, 2, 3)})
     requests = server.advance()
-    assert set(requests) == {1, 4, 5, 6, 7}
+    assert "all advertised" in server._faulty[3] and "all advertised" in server._faulty[1]  # both go
+    assert set(requests) == {4, 5, 6, 7}
 
     shares = {c: clients[c].handle(requests[c]) for c in requests}
     good = shares[4]["pieces"]
-    missing = {k: v for k, v in good.items() if k != 1}
-    with pytest.raises(ProtocolError):
+    missing = {k: v for k, v in good.items() if k != 5}
+    with pytest.raises(ProtocolError, match="one piece to every other"):
         server.accept(reply("lsa_coded_pieces", 4, pieces=missing))
-    short = {k: v[:-1] for k, v in shares[5]["pieces"].items()}
-    with pytest.raises(ProtocolError):
-        server.accept(reply("lsa_coded_pieces", 5, pieces=short))
-    for c in (1, 6, 7):
+    for c in (5, 6, 7):
         server.accept(shares[c])
     requests = server.advance()
-    assert set(requests) == {1, 6, 7}
+    assert set(requests) == {5, 6, 7}
 
     masked = {c: clients[c].handle(requests[c]) for c in requests}
-    with pytest.raises(ProtocolError):
+    with pytest.raises(ProtocolError, match="outside|range|F_p|modulus"):
         server.accept(reply("lsa_masked_input", 6, vector=np.full(30, 2**31 - 1, dtype=np.uint32), bad_pieces=()))
-    with pytest.raises(ProtocolError):
+    with pytest.raises(ProtocolError, match="not expected"):
         server.accept(masked[6])  # dropped: its genuine reply comes too late
     with pytest.raises(AbortError):  # two left, three needed: too few honest clients to finish
-        for c in (1, 7):
+        for c in (5, 7):
             server.accept(masked[c])
         server.advance()
-    assert server._faulty.keys() == {2, 3, 4, 5, 6}
+    assert server._faulty.keys() == {1, 2, 3, 4, 6}
 
 
 def test_a_malformed_aggregate_piece_is_dropped_and_recovery_uses_the_others():
@@ -324,7 +322,7 @@ def request(kind: str, receiver: int, *, round_id: int = ROUND, **fields) -> Mes
     return Message(kind=kind, round=round_id, sender=SERVER, receiver=receiver, fields=fields)
 
 
-SETUP = dict(length=10, modulus=2**31 - 1, roster=(1, 2, 3, 4), target=3, privacy=1)
+SETUP = dict(length=10, modulus=2**31 - 1, roster=(1, 2, 3, 4), target=3, privacy=1, colluders=0, min_group=1)
 
 
 @pytest.mark.parametrize("change", [
@@ -384,5 +382,5 @@ def test_a_relay_from_a_previous_round_fails_authentication_and_its_receiver_rep
     stale = Message(old_relays[1].kind, 2, SERVER, 1, old_relays[1].fields)
     replies, result = _finish_with_relay(server, clients, relays, 1, stale)
     assert replies[1]["bad_pieces"] == (2, 3, 4, 5)  # nothing from round 1 opens in round 2
-    assert result.faulty.keys() == {1}                # one accuser of four is dropped, not four senders
-    assert np.array_equal(result.ring_sum, field_sum(inputs[c] for c in (2, 3, 4, 5)))
+    assert result.faulty.keys() == {1, 2}             # the accuser and the first it named, not four senders
+    assert np.array_equal(result.ring_sum, field_sum(inputs[c] for c in (3, 4, 5)))

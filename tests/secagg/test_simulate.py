@@ -12,7 +12,7 @@ from secagg.protocols import registry
 from secagg.ring import RING_2_32
 from secagg.simulate import run_round
 
-SECURE_STAGES = ["advertise", "share", "check", "masked", "unmask"]
+SECURE_STAGES = ["advertise", "share", "check", "masked", "consistency", "unmask"]
 
 
 class Spy:
@@ -52,16 +52,17 @@ def test_no_dropouts_everyone_contributes(name):
     assert server.finished
 
 
-@pytest.mark.parametrize("stage_index", range(5))
+@pytest.mark.parametrize("stage_index", range(6))
 def test_a_dropped_client_is_never_asked_anything_from_its_stage_on(stage_index):
     server, clients, inputs = make("secagg", 8, 16)
     stage = SECURE_STAGES[stage_index]
     res = run_round(server, clients, drop_at={stage: {3}})
-    kinds = ["advertise_request", "share_request", "check_request", "masked_request", "unmask_request"]
+    kinds = ["advertise_request", "share_request", "check_request", "masked_request", "consistency_request",
+             "unmask_request"]
     assert clients[3].seen == kinds[:stage_index]
     assert clients[4].seen == kinds
     assert res.dropped == {stage: frozenset({3})}
-    contributors = set(inputs) - ({3} if stage != "unmask" else set())
+    contributors = set(inputs) - ({3} if stage not in ("consistency", "unmask") else set())
     assert res.contributors == frozenset(contributors)
     assert np.array_equal(res.ring_sum, expected(inputs, contributors))
 

@@ -257,6 +257,48 @@ def test_forged_cluster_counts_are_refused():
         agg.server_decode(forged, layout=layout, contributors=frozenset(ups), round=1)
 
 
+def test_a_forging_client_moves_count_into_a_victims_cluster_so_colluders_refuse_cluster_parts():
+    """The colluding-insiders issue's attack: 11 clients, one victim alone in cluster 1, nine honest
+    in cluster 0, one malicious client (id 11) that moves 4 units of count from cluster 0 into cluster 1
+    (total unchanged) with zero weight there. The guard sees 'count 5' and the server decodes the
+    victim's vector: cluster counts hold only against honest clients (colluders = 0, as documented).
+    Declaring colluders refuses cluster-indexed parts on both sides instead."""
+    assignment = {**{c: 0 for c in range(1, 10)}, 10: 1, 11: 0}
+    ups = {c: Upload(masked={"x": Masked(np.full(4, 0.05 * c), weight=1.0, cluster=a, clusters=2)})
+           for c, a in assignment.items()}
+    agg = _exact(max_weight=1.0)
+    inputs = {c: agg.client_encode(u, parts=None, round=1, client_id=c) for c, u in ups.items()}
+    layout, n = inputs[1].layout, 4
+    forged = inputs[11].vector.copy()
+    ring = agg.config.ring
+    forged[1 + n] = ring.sub_(forged[1 + n: 2 + n].copy(), np.array([4], dtype=np.uint32))[0]   # cluster 0: -4
+    forged[(n + 2) + 1 + n] = (int(forged[(n + 2) + 1 + n]) + 4) % ring.modulus                 # cluster 1: +4
+    total = np.zeros(agg.input_length(layout), dtype=np.uint32)
+    for c, enc in inputs.items():
+        ring.add_(total, forged if c == 11 else enc.vector)
+    groups, _ = agg.server_decode(total, layout=layout, contributors=frozenset(ups), round=1)
+    assert groups["x[1]"].count == 5                                                # the guard saw five
+    np.testing.assert_allclose(groups["x[1]"].mean, np.full(4, 0.5), atol=1e-6)     # the victim's vector
+    strict = _exact(max_weight=1.0, colluders=1)
+    with pytest.raises(DisclosureError, match="member counts can be forged"):
+        strict.client_encode(ups[1], parts=None, round=1, client_id=1)
+    with pytest.raises(DisclosureError, match="member counts can be forged"):
+        strict.server_decode(total, layout=layout, contributors=frozenset(ups), round=1)
+
+
+def test_colluders_raise_every_protocols_survivor_floor():
+    for protocol, key in (("secagg", "min_clients"), ("secagg+", "min_clients"), ("lightsecagg", "min_group")):
+        agg = _exact(protocol=protocol, colluders=2, min_release_group=5)
+        params = agg.protocol_params(members=12)
+        assert params[key] == 5 and params["colluders"] == 2
+        server = agg.server_protocol(round_id=1, members=range(1, 13), length=4)
+        assert (server.min_survivors if protocol == "lightsecagg" else server.min_clients) >= 7
+        with pytest.raises(DisclosureError, match="besides 2 colluders"):
+            agg.protocol_params(members=6)
+    plain = _exact(protocol="plain", colluders=2, min_release_group=5)
+    assert plain.protocol_params(members=12)["min_clients"] == 7
+
+
 def test_ddp_releases_are_recorded_as_noisy_and_allowed():
     _, ups = _uploads(n=6)
     agg = SecureAggregator(SecureAggregationConfig(distributed_dp=DistributedDPConfig(

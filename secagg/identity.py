@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import lru_cache
 from types import MappingProxyType
 
 from cryptography.exceptions import InvalidSignature
@@ -22,6 +23,49 @@ from secagg.messages import MAX_CLIENT_ID
 
 SIGNATURE_BYTES = 64
 VERIFY_KEY_BYTES = 32
+
+_P = 2**255 - 19
+_D = -121665 * pow(121666, -1, _P) % _P
+_SQRT_M1 = pow(2, (_P - 1) // 4, _P)
+
+
+def _decode_point(key: bytes) -> tuple[int, int] | None:
+    """The affine point (x, y) an Ed25519 key encodes (RFC 8032, 5.1.3), or None if the encoding
+    is not a canonical one of a point on the curve."""
+    y = int.from_bytes(key, "little")
+    sign, y = y >> 255, y & ((1 << 255) - 1)
+    if y >= _P:
+        return None
+    x2 = (y * y - 1) * pow(_D * y * y + 1, -1, _P) % _P
+    x = pow(x2, (_P + 3) // 8, _P)
+    if (x * x - x2) % _P:
+        x = x * _SQRT_M1 % _P
+    if (x * x - x2) % _P or (x == 0 and sign):
+        return None
+    return (_P - x if x & 1 != sign else x), y
+
+
+def is_valid_verify_key(key: bytes) -> bool:
+    """Whether `key` is the canonical encoding of an Ed25519 point of large order: not the identity,
+    all zeros or another of the eight small-order points (a key for which signatures can be forged
+    without any secret, or that several parties could claim), nor an encoding of no point at all."""
+    return type(key) is bytes and len(key) == VERIFY_KEY_BYTES and _large_order(key)
+
+
+@lru_cache(maxsize=1 << 16)  # a roster's keys are checked when it is loaded and again by `Roster`
+def _large_order(key: bytes) -> bool:
+    point = _decode_point(key)
+    if point is None:
+        return False
+    x, y = point
+    X, Y, Z = x, y, 1
+    for _ in range(3):  # [8]P in projective coordinates (a = -1 twisted Edwards doubling)
+        b, c, d = (X + Y) ** 2 % _P, X * X % _P, Y * Y % _P
+        e = -c % _P
+        f = (e + d) % _P
+        j = (f - 2 * Z * Z) % _P
+        X, Y, Z = (b - c - d) * j % _P, f * (e - d) % _P, f * j % _P
+    return X != 0 or Y != Z  # [8]P is the identity (0, 1) exactly for the small-order points
 
 
 @dataclass(frozen=True)
@@ -64,6 +108,9 @@ class Roster:
                 raise ValueError(f"roster client ids are ints in 1..{MAX_CLIENT_ID}, got {cid!r}")
             if type(key) is not bytes or len(key) != VERIFY_KEY_BYTES:
                 raise ValueError(f"client {cid}'s verify key must be {VERIFY_KEY_BYTES} bytes")
+            if not is_valid_verify_key(key):
+                raise ValueError(f"client {cid}'s verify key is not an Ed25519 point of large order "
+                                 f"(all zeros, the identity, another small-order point, or no point at all)")
             keys[cid] = key
         if len(set(keys.values())) != len(keys):
             raise ValueError("two clients share a verify key")

@@ -654,7 +654,7 @@ def _validate_roster(args: argparse.Namespace) -> None:
         except EnrolmentError as exc:
             raise ValueError(f"--entry {exc}") from None
     try:
-        args.clients_in = check_entries(server_curve, entries)
+        args.clients_in = check_entries(server_curve, entries, server=Path(args.server))
     except EnrolmentError as exc:
         raise ValueError(f"--entry {exc}") from None
 

@@ -3,6 +3,8 @@ with a trusted dealer (`enrol`) and without one (`enrol_client`, `init_server`, 
 from __future__ import annotations
 
 import json
+import os
+import re
 import shutil
 import stat
 import time
@@ -10,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import zmq
+import zmq.utils.z85
 
 from secagg.identity import SigningKey
 from secagg.messages import MAX_CLIENT_ID
@@ -18,8 +21,14 @@ from transport.cli import main
 from transport.client import ClientConfig, RegistrationError, run_client
 from transport.enrolment import (CLIENT_ENTRY_FORMAT, ROSTER_FORMAT, EnrolmentError, assemble_roster, enrol,
                                  enrol_client, init_server, load_client, load_roster, load_server, proof_message,
-                                 roster_fingerprint)
+                                 read_secret_file, roster_fingerprint)
 from transport.sockets import CurveClientKeys
+
+
+def write_secret(path: Path, text: str) -> None:
+    """A secret key file as enrolment writes one (mode 0600; a looser one is refused at load)."""
+    path.write_text(text)
+    path.chmod(0o600)
 
 
 def test_enrolment_writes_private_secrets_and_a_public_roster(tmp_path) -> None:
@@ -46,11 +55,11 @@ def test_mismatched_or_missing_enrolment_files_are_refused(tmp_path) -> None:
     with pytest.raises(EnrolmentError, match="not enrolled"):
         load_client(a, 3)
     (a / "client-1.sign_secret").unlink()
-    (a / "client-1.sign_secret").write_text((b / "client-1.sign_secret").read_text())
+    write_secret(a / "client-1.sign_secret", (b / "client-1.sign_secret").read_text())
     with pytest.raises(EnrolmentError, match="not the one the roster lists"):
         load_client(a, 1)                                                      # another enrolment's signing key
     (a / "server.key_secret").unlink()
-    (a / "server.key_secret").write_text((b / "server.key_secret").read_text())
+    write_secret(a / "server.key_secret", (b / "server.key_secret").read_text())
     with pytest.raises(EnrolmentError, match="not the server key the roster lists"):
         load_server(a)
     with pytest.raises(EnrolmentError, match="missing"):
@@ -161,7 +170,7 @@ def test_own_secrets_are_private_and_never_overwritten(tmp_path) -> None:
         enrol_client(tmp_path / "d", client_id=6)
     assert not (tmp_path / "d" / "client-6.key_secret").exists()
     for bad in (0, MAX_CLIENT_ID + 1, True, "3"):
-        with pytest.raises(ValueError):
+        with pytest.raises(ValueError, match="client ids are ints in 1"):
             enrol_client(tmp_path / "e", client_id=bad)
     roster = assemble_roster(tmp_path / "r", server_public=server_entry, client_entries=[entry])
     text = roster.read_text()
@@ -237,7 +246,7 @@ def test_a_bad_entry_is_refused_naming_its_file_and_nothing_is_written(attack, t
     make, reason = ATTACKS[attack]
     bad = make(entries, tmp_path)
     listed = [bad if e == bad else e for e in entries] + ([] if bad in entries else [bad])
-    with pytest.raises(EnrolmentError) as exc:
+    with pytest.raises(EnrolmentError, match=re.escape(str(bad)) + ".*" + re.escape(reason)) as exc:
         assemble_roster(tmp_path / "out", server_public=server_entry, client_entries=listed)
     assert str(bad) in str(exc.value) and reason in str(exc.value), str(exc.value)
     assert not (tmp_path / "out" / "roster.json").exists()
@@ -307,7 +316,7 @@ def test_enrolment_subcommands_from_the_cli(tmp_path, capsys) -> None:
         (["enrol-client", "--dir", entries[0], "--id", "3"], "exists and is not a folder"),
         (["init-server", "--dir", str(tmp_path / "s")], "already holds server.key_secret"),
     ]:
-        with pytest.raises(SystemExit) as exit_:
+        with pytest.raises(SystemExit, match="^2$") as exit_:
             main(args)
         err = capsys.readouterr().err
         assert exit_.value.code == 2 and message in err and "Traceback" not in err, (args, err)
@@ -316,7 +325,7 @@ def test_enrolment_subcommands_from_the_cli(tmp_path, capsys) -> None:
 
 def test_the_dealer_says_it_is_one(capsys) -> None:
     for args in (["enrol", "--help"], ["keygen", "--help"], ["--help"]):
-        with pytest.raises(SystemExit):
+        with pytest.raises(SystemExit, match="^0$"):
             main(args)
         help_text = " ".join(capsys.readouterr().out.split())  # argparse wraps to the terminal's width
         assert "trusted dealer: create the server's and every client's secrets" in help_text
@@ -346,3 +355,206 @@ def test_a_deployment_enrolled_without_a_dealer_sums_exactly(tmp_path) -> None:
     assert all(r["contributors"] == [1, 2, 3] and r["faulty"] == {} for r in rounds)
     assert all(r[0] == 0 for r in results), results
     assert "INSECURE" not in stderr
+
+
+# ---- the roster and the secret files are checked at load ---------------------------------------
+
+CURVE25519_P = 2**255 - 19
+ED25519_ORDER_8 = "c7176a703d4dd84fba3c0b760d10670f2a2053fa2c39ccc64ec7fd7792ac037a"  # a small-order point
+CURVE25519_ORDER_8 = "e0eb7a7c3b41b8ae1656e3faf19fc46ada098deb9c32b1fd866205165f49b800"  # u of a low-order point
+
+
+def _z85(raw: bytes) -> str:
+    return zmq.utils.z85.encode(raw).decode()
+
+
+def _second_spelling(curve: str) -> str:
+    """The same X25519 key with bit 255 set: X25519 ignores that bit, so both spellings are one key."""
+    raw = bytearray(zmq.utils.z85.decode(curve.encode()))
+    raw[31] |= 0x80
+    return _z85(bytes(raw))
+
+
+def _edit_roster(d: Path, edit) -> Path:
+    path = d / "roster.json"
+    raw = json.loads(path.read_text())
+    edit(raw, raw["clients"])
+    path.write_text(json.dumps(raw))
+    return path
+
+
+def _set(target: dict, **changes):
+    target.update(changes)
+
+
+FORGED_ROSTERS = {
+    # name: (edit(roster, clients), what the error says after the roster's path)
+    "two ids share one curve key": (
+        lambda r, c: _set(c["2"], curve=c["1"]["curve"]), r", client 2: its curve key is also the one of .*, client 1"),
+    "a curve key spelled a second way": (
+        lambda r, c: _set(c["2"], curve=_second_spelling(c["1"]["curve"])),
+        r", client 2: curve is not a canonical Curve25519 key"),
+    "the server's curve key listed as a client's": (
+        lambda r, c: _set(c["3"], curve=r["server_curve"]), r", client 3: its curve key is the server's"),
+    "a repeated verify key": (
+        lambda r, c: _set(c["3"], verify=c["1"]["verify"]),
+        r", client 3: its verify key is also the one of .*, client 1"),
+    "an all-zero verify key": (
+        lambda r, c: _set(c["2"], verify="00" * 32), r", client 2: verify is not a valid Ed25519 key"),
+    "the identity as verify key": (
+        lambda r, c: _set(c["2"], verify="01" + "00" * 31), r", client 2: verify is not a valid Ed25519 key"),
+    "a small-order verify key": (
+        lambda r, c: _set(c["2"], verify=ED25519_ORDER_8), r", client 2: verify is not a valid Ed25519 key"),
+    "a verify key that is no point": (
+        lambda r, c: _set(c["2"], verify=(CURVE25519_P + 1).to_bytes(32, "little").hex()),
+        r", client 2: verify is not a valid Ed25519 key"),
+    "an all-zero curve key": (
+        lambda r, c: _set(c["2"], curve=_z85(bytes(32))), r", client 2: curve is an all-zero or low-order"),
+    "a low-order curve key": (
+        lambda r, c: _set(c["2"], curve=_z85(bytes.fromhex(CURVE25519_ORDER_8))),
+        r", client 2: curve is an all-zero or low-order"),
+    "an all-zero server key": (
+        lambda r, c: _set(r, server_curve=_z85(bytes(32))),
+        r", server_curve: the server's curve key is an all-zero or low-order"),
+    "a curve key not in Z85": (lambda r, c: _set(c["1"], curve="~" * 40), r", client 1: curve must be 40 Z85"),
+    "a curve key cut short": (
+        lambda r, c: _set(c["1"], curve=c["1"]["curve"][:39]), r", client 1: curve must be 40 Z85"),
+    "a curve key over 256 bits": (lambda r, c: _set(c["1"], curve="#" * 40), r", client 1: curve is not valid Z85"),
+    "a verify key not hex": (
+        lambda r, c: _set(c["1"], verify="zz" * 32), r", client 1: verify must be 64 lowercase hex"),
+    "a verify key in upper case": (
+        lambda r, c: _set(c["1"], verify=c["1"]["verify"].upper()), r", client 1: verify must be 64 lowercase hex"),
+    "a verify key cut short": (
+        lambda r, c: _set(c["1"], verify=c["1"]["verify"][:-2]), r", client 1: verify must be 64 lowercase hex"),
+    "a verify key that is a number": (
+        lambda r, c: _set(c["1"], verify=7), r", client 1: verify must be 64 lowercase hex"),
+    "a server key not in Z85": (
+        lambda r, c: _set(r, server_curve="~" * 40), r", server_curve: the server's curve key must be 40 Z85"),
+    "a proof that is not the entry's": (
+        lambda r, c: _set(c["1"], proof="00" * 64), r", client 1: the proof is not a signature"),
+    "a proof not hex": (lambda r, c: _set(c["1"], proof="x"), r", client 1: proof must be 128 lowercase hex"),
+    "an id with a leading zero": (
+        lambda r, c: c.update({"01": c.pop("1")}), r": client id '01' is not an int in 1\.\."),
+    "id zero": (lambda r, c: c.update({"0": c.pop("1")}), r": client id '0' is not an int in 1\.\."),
+    "an id too large": (
+        lambda r, c: c.update({str(MAX_CLIENT_ID + 1): c.pop("1")}),
+        r", client \d+: client_id must be an int in 1\.\."),
+    "an entry with an extra field": (lambda r, c: _set(c["1"], secret="x"), r", client 1: fields are"),
+    "an entry without a verify key": (lambda r, c: c["1"].pop("verify"), r", client 1: fields are"),
+    "an extra top-level field": (lambda r, c: _set(r, note="x"), r": fields are"),
+    "another format": (lambda r, c: _set(r, format=CLIENT_ENTRY_FORMAT), r": format is"),
+    "clients not an object": (lambda r, c: _set(r, clients=[1, 2]), r": clients must be a JSON object"),
+    "no clients": (lambda r, c: c.clear(), r", server_curve: no client entries"),
+}
+
+
+@pytest.mark.parametrize("forgery", sorted(FORGED_ROSTERS))
+def test_a_forged_roster_is_refused_at_load_naming_the_file_ids_and_field(forgery, tmp_path) -> None:
+    d = tmp_path / "keys"
+    enrol(d, clients=[1, 2, 3])
+    edit, reason = FORGED_ROSTERS[forgery]
+    path = _edit_roster(d, edit)
+    for load in (load_roster, load_server, lambda d: load_client(d, 1)):
+        with pytest.raises(EnrolmentError, match=re.escape(str(path)) + reason):
+            load(d)
+
+
+def test_a_client_id_listed_twice_in_the_roster_is_refused(tmp_path) -> None:
+    """JSON keeps the last of a repeated key; the loader refuses the roster instead."""
+    d = tmp_path / "keys"
+    enrol(d, clients=[1, 2])
+    path = d / "roster.json"
+    raw = json.loads(path.read_text())
+    one, two = (json.dumps(raw["clients"][k]) for k in ("1", "2"))
+    path.write_text(f'{{"format": "{ROSTER_FORMAT}", "server_curve": "{raw["server_curve"]}", '
+                    f'"clients": {{"1": {one}, "2": {two}, "1": {two}}}}}')
+    with pytest.raises(EnrolmentError, match=re.escape(str(path)) + ": the key '1' appears twice"):
+        load_server(d)
+    path.write_text("{not json")
+    with pytest.raises(EnrolmentError, match=re.escape(str(path)) + ": not JSON"):
+        load_server(d)
+
+
+def test_a_valid_roster_still_loads_with_or_without_proofs(tmp_path) -> None:
+    d = tmp_path / "keys"
+    enrol(d, clients=[1, 2, 3])
+    server_public, curve, roster = load_roster(d)
+    assert sorted(curve) == sorted(roster.keys) == [1, 2, 3]
+    # a roster that carries each client's proof of possession: checked, and accepted when right
+    server_entry, entries = own_keys(tmp_path)
+    path = assemble_roster(tmp_path / "assembled", server_public=server_entry, client_entries=entries)
+    raw = json.loads(path.read_text())
+    for k, entry in zip((1, 2, 3), entries):
+        raw["clients"][str(k)]["proof"] = json.loads(entry.read_text())["proof"]
+    path.write_text(json.dumps(raw))
+    deliver(path, tmp_path / "server", tmp_path / "client2")
+    assert sorted(load_server(tmp_path / "server")[0].client_keys) == [1, 2, 3]
+    assert load_client(tmp_path / "client2", 2)[1].client_id == 2
+    two, three = raw["clients"]["2"], raw["clients"]["3"]
+    two["proof"], three["proof"] = three["proof"], two["proof"]                # each proof under the other id
+    (tmp_path / "server" / "roster.json").write_text(json.dumps(raw))
+    with pytest.raises(EnrolmentError, match=r"roster\.json, client 2: the proof is not a signature"):
+        load_server(tmp_path / "server")
+
+
+def test_a_forged_roster_stops_the_cli_before_any_socket(tmp_path, capsys) -> None:
+    d = tmp_path / "keys"
+    enrol(d, clients=[1, 2])
+    _edit_roster(d, lambda r, c: _set(c["2"], curve=c["1"]["curve"]))
+    for args in (["server", "--keys", str(d), "--clients", "2", "--dim", "4", "--port", "9"],
+                 ["client", "--keys", str(d), "--id", "1", "--connect", "tcp://127.0.0.1:9", "--dim", "4"]):
+        with pytest.raises(SystemExit, match="^2$"):
+            main(args)
+        err = capsys.readouterr().err
+        assert "client 2: its curve key is also the one of" in err and "Traceback" not in err, err
+
+
+SECRET_FILES = ("server.key_secret", "client-1.key_secret", "client-1.sign_secret")
+POSIX_ONLY = pytest.mark.skipif(os.name != "posix", reason="file modes (and FIFOs) are POSIX")
+
+
+@POSIX_ONLY
+@pytest.mark.parametrize("mode", [0o644, 0o660, 0o604, 0o620])
+def test_a_secret_key_file_others_may_read_or_write_is_refused(mode, tmp_path) -> None:
+    d = tmp_path / "keys"
+    enrol(d, clients=[1, 2])
+    for name in SECRET_FILES:
+        (d / name).chmod(mode)
+        load = load_server if name.startswith("server") else lambda d: load_client(d, 1)
+        with pytest.raises(EnrolmentError, match=re.escape(f"{d / name} has mode {mode:04o}: group or others may "
+                                                           f"read or write this secret key")) as exc:
+            load(d)
+        assert f"chmod 600 {d / name}" in str(exc.value)
+        (d / name).chmod(0o600)
+    load_server(d), load_client(d, 1)                        # 0600, as enrolment writes them
+    for name in SECRET_FILES:
+        (d / name).chmod(0o400)                              # stricter is fine too
+    load_server(d), load_client(d, 1)
+    (d / "roster.json").chmod(0o644)                         # public files need no such mode
+
+
+@POSIX_ONLY
+def test_secret_file_modes_are_not_checked_without_posix_modes(tmp_path, monkeypatch) -> None:
+    d = tmp_path / "keys"
+    enrol(d, clients=[1])
+    (d / "client-1.sign_secret").chmod(0o644)
+    with pytest.raises(EnrolmentError, match="has mode 0644"):
+        read_secret_file(d / "client-1.sign_secret")
+    with monkeypatch.context() as m:
+        m.setattr(os, "name", "nt")
+        assert read_secret_file(d / "client-1.sign_secret") == (d / "client-1.sign_secret").read_text()
+
+
+@POSIX_ONLY
+def test_a_secret_key_file_that_is_not_the_pair_it_claims_is_refused(tmp_path) -> None:
+    d = tmp_path / "keys"
+    enrol(d, clients=[1])
+    pair = json.loads((d / "client-1.key_secret").read_text())
+    (d / "client-1.key_secret").unlink()
+    write_secret(d / "client-1.key_secret", json.dumps({**pair, "secret": zmq.curve_keypair()[1].decode()}))
+    with pytest.raises(EnrolmentError, match="its secret key is not the one of its public key"):
+        load_client(d, 1)
+    (d / "client-1.key_secret").unlink()
+    os.mkfifo(d / "client-1.key_secret", 0o600)
+    with pytest.raises(EnrolmentError, match="not a regular file"):
+        load_client(d, 1)

@@ -20,12 +20,30 @@ round, schema and duplicates. Anything failing is logged, counted in the report 
 it never stops the driver. A client that stays silent until the stage deadline, or whose TCP
 connection closes, is counted as dropped for that stage by the protocol's `advance`.
 
+Stalls are bounded (`StallPolicy`, in `ServerConfig.stalls`). A stage closes at the first of:
+(a) every live client it asked has answered; (b) at least `protocol.quorum()` replies have been
+accepted and a grace has passed since the quorum was reached, where
+
+    grace = max(stalls.min_grace_s, stalls.grace_factor * (quorum reached - stage requests sent))
+
+so the wait after a quorum follows the honest replies' own speed, not the stage timeout; (c) the
+stage timeout. A client still owed a reply when rule (b) closes the stage is *late* for the round
+(`RoundReport.late`) and dropped for that stage as a silent one is; a protocol whose `quorum()` is
+every expected client (the base default) never closes early. Per client, the driver counts the
+consecutive rounds in which it was late or silent in some stage it was asked in (a round in which
+it answers every stage it was asked resets the count); after `stalls.evict_after` such rounds it
+is evicted for the driver's session: removed from `clients`, told to shut down, listed in
+`evicted` (and in `RoundReport.evicted`), its further messages dropped undecoded (reason
+'evicted') and its hellos refused, from any connection. `collect` applies rule (b) only when
+called with `quorum=` (training replies may legitimately take minutes) and evicts nobody.
+
 Bytes that libzmq buffers before the driver reads them are bounded per connection by a watchdog
 thread (tcp:// on Linux), since no socket option bounds them; see `ServerConfig` for the bound.
 """
 from __future__ import annotations
 
 import logging
+import math
 import os
 import socket
 import struct
@@ -37,7 +55,7 @@ from dataclasses import dataclass, field, replace
 
 import zmq
 
-from secagg.messages import MAX_CLIENT_ID, SERVER, Message, ProtocolError, Schema, Value
+from secagg.messages import MAX_CLIENT_ID, SERVER, AbortError, Message, ProtocolError, Schema, Value
 from secagg.protocols.base import RoundResult, ServerProtocol
 from transport import session
 from transport.framing import (DEFAULT_LIMITS, WIRE_VERSION, FrameLimits, decode, encode,
@@ -88,6 +106,36 @@ class QueueLimits:
 
 
 @dataclass(frozen=True)
+class StallPolicy:
+    """How long a stage waits for stragglers once a quorum has answered, and when to evict a staller.
+
+    Without it, one enrolled client answering each stage just before its timeout holds every round
+    for (stages x timeout) and is still counted as honest. See the module docstring for the rule.
+    """
+
+    grace_factor: float = 3.0
+    """Grace after the quorum, as a multiple of the time the quorum took to arrive."""
+    min_grace_s: float = 1.0
+    """Least grace, so that a quorum arriving in microseconds does not cut normal jitter."""
+    evict_after: int | None = 3
+    """Consecutive rounds late or silent after which a client is evicted (None: never evict)."""
+    enabled: bool = True
+    """False: stages close only when all have answered or at the timeout, and nobody is evicted."""
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.grace_factor) and self.grace_factor >= 0):
+            raise ValueError("grace_factor must be a finite number >= 0")
+        if not (math.isfinite(self.min_grace_s) and self.min_grace_s >= 0):
+            raise ValueError("min_grace_s must be a finite number of seconds >= 0")
+        if self.evict_after is not None and (type(self.evict_after) is not int or self.evict_after < 1):
+            raise ValueError("evict_after must be a positive int (or None)")
+
+    def grace(self, quorum_seconds: float) -> float:
+        """Seconds to keep waiting after a quorum that took `quorum_seconds` to arrive."""
+        return max(self.min_grace_s, self.grace_factor * max(0.0, quorum_seconds))
+
+
+@dataclass(frozen=True)
 class ServerConfig:
     """How much a server accepts, and from whom.
 
@@ -134,6 +182,8 @@ class ServerConfig:
     collect_max_bytes: int = 16 << 20
     """Largest reply `collect` accepts unless told otherwise (`max_bytes=`)."""
     queues: QueueLimits = QueueLimits()
+    stalls: StallPolicy = StallPolicy()
+    """When a stage may close before its timeout, and when a client that keeps stalling is evicted."""
 
     def __post_init__(self) -> None:
         session.session_bytes(self.session)  # fits a hello, or ValueError now rather than per client
@@ -157,6 +207,10 @@ class RoundReport:
     bytes_sent: Mapping[int, int]
     rejected: Mapping[str, int]
     """Messages dropped during the round, by reason."""
+    late: frozenset[int] = frozenset()
+    """Clients still owed a reply when a stage closed early on its quorum (`StallPolicy`)."""
+    evicted: frozenset[int] = frozenset()
+    """Clients evicted at the end of this round (reasons in `ServerDriver.evicted`)."""
 
     @property
     def seconds(self) -> float:
@@ -173,6 +227,8 @@ class CollectResult:
     missing: frozenset[int]
     bytes_received: Mapping[int, int] = field(default_factory=dict)
     rejected: Mapping[str, int] = field(default_factory=dict)
+    late: frozenset[int] = frozenset()
+    """Expected clients that had not answered when a `quorum=` collection closed early."""
 
 
 @dataclass
@@ -187,6 +243,39 @@ class _Peer:
 
 Handle = Callable[[int, Message, int], None]
 """(client id, message, wire bytes) for a message that passed the driver's own checks."""
+
+
+class _StageClock:
+    """When one stage (or collection) closes: at `deadline`, or earlier by rule (b) of the module
+    docstring, once `replies()` reaches `quorum()` and the policy's grace has passed since."""
+
+    def __init__(self, policy: StallPolicy, *, sent_at: float, deadline: float,
+                 replies: Callable[[], int], quorum: Callable[[], int] | None) -> None:
+        self._policy, self._sent_at, self.deadline = policy, sent_at, deadline
+        self._replies, self._quorum = replies, quorum if policy.enabled else None
+        self.quorum_at: float | None = None
+        self.update()
+
+    def update(self) -> None:
+        """Note the moment the quorum is first reached (forgotten if the count falls back under it)."""
+        if self._quorum is None:
+            return
+        if self._replies() >= self._quorum():
+            if self.quorum_at is None:
+                self.quorum_at = time.monotonic()
+        else:
+            self.quorum_at = None
+
+    def close_at(self) -> float:
+        self.update()
+        if self.quorum_at is None:
+            return self.deadline
+        return min(self.deadline, self.quorum_at + self._policy.grace(self.quorum_at - self._sent_at))
+
+    def closed_early(self) -> bool:
+        """Whether rule (b) has closed it: its grace ended before the deadline and has passed."""
+        end = self.close_at()
+        return end < self.deadline and time.monotonic() >= end
 
 
 class ServerDriver:
@@ -243,6 +332,9 @@ class ServerDriver:
         self._peers: dict[bytes, _Peer] = {}
         self._by_id: dict[int, _Peer] = {}
         self._last_round = -1
+        self._streaks: dict[int, list[int]] = {}
+        """Client -> the ids of its latest consecutive rounds late or silent (see StallPolicy)."""
+        self._evicted: dict[int, str] = {}
         self._rejected: Counter[str] = Counter()
         self.rejected_total: Counter[str] = Counter()
         """Dropped messages by reason over the driver's lifetime."""
@@ -253,6 +345,11 @@ class ServerDriver:
     def clients(self) -> frozenset[int]:
         """Ids of the registered clients whose connection is (as far as we know) alive."""
         return frozenset(self._by_id)
+
+    @property
+    def evicted(self) -> Mapping[int, str]:
+        """Clients evicted for this driver's session, with why and after which round (StallPolicy)."""
+        return dict(self._evicted)
 
     def wait_for_clients(self, *, count: int | None = None, ids: Iterable[int] | None = None,
                          timeout: float) -> frozenset[int]:
@@ -274,7 +371,10 @@ class ServerDriver:
 
         Round ids must increase from round to round on one driver, so that a reply replayed from
         an earlier round can never match the current one. `stage_timeouts` overrides the
-        deadline of named stages.
+        deadline of named stages. A stage may close before its deadline once `protocol.quorum()`
+        replies are in (`ServerConfig.stalls`); clients still owed a reply then are `late`, and a
+        client late or silent in too many consecutive rounds is evicted when the round ends (also
+        when it aborts).
         """
         if protocol.round_id <= self._last_round:
             raise ValueError(f"round id {protocol.round_id} is not above the last one ({self._last_round})")
@@ -285,9 +385,18 @@ class ServerDriver:
         server_seconds: Counter[str] = Counter()
         received: Counter[int] = Counter()
         sent: Counter[int] = Counter()
+        asked: set[int] = set()
+        """Clients a request of this round reached (in any stage)."""
+        missed: set[int] = set()
+        """Clients that had not answered a request that reached them when its stage closed."""
+        late: set[int] = set()
+        answered: set[int] = set()
+        """Clients whose reply the protocol accepted in the current stage."""
         t = time.perf_counter()
         requests = protocol.start()
         server_seconds[protocol.stage] += time.perf_counter() - t
+        quorum = getattr(protocol, "quorum", None)
+        clock: _StageClock | None = None
 
         def accept(cid: int, msg: Message, size: int) -> None:
             t = time.perf_counter()
@@ -300,27 +409,78 @@ class ServerDriver:
                 self._reject("protocol_error", cid, exc)
             else:
                 received[cid] += size
+                answered.add(cid)
             server_seconds[stage] += time.perf_counter() - t
+            if clock is not None:
+                clock.update()  # the quorum's time is that of the reply completing it
 
-        while requests:
-            stage = protocol.stage
-            t0 = time.perf_counter()
-            unreachable = self._send_requests(requests, sent)
-            timeout = (stage_timeouts or {}).get(stage, stage_timeout)
+        try:
+            while requests:
+                stage = protocol.stage
+                t0 = time.perf_counter()
+                answered.clear()
+                sent_at = time.monotonic()
+                unreachable = self._send_requests(requests, sent)
+                reached = frozenset(requests) - unreachable
+                asked |= reached
+                timeout = (stage_timeouts or {}).get(stage, stage_timeout)
+                clock = _StageClock(self.config.stalls, sent_at=sent_at, deadline=sent_at + timeout,
+                                    replies=lambda: len(answered), quorum=quorum if callable(quorum) else None)
 
-            def stage_done() -> bool:
-                waiting = protocol.waiting_for() - unreachable
-                return waiting <= self._lost(waiting)
+                def stage_done() -> bool:
+                    waiting = protocol.waiting_for() - unreachable
+                    return waiting <= self._lost(waiting)
 
-            self._pump(time.monotonic() + timeout, accept, stage_done)
-            self._drain(accept)  # replies already queued when the stage closed still count
-            t = time.perf_counter()
-            requests = protocol.advance()
-            server_seconds[stage] += time.perf_counter() - t
-            stage_seconds[stage] += time.perf_counter() - t0
+                self._pump(clock.close_at, accept, stage_done)
+                self._drain(accept)  # replies already queued when the stage closed still count
+                missing = protocol.waiting_for() & reached
+                missed |= missing
+                if missing and clock.closed_early():
+                    late |= missing & self._by_id.keys()
+                    log.info("round %d stage '%s' closed on its quorum; late: %s", protocol.round_id,
+                             stage, sorted(missing & self._by_id.keys()))
+                clock = None
+                t = time.perf_counter()
+                requests = protocol.advance()
+                server_seconds[stage] += time.perf_counter() - t
+                stage_seconds[stage] += time.perf_counter() - t0
+        except AbortError:
+            self._settle_stalls(protocol.round_id, asked=asked, missed=missed)
+            raise
+        evicted = self._settle_stalls(protocol.round_id, asked=asked, missed=missed)
         return RoundReport(result=protocol.result(), stage_seconds=dict(stage_seconds),
                            server_seconds=dict(server_seconds), bytes_received=dict(received),
-                           bytes_sent=dict(sent), rejected=dict(self._rejected))
+                           bytes_sent=dict(sent), rejected=dict(self._rejected), late=frozenset(late),
+                           evicted=evicted)
+
+    def _settle_stalls(self, round_id: int, *, asked: set[int], missed: set[int]) -> frozenset[int]:
+        """End of a round: extend or reset each asked client's run of late-or-silent rounds, and evict
+        those whose run reached `StallPolicy.evict_after`. Returns the evicted."""
+        policy = self.config.stalls
+        if not policy.enabled:
+            return frozenset()
+        out = set()
+        for cid in sorted(asked):
+            if cid not in missed:
+                self._streaks.pop(cid, None)
+                continue
+            streak = self._streaks.setdefault(cid, [])
+            streak.append(round_id)
+            if policy.evict_after is not None and len(streak) >= policy.evict_after:
+                self._evict(cid, f"late or silent in {len(streak)} consecutive rounds "
+                                  f"({', '.join(map(str, streak))}); evicted after round {round_id}")
+                out.add(cid)
+        return frozenset(out)
+
+    def _evict(self, cid: int, reason: str) -> None:
+        """Remove a client for the rest of the session and tell it to exit; its connection stays known
+        so that what it still sends is recognised and dropped undecoded."""
+        self._streaks.pop(cid, None)
+        self._evicted[cid] = reason
+        if cid in self._by_id:
+            self._send_to(cid, encode(session.to_client(session.SHUTDOWN, cid)))
+            self._by_id.pop(cid, None)
+        log.warning("client %d evicted: %s", cid, reason)
 
     # ---- generic messages for higher layers ------------------------------------------------
     def send(self, msg: Message) -> int | None:
@@ -347,13 +507,19 @@ class ServerDriver:
         return sent
 
     def collect(self, kind: str, *, round_id: int, timeout: float, expect: Iterable[int] | None = None,
-                schema: Schema | None = None, max_bytes: int | None = None) -> CollectResult:
+                schema: Schema | None = None, max_bytes: int | None = None,
+                quorum: int | None = None) -> CollectResult:
         """Receive one `kind` message for `round_id` from each expected client (default: all registered).
 
-        Stops when all have answered or at the timeout. Messages over `max_bytes` (default
+        Stops when all have answered or at the timeout; with `quorum`, also once that many have
+        answered and the stall grace has passed (`StallPolicy`, measured from this call: send the
+        requests just before), the others being `late`. Messages over `max_bytes` (default
         `ServerConfig.collect_max_bytes`) are dropped undecoded; messages of another kind or
         round, duplicates, and (if given) messages failing `schema` are dropped.
         """
+        if quorum is not None and (type(quorum) is not int or quorum < 0):
+            raise ValueError(f"quorum must be a non-negative int, not {quorum!r}")
+        start = time.monotonic()
         self._begin(self._collect_limit(max_bytes))
         expected = frozenset(self._by_id if expect is None else expect)
         replies: dict[int, Message] = {}
@@ -373,15 +539,20 @@ class ServerDriver:
                     return self._reject("schema", cid, exc)
             replies[cid] = msg
             received[cid] += size
+            clock.update()
 
         def done() -> bool:
             waiting = expected - replies.keys()
             return waiting <= self._lost(waiting)
 
-        self._pump(time.monotonic() + timeout, take, done)
+        clock = _StageClock(self.config.stalls, sent_at=start, deadline=start + timeout,
+                            replies=lambda: len(replies), quorum=None if quorum is None else lambda: quorum)
+        self._pump(clock.close_at, take, done)
         self._drain(take)
-        return CollectResult(replies=replies, missing=expected - replies.keys(),
-                             bytes_received=dict(received), rejected=dict(self._rejected))
+        missing = expected - replies.keys()
+        late = missing & self._by_id.keys() if missing and clock.closed_early() else frozenset()
+        return CollectResult(replies=replies, missing=missing, bytes_received=dict(received),
+                             rejected=dict(self._rejected), late=frozenset(late))
 
     # ---- shutdown ------------------------------------------------------------------------------
     def shutdown(self) -> None:
@@ -475,17 +646,19 @@ class ServerDriver:
             return None
         return wire_size(frames)
 
-    def _pump(self, deadline: float, handle: Handle, done: Callable[[], bool]) -> None:
-        """Dispatch incoming messages to `handle` until `done()` or the deadline."""
+    def _pump(self, deadline: float | Callable[[], float], handle: Handle, done: Callable[[], bool]) -> None:
+        """Dispatch incoming messages to `handle` until `done()` or the deadline (a time.monotonic()
+        value, or a function giving the current one: a stage's close moves earlier on its quorum)."""
         while not done():
-            remaining = deadline - time.monotonic()
+            now_deadline = deadline() if callable(deadline) else deadline
+            remaining = now_deadline - time.monotonic()
             if remaining <= 0:
                 return
-            events = dict(self._poller.poll(max(1, int(remaining * 1000))))
+            events = dict(self._poller.poll(max(1, math.ceil(remaining * 1000))))
             if self._monitor is not None and self._monitor in events:
                 self._drain_monitor()
             if self._sock in events:
-                self._drain(handle, deadline=deadline)
+                self._drain(handle, deadline=now_deadline)
 
     def _drain(self, handle: Handle, *, deadline: float | None = None, max_messages: int = 100_000) -> None:
         """Dispatch what is queued now without waiting; stops at the deadline or after max_messages."""
@@ -504,6 +677,7 @@ class ServerDriver:
         identity = identity_frame.bytes
         peer = self._peers.get(identity)
         who = peer.client_id if peer is not None else None
+        evicted = who is not None and who in self._evicted
         limits = self._hello_limits if peer is None else self._reply_limits
         body: list[zmq.Frame] = []
         first: zmq.Frame | None = None
@@ -516,7 +690,7 @@ class ServerDriver:
             count += 1
             if first is None:
                 first = frame
-            if count <= limits.max_frames and size <= limits.max_message_bytes:
+            if not evicted and count <= limits.max_frames and size <= limits.max_message_bytes:
                 body.append(frame)
             elif body:
                 body = []  # over the limit: release what was kept; the rest is read and dropped
@@ -525,6 +699,9 @@ class ServerDriver:
         if self._guard is not None:
             ino = peer.ino if peer is not None else self._guard.track(_source_fd(first))
             self._guard.consumed(ino, size + count * self._frame_overhead)
+        if evicted:
+            self._answered(peer)
+            return self._reject("evicted", who, f"{size} bytes in {count} frames after its eviction")
         if count > limits.max_frames or size > limits.max_message_bytes:
             self._answered(peer)
             reason = "unregistered" if peer is None else "oversized"
@@ -566,7 +743,8 @@ class ServerDriver:
                   or session.session_mismatch(server=self.config.session,
                                               client=msg["session"].decode(errors="replace")))
         if reason:
-            self._reject("registration", cid, reason)
+            evicted = cid in self._evicted and reason == self._eviction_notice(cid)
+            self._reject("evicted" if evicted else "registration", cid, reason)
             refusal = session.to_client(session.REJECT, cid, reason=reason.encode()[:256])
             try:
                 self._sock.send_multipart([identity, *encode(refusal)], flags=zmq.NOBLOCK)
@@ -594,6 +772,8 @@ class ServerDriver:
             key = self._curve.client_keys.get(cid)
             if key is None or _user_id(frame) != key.decode("ascii"):
                 return f"this key is not the one registered for client {cid}"
+        if cid in self._evicted:
+            return self._eviction_notice(cid)
         known = self._peers.get(identity)
         if known is not None:
             return "" if known.client_id == cid else f"connection already registered as client {known.client_id}"
@@ -602,6 +782,9 @@ class ServerDriver:
         if len(self._by_id) >= self.config.max_clients:
             return "server is full"
         return ""
+
+    def _eviction_notice(self, cid: int) -> str:
+        return f"client {cid} was evicted from this session: {self._evicted[cid]}"
 
     def _drain_monitor(self) -> None:
         if self._guard is not None:
@@ -618,7 +801,8 @@ class ServerDriver:
             if len(event) >= 1 and len(event[0]) == 6:
                 event_id, fd = int.from_bytes(event[0][:2], "little"), int.from_bytes(event[0][2:], "little")
                 if event_id == zmq.EVENT_DISCONNECTED:
-                    for peer in [p for p in self._by_id.values() if p.fd == fd]:
+                    # connected peers: the registered ones and the evicted ones still connected
+                    for peer in [p for p in self._peers.values() if p.connected and p.fd == fd]:
                         log.info("client %d disconnected", peer.client_id)
                         self._disconnected(peer)
 

@@ -213,11 +213,16 @@ class DeployedServer:
             except Exception as exc:
                 machine.on_sum(job.name, error=f"{type(exc).__name__}: {exc}", seconds=time.perf_counter() - s0)
                 continue
+            evicted_before = dict(self.driver.evicted)
             try:
                 report = self.driver.run_round(protocol, stage_timeout=self.deployment.stage_timeout)
             except AbortError as exc:
                 machine.on_sum(job.name, error=str(exc), seconds=time.perf_counter() - s0)
                 continue
+            finally:  # a client late or silent in too many consecutive secure sums is gone for the run
+                for c, why in sorted(self.driver.evicted.items()):
+                    if c not in evicted_before:
+                        log.warning("round %d: sum %s: client %d evicted (%s)", t, job.name, c, why)
             for c, n in report.bytes_received.items():
                 sent[c] = sent.get(c, 0) + n
             machine.on_sum(job.name, result=report.result, seconds=report.seconds)
@@ -364,8 +369,9 @@ class DeployedClient:
         if vec is None:
             return None
         client_cls = registry.client_class(self.config.secure.protocol)
+        policy = self.endpoint.aggregator.client_protocol_params()  # the run's colluders and group floor
         return client_cls(client_id=self.client_id, round_id=round_id, input_fn=lambda: vec,
-                          **registry.with_enrolment(client_cls, {}, identity=self.identity))
+                          **registry.with_enrolment(client_cls, policy, identity=self.identity))
 
 
 def describe_round(rec: RoundRecord) -> str:

@@ -202,7 +202,11 @@ class LightSecAggServer(ServerProtocol):
 
     # ---- stages -----------------------------------------------------------------------------
     def quorum(self) -> int:
-        return min(len(self._expected), self.min_survivors)
+        """Half the expected replies, and never fewer than the round's minimum: a driver may close the
+        stage once these arrived and a grace derived from their speed passed (a staller then counts as
+        dropped). Half, not the minimum alone, so that honest clients answering one after another on a
+        loaded machine (about as long for the second half as for the first) are not cut off."""
+        return min(len(self._expected), max(self.min_survivors, -(-len(self._expected) // 2)))
 
     def describe(self) -> str:
         """One line: the round's code and threat parameters (printed with each round)."""
@@ -273,7 +277,8 @@ class LightSecAggServer(ServerProtocol):
             raise AbortError(stage="recovery", survivors=len(helpers), required=self.target,
                              detail=f"aggregate coded pieces disagree beyond correction: {exc}") from exc
         for i in sorted(bad):
-            self.mark_faulty(helpers[i], "sent a wrong aggregate coded piece (located and left out)")
+            self.mark_faulty(helpers[i], "sent a wrong aggregate coded piece (located and left out): it lied, or a "
+                                         "client sealed it a wrong piece")
         good = [i for i in range(len(helpers)) if i not in bad][: self.target]
         mask_sum = self.code.decode([self.position[helpers[i]] for i in good], coded[good])
         total = self.ring.sub_(self._masked_sum, mask_sum)

@@ -178,7 +178,11 @@ class SecAggPlusServer(ServerProtocol):
         return harary_graph(self.clients, degree, order=self.order)
 
     def quorum(self) -> int:
-        return min(len(self._expected), self.min_clients)
+        """Half the expected replies, and never fewer than the round's minimum: a driver may close the
+        stage once these arrived and a grace derived from their speed passed (a staller then counts as
+        dropped). Half, not the minimum alone, so that honest clients answering one after another on a
+        loaded machine (about as long for the second half as for the first) are not cut off."""
+        return min(len(self._expected), max(self.min_clients, -(-len(self._expected) // 2)))
 
     def describe(self) -> str:
         """One line: the round's graph and threat parameters (printed with each round)."""
@@ -390,7 +394,8 @@ class SecAggPlusServer(ServerProtocol):
                 for i in wrong:  # indices into holders
                     liars.setdefault(holders[i], set()).add(u)
         for h, us in sorted(liars.items()):
-            self.mark_faulty(h, f"sent wrong {field.replace('_', ' ')} for clients {sorted(us)[:5]} (corrected)")
+            self.mark_faulty(h, f"sent wrong {field.replace('_', ' ')} for clients {sorted(us)[:5]} (corrected): "
+                                f"they disagree with the other holders' (it lied, or the client that dealt them did)")
         return out
 
     def result(self) -> RoundResult:

@@ -18,7 +18,8 @@ Per (protocol, N, d, dropout) it measures, in one run:
 
 A protocol stops at the first N whose round would take this process more than --cap CPU seconds to
 simulate (server and all N clients, one after another), predicted from the previous N (N^2 for
-SecAgg, whose complete graph makes every client's work O(N) by design; N^1.3 for the others). Each protocol's growth exponent in N is the least-squares slope of log(server_s) against
+SecAgg, whose complete graph makes every client's work O(N) by design; N^1.3 for the others, times
+the growth of its degree for SecAgg+). Each protocol's growth exponent in N is the least-squares slope of log(server_s) against
 log(N) at dropout 0 (N >= 50). Flower's SecAgg+ runs beside it at the sizes it finishes within the
 cap if it is installed (`make bench-flower`). Writes scale.csv, scale.md and scale.png under
 --out, and ends with one line per protocol:
@@ -28,6 +29,12 @@ cap if it is installed (`make bench-flower`). Writes scale.csv, scale.md and sca
 (seconds_at_nmax: the critical-path round seconds at n_max, d = the smallest d, 10% dropout;
 bytes: upload per client there). LightSecAgg wins over SecAgg+ where its round is shorter: the
 crossover dropout, if any, is printed per N.
+
+SecAgg+ is configured per (N, dropout) from the threat model, not with the fixed 2 log2 N degree:
+`secagg.plus_params.plus_parameters(n=N, dropout=rate, corrupt_fraction=--corrupt)` gives the
+smallest degree k and threshold t with security failure <= 2^-40 and abort <= 2^-30 at that dropout
+(corrupt clients counted as possible dropouts too); each configuration prints its `secagg+ n=.. k=..
+t=..` line before its round.
 """
 from __future__ import annotations
 
@@ -42,12 +49,15 @@ from pathlib import Path
 
 import numpy as np
 
-from secagg.graph import default_degree
 from secagg.messages import AbortError, Message, ProtocolError
+from secagg.plus_params import PlusParameters, plus_parameters
 from secagg.protocols import registry
+from secagg.protocols.secagg import threshold_for
 
 PROTOCOLS = ("plain", "secagg", "secagg+", "lightsecagg")
 MASKED_STAGE = {"plain": "collect", "secagg": "masked", "secagg+": "masked", "lightsecagg": "masked_input"}
+DEFAULT_CORRUPT = 0.05
+"""Fraction of colluding clients SecAgg+'s degree and threshold are planned for (`--corrupt`)."""
 
 
 @dataclass(frozen=True)
@@ -69,11 +79,36 @@ class Point:
     """Why the round could not finish (e.g. a survivor with too few live share holders), or ''."""
 
 
-def _params(protocol: str, dropout: float) -> dict:
-    """LightSecAgg must plan for the dropouts it will meet: U = N (1 - dropout) survivors, T = U / 2."""
+def plus_config(n: int, dropout: float, corrupt_fraction: float = DEFAULT_CORRUPT) -> PlusParameters:
+    """SecAgg+'s degree and threshold for N clients planned for this dropout and corrupt fraction
+    (ValueError when no degree up to the complete graph meets the conditions)."""
+    return plus_parameters(n=n, dropout=dropout, corrupt_fraction=corrupt_fraction)
+
+
+def _plus_kwargs(plan: PlusParameters) -> dict:
+    """`degree` and a `threshold_fraction` for which the server's threshold_for(k + 1, f) is exactly t."""
+    fraction = plan.threshold_fraction()
+    if threshold_for(plan.degree + 1, fraction) != plan.threshold:
+        raise AssertionError(f"threshold_fraction {fraction} does not give t = {plan.threshold} for k = {plan.degree}")
+    return {"degree": plan.degree, "threshold_fraction": fraction}
+
+
+def _params(protocol: str, dropout: float, *, n: int, corrupt_fraction: float = DEFAULT_CORRUPT) -> dict:
+    """LightSecAgg must plan for the dropouts it will meet: U = N (1 - dropout) survivors, T = U / 2.
+    SecAgg+ too: its degree and threshold come from `plus_config` at this dropout."""
     if protocol == "lightsecagg":
         return {"target_survivors": max(1.0 - dropout, 0.5) - 1e-9, "privacy": 0.5 * max(1.0 - dropout, 0.5)}
+    if protocol == "secagg+":
+        return _plus_kwargs(plus_config(n, dropout, corrupt_fraction))
     return {}
+
+
+def _degree(n: int, dropout: float, corrupt_fraction: float) -> int:
+    """SecAgg+'s neighbours per client (what a client's work grows with), for the cost prediction."""
+    try:
+        return plus_config(n, dropout, corrupt_fraction).degree
+    except ValueError:
+        return n - 1
 
 
 class _Meter:
@@ -94,12 +129,22 @@ class _Meter:
         return out
 
 
-def run_point(protocol: str, *, n: int, d: int, dropout: float, seed: int = 0, memory: bool = False) -> Point:
-    """One round; `memory` traces allocations (slower: the times of a traced round are not reported)."""
+def run_point(protocol: str, *, n: int, d: int, dropout: float, seed: int = 0, memory: bool = False,
+              corrupt_fraction: float = DEFAULT_CORRUPT) -> Point:
+    """One round; `memory` traces allocations (slower: the times of a traced round are not reported).
+    `corrupt_fraction`: what SecAgg+'s degree and threshold are planned for (no client colludes here);
+    where no SecAgg+ parameters exist the point is recorded as aborted, without a round."""
     rng = np.random.default_rng([seed, n, d])
     ring = registry.default_ring(protocol)
     ids = list(range(1, n + 1))
-    server = registry.server_class(protocol)(round_id=1, clients=ids, length=d, ring=ring, **_params(protocol, dropout))
+    try:
+        params = _params(protocol, dropout, n=n, corrupt_fraction=corrupt_fraction)
+    except ValueError as error:
+        nan = float("nan")
+        return Point(protocol=protocol, n=n, d=d, dropout=dropout, server_s=nan, client_max_s=nan, round_s=nan,
+                     up_B=nan, down_B=nan, server_peak_MB=nan, survivors=0, total_cpu_s=0.0,
+                     aborted=f"no parameters: {error}")
+    server = registry.server_class(protocol)(round_id=1, clients=ids, length=d, ring=ring, **params)
     cls = registry.client_class(protocol)
     inputs = {c: rng.integers(0, ring.modulus, size=d, dtype=np.uint64).astype(np.uint32) for c in ids}
     clients = {c: cls(client_id=c, round_id=1, input_fn=lambda x=inputs[c]: x) for c in ids}
@@ -186,27 +231,49 @@ def growth_exponent(points: Sequence[Point], *, min_n: int = 50) -> float:
 
 
 def sweep(*, protocols: Sequence[str], sizes: Sequence[int], dims: Sequence[int], dropouts: Sequence[float],
-          cap: float, memory: bool, log=print) -> list[Point]:
-    """Every protocol at every size until the predicted time of the next size passes `cap`."""
+          cap: float, memory: bool, corrupt_fraction: float = DEFAULT_CORRUPT, log=print) -> list[Point]:
+    """Every protocol at every size until the predicted time of the next size passes `cap`: the previous
+    size's round without dropout scaled by N^1.3 (N^2 for SecAgg). SecAgg+'s degree is planned per
+    dropout (a high dropout can cost far more than none), so each of its dropouts is predicted on its
+    own (its previous round scaled by N^1.3 and by its degree's growth) and stops on its own."""
     points: list[Point] = []
     for d in dims:
         for protocol in protocols:
-            previous: Point | None = None
+            previous: list[Point] = []
+            active = list(dropouts)
             for n in sizes:
-                if previous is not None:
+                if previous and protocol == "secagg+":
+                    active = []
+                    for p in previous:
+                        predicted = (p.total_cpu_s * (n / p.n) ** 1.3 * (_degree(n, p.dropout, corrupt_fraction) + 1)
+                                     / (_degree(p.n, p.dropout, corrupt_fraction) + 1))
+                        if predicted > cap:
+                            log(f"  {protocol} d={d} drop={p.dropout:.0%}: stops before N={n} (simulating one round "
+                                f"would take about {predicted:.0f} CPU s > cap {cap:.0f} s)")
+                        else:
+                            active.append(p.dropout)
+                    if not active:
+                        break
+                elif previous:
                     power = 2.0 if protocol == "secagg" else 1.3
-                    predicted = previous.total_cpu_s * (n / previous.n) ** power
+                    predicted = previous[0].total_cpu_s * (n / previous[0].n) ** power
                     if predicted > cap:
                         log(f"  {protocol} d={d}: stops before N={n} (simulating one round would take about "
                             f"{predicted:.0f} CPU s > cap {cap:.0f} s)")
                         break
                 row = []
                 headline = min(dropouts, key=lambda r: abs(r - 0.1))
-                for dropout in dropouts:
-                    p = run_point(protocol, n=n, d=d, dropout=dropout)
-                    if memory and dropout == headline:
-                        p = Point(**{**asdict(p), "server_peak_MB": run_point(protocol, n=n, d=d, dropout=dropout,
-                                                                              memory=True).server_peak_MB})
+                for dropout in active:
+                    if protocol == "secagg+":
+                        try:
+                            log(f"  {plus_config(n, dropout, corrupt_fraction).describe()}")
+                        except ValueError as error:
+                            log(f"  secagg+ n={n} dropout={dropout:.2f} corrupt={corrupt_fraction:.2f}: {error}")
+                    p = run_point(protocol, n=n, d=d, dropout=dropout, corrupt_fraction=corrupt_fraction)
+                    if memory and dropout == headline and not p.aborted.startswith("no parameters"):
+                        p = Point(**{**asdict(p), "server_peak_MB": run_point(
+                            protocol, n=n, d=d, dropout=dropout, memory=True,
+                            corrupt_fraction=corrupt_fraction).server_peak_MB})
                     row.append(p)
                     points.append(p)
                     if p.aborted:
@@ -216,7 +283,7 @@ def sweep(*, protocols: Sequence[str], sizes: Sequence[int], dims: Sequence[int]
                         f"(server {p.server_s:6.2f} s, slowest client {p.client_max_s:5.2f} s), "
                         f"up {p.up_B / d:.2f} B/param, down {p.down_B / 1e6:.2f} MB, "
                         f"server peak {p.server_peak_MB:.0f} MB")
-                previous = row[0]
+                previous = row
     return points
 
 
@@ -285,7 +352,8 @@ def crossovers(points: Sequence[Point]) -> dict[tuple[int, int], float | None]:
     return out
 
 
-def flower_points(sizes: Sequence[int], d: int, cap: float, log=print) -> dict[int, float]:
+def flower_points(sizes: Sequence[int], d: int, cap: float, dropout: float = 0.0,
+                  corrupt_fraction: float = DEFAULT_CORRUPT, log=print) -> dict[int, float]:
     from benchmarks.flower_baseline import flower_is_installed, measure_flower
 
     if not flower_is_installed():
@@ -296,8 +364,12 @@ def flower_points(sizes: Sequence[int], d: int, cap: float, log=print) -> dict[i
         if out and max(out.values()) * (n / max(out)) ** 1.3 > cap:
             log(f"  flower secagg+ stops before N={n} (predicted past the cap)")
             break
-        # the same neighbourhood as ours: Flower's num_shares counts the client itself
-        result = measure_flower(clients=n, dim=d, protocol="secagg+", num_shares=min(default_degree(n) + 1, n), rounds=1)
+        # the same neighbourhood as ours (planned for `dropout`): Flower's num_shares counts the client itself
+        try:
+            shares = min(plus_config(n, dropout, corrupt_fraction).degree + 1, n)
+        except ValueError:
+            shares = n
+        result = measure_flower(clients=n, dim=d, protocol="secagg+", num_shares=shares, rounds=1)
         out[n] = result["round_s"]
         log(f"  flower secagg+ N={n} d={d:.0e}: round {out[n]:.2f} s (wall, Ray simulation, 2 CPUs)")
     return out
@@ -310,6 +382,9 @@ def main(argv: Sequence[str] | None = None) -> list[Point]:
     ap.add_argument("--dims", default=None, help="comma-separated d (default 1e5,1e6; --quick 1e5)")
     ap.add_argument("--dropouts", default="0,0.1,0.3")
     ap.add_argument("--protocols", default=",".join(PROTOCOLS))
+    ap.add_argument("--corrupt", type=float, default=DEFAULT_CORRUPT,
+                    help="fraction of colluding clients SecAgg+'s degree and threshold are planned for "
+                         f"(default {DEFAULT_CORRUPT})")
     ap.add_argument("--cap", type=float, default=None,
                     help="CPU seconds to simulate one round: a protocol stops before a size predicted past it "
                          "(default 60; 20 with --quick)")
@@ -327,21 +402,23 @@ def main(argv: Sequence[str] | None = None) -> list[Point]:
     if args.cap is None:
         args.cap = 20.0 if args.quick else 60.0
     if (min(sizes) < 3 or min(dims) < 1 or not all(0 <= r < 0.5 for r in dropouts) or set(protocols) - set(PROTOCOLS)
-            or not args.cap > 0):
-        ap.error(f"need N >= 3, d >= 1, dropouts in [0, 0.5), protocols from {', '.join(PROTOCOLS)}, cap > 0")
+            or not args.cap > 0 or not 0 <= args.corrupt < 0.5):
+        ap.error(f"need N >= 3, d >= 1, dropouts in [0, 0.5), protocols from {', '.join(PROTOCOLS)}, cap > 0, "
+                 "corrupt in [0, 0.5)")
     start = time.perf_counter()
     points = sweep(protocols=protocols, sizes=sorted(sizes), dims=sorted(dims), dropouts=sorted(dropouts), cap=args.cap,
-                   memory=not args.no_memory)
+                   memory=not args.no_memory, corrupt_fraction=args.corrupt)
     out = Path(args.out)
     write(points, out)
     plot(points, out / "scale.png")
-    flower = flower_points(sorted(sizes), min(dims), args.cap) if args.flower else {}
+    flower = (flower_points(sorted(sizes), min(dims), args.cap, dropout=min(dropouts), corrupt_fraction=args.corrupt)
+              if args.flower else {})
     by = {(p.protocol, p.n, p.d, p.dropout): p for p in points}
     for (n, d), rate in crossovers(points).items():
         if rate is None:
             verdict = "SecAgg+ is faster at every measured dropout"
         elif by[("secagg+", n, d, rate)].aborted:
-            verdict = f"from {rate:.0%} dropout SecAgg+ (default degree) aborts and LightSecAgg finishes"
+            verdict = f"from {rate:.0%} dropout SecAgg+ aborts (or has no parameters) and LightSecAgg finishes"
         else:
             verdict = f"LightSecAgg's round is shorter from {rate:.0%} dropout"
         print(f"lightsecagg vs secagg+ N={n} d={d:.0e}: {verdict}")
@@ -352,7 +429,7 @@ def main(argv: Sequence[str] | None = None) -> list[Point]:
         mine = [p for p in points if p.protocol == protocol and p.d == d0]
         if not mine:
             continue
-        n_max = max(p.n for p in mine)
+        n_max = max(p.n for p in mine if p.dropout == headline)   # SecAgg+ may stop earlier at a high dropout
         at = next(p for p in mine if p.n == n_max and p.dropout == headline)
         exponent = growth_exponent([p for p in mine if p.dropout == min(dropouts)])
         extra = ""

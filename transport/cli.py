@@ -261,6 +261,8 @@ def serve(args: argparse.Namespace) -> int:
                 failures += 1
                 continue
             line = _round_line(args, round_id, report, registered, protocol.ring)
+            if hasattr(protocol, "describe"):  # the round's graph and threat parameters
+                line["setting"] = protocol.describe()
             failures += line.get("sum_ok") is False
             print(json.dumps(line), flush=True)
     return 1 if failures else 0
@@ -285,6 +287,8 @@ def _round_line(args: argparse.Namespace, round_id: int, report: RoundReport, re
         "round_seconds": round(report.seconds, 4), "register_seconds": round(registered, 4),
         "bytes_received": sum(report.bytes_received.values()), "bytes_sent": sum(report.bytes_sent.values()),
         "rejected": report.rejected, "faulty": {str(c): why for c, why in sorted(res.faulty.items())},
+        "disputes": [list(pair) for pair in res.disputes], "late": sorted(report.late),
+        "evicted": sorted(report.evicted),
         "authenticated": args.curve is not None,
     }
     if args.check and not args.float_input:

@@ -137,10 +137,14 @@ class SecAggPlusServer(ServerProtocol):
     def __init__(
         self, *, round_id: int, clients: Sequence[int], length: int, ring: Ring = RING_2_32,
         degree: int | None = None, threshold_fraction: float = 0.5, min_clients: int = 2,
-        colluders: int = 0, roster: Roster | None = None,
+        colluders: int = 0, planned_dropout: float | None = None, corrupt_fraction: float = 0.05,
+        roster: Roster | None = None,
     ) -> None:
         """`min_clients`: g, the fewest honest clients whose sum may be opened; `colluders`: c, the
         colluding clients the round withstands (c < t); the round needs max(t, g + c) survivors.
+        `planned_dropout` (SecAgg+ only, with no `degree`): degree and threshold from the threat model
+        (`secagg.plus_params`, Bell et al. CCS 2020: N, this dropout, `corrupt_fraction`, sigma 40,
+        eta 30), so the round does not abort up to the planned dropout; `describe()` prints them.
         `roster`: enrolled clients' verify keys; with it, an unsigned or wrongly signed key
         advertisement (or survivor signature) drops its sender at once (clients check every
         signature themselves anyway)."""
@@ -151,6 +155,14 @@ class SecAggPlusServer(ServerProtocol):
         if not 0.0 <= threshold_fraction < 1.0:
             raise ValueError("threshold_fraction must be in [0, 1)")
         n = len(self.clients)
+        self.plan = None
+        if planned_dropout is not None and self.name == "secagg+":
+            if degree is not None:
+                raise ValueError("give degree or planned_dropout, not both")
+            from secagg.plus_params import plus_parameters
+
+            self.plan = plus_parameters(n=n, dropout=float(planned_dropout), corrupt_fraction=float(corrupt_fraction))
+            degree, threshold_fraction = self.plan.degree, self.plan.threshold_fraction()
         self.order = random_order(self.clients)
         self.graph = self._make_graph(degree if degree is not None else default_degree(n))
         k = max(len(v) for v in self.graph.values()) if n > 1 else 0
@@ -187,9 +199,10 @@ class SecAggPlusServer(ServerProtocol):
     def describe(self) -> str:
         """One line: the round's graph and threat parameters (printed with each round)."""
         k = max((len(v) for v in self.graph.values()), default=0)
-        return (f"{self.name} n={len(self.clients)} degree={k} threshold={self.threshold} "
+        line = (f"{self.name} n={len(self.clients)} degree={k} threshold={self.threshold} "
                 f"colluders={self.floors.colluders} min_group={self.floors.min_group} "
                 f"min_survivors={self.min_clients}")
+        return line if self.plan is None else f"{line} [{self.plan.describe()}]"
 
     # stage 0
     def start(self) -> dict[int, Message]:
@@ -418,7 +431,7 @@ class SecAggServer(SecAggPlusServer):
 
     def __init__(self, *, round_id: int, clients: Sequence[int], length: int, ring: Ring = RING_2_32,
                  threshold_fraction: float = 0.5, min_clients: int = 2, colluders: int = 0,
-                 roster: Roster | None = None) -> None:
+                 roster: Roster | None = None) -> None:  # the complete graph: no degree to plan
         super().__init__(round_id=round_id, clients=clients, length=length, ring=ring, degree=None,
                          threshold_fraction=threshold_fraction, min_clients=min_clients, colluders=colluders,
                          roster=roster)

@@ -335,3 +335,21 @@ def test_harary_graph_keeps_the_ring_order_it_is_given():
     assert g[3] == {1, 6} and g[4] == {1, 2}
     with pytest.raises(ValueError, match="every client once"):
         harary_graph([1, 2, 3, 4, 5], 2, order=[1, 2, 3, 4, 4])
+
+
+def test_secagg_plus_planned_from_the_threat_model_survives_its_planned_dropout():
+    """Degree and threshold from N, the planned dropout and the corrupt fraction (Bell et al.): 30%
+    of 100 clients dropping before masking no longer aborts the round, and the plan is printed."""
+    n, d = 100, 4
+    ids = list(range(1, n + 1))
+    inputs = {c: random_vector(RING_2_32, d) for c in ids}
+    server = SecAggPlusServer(round_id=5, clients=ids, length=d, planned_dropout=0.3, corrupt_fraction=0.05)
+    assert "dropout=0.30" in server.describe() and server.threshold > (len(server.graph[1]) + 1) / 2
+    clients = {c: SecAggPlusClient(client_id=c, round_id=5, input_fn=lambda c=c: inputs[c]) for c in ids}
+    gone = set(ids[::10]) | set(ids[1::10]) | set(ids[2::10])  # 30%, spread over the ring at random
+    result, _ = run(server, clients, withhold=lambda stage: gone if stage == "masked" else ())
+    assert not isinstance(result, Exception), result
+    assert result.contributors == frozenset(ids) - gone
+    assert np.array_equal(result.ring_sum, ring_sum(RING_2_32, (inputs[c] for c in result.contributors)))
+    with pytest.raises(ValueError, match="not both"):
+        SecAggPlusServer(round_id=5, clients=ids, length=d, planned_dropout=0.3, degree=10)

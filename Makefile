@@ -9,7 +9,7 @@ export HF_DATASETS_OFFLINE=1
 export TRANSFORMERS_OFFLINE=1
 export TOKENIZERS_PARALLELISM=false
 
-.PHONY: install demo test test-fast test-netns bench bench-flower scale secagg-demo clean
+.PHONY: install demo test test-fast test-netns bench bench-flower scale secagg-demo mutants clean
 
 install: $(STAMP)
 
@@ -29,7 +29,9 @@ demo: install
 	$(VPY) examples/fedmcp_secure.py
 
 test: install
-	$(VPY) -m pytest tests
+	# -rs: every skip's reason; FEDSECURE_REQUIRE_INSTALLED: a package `make install` provides may not be
+	# skipped silently (tests/requirements.py), its absence fails collection instead.
+	FEDSECURE_REQUIRE_INSTALLED=1 $(VPY) -m pytest tests -rs
 
 # The inner loop (< 3 min on 2 cores): everything but multi-process runs and the examples' end-to-end tests.
 test-fast: install
@@ -44,6 +46,11 @@ test-netns: install
 # How secure aggregation grows with N, d and dropout (< 10 min on 2 cores; drop --quick for d = 1e6 and N = 1000).
 scale: install
 	$(VPY) -m benchmarks.scale_curve --quick
+
+# Mutation testing of the privacy guarantees: each mutant breaks one (masks, DP noise, guard rules) and
+# its tests must fail (< 15 min on 2 cores; `$(VPY) -m benchmarks.mutants --quick` for the cheap subset).
+mutants: install
+	$(VPY) -m benchmarks.mutants
 
 bench: install
 	$(VPY) -m pytest benchmarks --benchmark-only

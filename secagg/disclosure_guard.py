@@ -99,6 +99,8 @@ class DisclosureGuard:
         self.config = config
         self.ledger = ledger
         self._keys: dict[str, _KeyState] = {}
+        self._forgotten: set[str] = set()
+        """Keys whose history was dropped: no noise-free sum is released under them again."""
 
     # ---- the check ------------------------------------------------------------------------
     def authorize(self, summary_key: str, members: Iterable[int], *, noise: Any = None) -> Decision:
@@ -121,9 +123,12 @@ class DisclosureGuard:
 
     def forget(self, summary_keys: Iterable[str]) -> None:
         """Drop the history of these keys (their vectors will never be released again, e.g. a
-        past round's model update)."""
+        past round's model update). A later noise-free sum under a forgotten key is refused: without
+        its history the guard could not see it difference an earlier one (S(A), then S(A + {i})
+        exposes x_i). The forgotten names are kept for the life of this guard, not in `state_dict`."""
         for key in summary_keys:
             self._keys.pop(key, None)
+            self._forgotten.add(key)
 
     def _decide(self, summary_key: str, members: Iterable[int], *, noise: Any, record: bool) -> Decision:
         ids = tuple(sorted({_client_id(m) for m in members}))
@@ -136,6 +141,9 @@ class DisclosureGuard:
                 self._keys[summary_key] = state
                 state.noisy_releases.append(ids)
             return Decision(summary_key, ids, True, state.rank, self._max_leverage(state))
+        if summary_key in self._forgotten:
+            raise DisclosureError(f"'{summary_key}' was forgotten: its vectors are never released again noise-free "
+                                  "(a new sum under it could difference a forgotten one)", summary_key=summary_key)
         if len(ids) < self.config.min_cohort:
             raise DisclosureError(f"'{summary_key}': a noise-free sum of {len(ids)} client(s) is below the "
                                   f"minimum cohort {self.config.min_cohort} (min_cohort rule)", summary_key=summary_key,

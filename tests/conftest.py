@@ -5,6 +5,11 @@ for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):
     os.environ.setdefault(var, "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+if os.environ.get("FEDSECURE_MUTANT"):  # benchmarks/mutants.py: this whole run has one guarantee broken
+    from tests.mutants import install_from_env
+
+    install_from_env()
+
 from hypothesis import HealthCheck, settings  # noqa: E402
 
 settings.register_profile("ci", max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -16,6 +21,12 @@ import torch  # noqa: E402
 torch.set_num_threads(1)
 
 import pytest  # noqa: E402
+
+from tests.requirements import strict_importorskip  # noqa: E402
+
+# Under `make test` (and so CI) a package that `make install` provides may not be skipped silently:
+# its absence is a collection error there, and pytest prints every remaining skip's reason (-rs).
+pytest.importorskip = strict_importorskip
 
 
 @pytest.fixture

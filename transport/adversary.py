@@ -13,6 +13,11 @@ Nothing here is used by a server or an honest client. What each piece plays:
   shares, a low-order key, a forged signature, malformed or oversized replies, garbage, replays,
   spoofed senders, replies of the wrong stage, floods. `ATTACKS` lists them with the outcome
   the server must produce (the insider dropped from the round, or counted as usual).
+- `Coalition`: colluding insiders of one process sharing what they see and acting on one plan per
+  round: accusation maps made by a planner (`accuse_classic`, `accuse_search`), one insider
+  advertising another's round keys (`duplicate_keys`, `duplicate_half_key`), wrong unmasking
+  material (`wrong_unmask`), replies held to 0.9 x the stage timeout (`stall`), and colluders that
+  sign any survivor set and reveal what they hold for it (`collude`).
 """
 from __future__ import annotations
 
@@ -22,15 +27,18 @@ import socket
 import struct
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
 import zmq
 
+from secagg import shamir
 from secagg.identity import Identity, advertisement
 from secagg.messages import SERVER, Message, ProtocolError
 from secagg.protocols import registry
+from secagg.protocols.consistency import sign_survivors
+from secagg.ring import FIELD_P31
 from transport import session
 from transport.framing import WIRE_VERSION, decode, encode
 from transport.sockets import CurveClientKeys, make_curve_client
@@ -253,6 +261,74 @@ def _zmtp_commands(stream: bytes) -> list[str]:
 
 # ---- an enrolled insider ----------------------------------------------------------------------
 
+Planner = Callable[[int, Mapping[int, Message]], Mapping[int, tuple[int, ...]]]
+"""(round id, each member's request of the planned stage) -> what each member does (e.g. whom it accuses)."""
+
+
+class Coalition:
+    """Colluding insiders in one process: each member posts the requests it receives and the genuine
+    replies it computes, per round and kind, and reads the others' (`gather`); a plan that needs all
+    of them (an accusation map) is made once per round and attack by `planners[attack]` from the
+    members' requests of that stage (`plan`), so that they act as one. Waits are short (`wait_s`):
+    a member held up longer than a stage's grace would be cut as a straggler."""
+
+    def __init__(self, *, members: Iterable[int], planners: Mapping[str, Planner] | None = None,
+                 wait_s: float = 0.5) -> None:
+        self.members = tuple(sorted(set(members)))
+        if not self.members:
+            raise ValueError("a coalition needs members")
+        self.planners = dict(planners or {})
+        self.wait_s = wait_s
+        self._cond = threading.Condition()
+        self._posts: dict[int, dict[int, dict[str, Message]]] = {}
+        self._plans: dict[tuple[int, str], Mapping[int, tuple[int, ...]]] = {}
+
+    def post(self, round_id: int, member: int, msg: Message) -> None:
+        """Share `msg` (a request this member received or a reply it computed) with the others."""
+        with self._cond:
+            self._posts.setdefault(round_id, {}).setdefault(member, {})[msg.kind] = msg
+            for old in [r for r in self._posts if r < round_id - 3]:
+                del self._posts[old]
+            self._cond.notify_all()
+
+    def in_round(self, round_id: int) -> tuple[int, ...]:
+        """Members that posted anything in this round."""
+        with self._cond:
+            return tuple(sorted(self._posts.get(round_id, {})))
+
+    def gather(self, round_id: int, kind: str, *, members: Iterable[int] | None = None) -> dict[int, Message]:
+        """Each member's (default: each member in the round's) post of `kind`, waiting up to `wait_s`
+        for the missing ones."""
+        want = set(self.in_round(round_id) if members is None else members)
+        deadline = time.monotonic() + self.wait_s
+        with self._cond:
+            while True:
+                posts = {m: p[kind] for m, p in self._posts.get(round_id, {}).items() if m in want and kind in p}
+                left = deadline - time.monotonic()
+                if posts.keys() >= want or left <= 0:
+                    return posts
+                self._cond.wait(left)
+
+    def plan(self, round_id: int, attack: str, *, kind: str) -> Mapping[int, tuple[int, ...]]:
+        """The round's plan for `attack`, made once by its planner from the members' `kind` requests."""
+        key = (round_id, attack)
+        with self._cond:
+            if key in self._plans:
+                return self._plans[key]
+        requests = self.gather(round_id, kind)
+        with self._cond:
+            if key not in self._plans:
+                planner = self.planners.get(attack)
+                self._plans[key] = dict(planner(round_id, requests)) if planner is not None else {}
+            return self._plans[key]
+
+    @property
+    def plans(self) -> dict[tuple[int, str], Mapping[int, tuple[int, ...]]]:
+        """Every plan made so far, by (round id, attack)."""
+        with self._cond:
+            return dict(self._plans)
+
+
 @dataclass(frozen=True)
 class StageCall:
     """What an attack sees at one stage of one round."""
@@ -268,6 +344,15 @@ class StageCall:
     """The replies of this insider's previous round, by stage."""
     honest: tuple[int, ...]
     max_reply_bytes: int
+    attack: str = ""
+    """The attack's name in `ATTACKS`."""
+    coalition: Coalition | None = None
+    stage_timeout: float = 60.0
+    """The server's stage timeout (what a staller plays against)."""
+    received_at: float = 0.0
+    """time.monotonic() when the request arrived."""
+    stop: threading.Event | None = None
+    """Set when the insider must stop (ends a stall early)."""
 
 
 Attack = Callable[[StageCall], list[list]]
@@ -387,6 +472,118 @@ def wrong_stage(call: StageCall) -> list[list]:
     return [*early, encode(call.reply)]
 
 
+# ---- colluding insiders (a `Coalition` shares their state) ---------------------------------------
+
+ACCUSATIONS: dict[str, tuple[str, str]] = {
+    "share_check": ("check_request", "bad_shares"),    # SecAgg, SecAgg+: the check stage
+    "lsa_masked_input": ("lsa_relay", "bad_pieces"),   # LightSecAgg: with the masked input
+}
+"""Reply kind that carries accusations -> (the request kind it answers, the accusation field)."""
+
+
+def _accuse(attack: str) -> Attack:
+    def run(call: StageCall) -> list[list]:
+        where = ACCUSATIONS.get(call.reply.kind)
+        if where is None or call.coalition is None:
+            return honest(call)
+        kind, name = where
+        targets = call.coalition.plan(call.reply.round, attack, kind=kind).get(call.reply.sender, ())
+        accused = tuple(sorted(set(call.reply[name]) | set(targets)))
+        return [encode(_with(call.reply, **{name: accused}))]
+    run.__doc__ = (f"Accuse honest clients (sealed shares or pieces 'failed to open') as the coalition's "
+                   f"'{attack}' planner decides for the whole coalition.")
+    return run
+
+
+def _duplicate(*, half: bool) -> Attack:
+    def run(call: StageCall) -> list[list]:
+        if call.stage != 0 or call.coalition is None:
+            return honest(call)
+        source = call.coalition.members[0]
+        if call.reply.sender == source:
+            return honest(call)
+        theirs = call.coalition.gather(call.reply.round, call.reply.kind, members=(source,)).get(source)
+        name = _key_field(call.reply)
+        if theirs is None:
+            return honest(call)
+        keys = theirs[name]
+        if half and name == "keys":  # SecAgg's c_pk || s_pk: repeat only the masking key s_pk
+            keys = call.reply[name][: len(keys) // 2] + keys[len(keys) // 2:]
+        signature = call.identity.signing_key.sign(
+            advertisement(_signed_as(call.protocol), call.reply.round, call.reply.sender, keys))
+        return [encode(_with(call.reply, **{name: keys, "signature": signature}))]
+    run.__doc__ = ("The coalition's lowest member advertises its real round keys; every other member "
+                   + ("advertises the same masking key (the second half of SecAgg's key pair; the whole key "
+                      "elsewhere)" if half else "advertises the same keys")
+                   + ", signed with its own enrolled identity (a valid signature: only the repeat gives it away).")
+    return run
+
+
+def wrong_unmask(call: StageCall) -> list[list]:
+    """One unmasking seed share (SecAgg) or the aggregate coded piece (LightSecAgg) off by one: a lie
+    the server can only catch by cross-checking the redundant shares."""
+    r = call.reply
+    if r.kind == "unmask_shares":
+        seeds = dict(r["seed_shares"])
+        owner = next((u for u in sorted(seeds) if u != r.sender), None)
+        if owner is None:
+            return honest(call)
+        seeds[owner] = shamir.to_bytes((shamir.from_bytes(seeds[owner]) + 1) % shamir.PRIME)
+        return [encode(_with(r, seed_shares=seeds))]
+    if r.kind == "lsa_aggregate_piece":
+        piece = r["piece"].copy()
+        piece[0] = (int(piece[0]) + 1) % FIELD_P31.modulus
+        return [encode(_with(r, piece=piece))]
+    return honest(call)
+
+
+STALL_FRACTION = 0.9
+
+
+def stall(call: StageCall) -> list[list]:
+    """Every reply genuine, sent STALL_FRACTION of the stage timeout after its request arrived: without
+    a stall policy it would hold each stage (and every round) to nearly the timeout."""
+    wait = max(0.0, call.received_at + STALL_FRACTION * call.stage_timeout - time.monotonic())
+    if call.stop is None:
+        time.sleep(wait)
+    elif call.stop.wait(wait):
+        return []
+    return honest(call)
+
+
+def unchecked_reply(client: object, msg: Message, identity: Identity) -> Message | None:
+    """What a colluder sends where its own client refused (the survivor set too small, too few
+    partners alive or signatures): it signs any announced survivor set and reveals what it holds for
+    it, exactly as the client would but without the client's checks. None if it holds nothing."""
+    me = msg.receiver
+    if msg.kind == "consistency_request" and hasattr(client, "masked_with"):
+        survivors = tuple(sorted(set(msg["survivors"])))
+        client.survivors, client.alive = survivors, client.masked_with & frozenset(survivors)
+        client._next_kinds = ("unmask_request",)
+        return client._reply("survivor_signature", signature=sign_survivors(identity, "secagg", msg.round, survivors))
+    if msg.kind == "unmask_request" and getattr(client, "held", None):
+        seeds = {u: client.held[u][0] for u in client.alive}
+        seeds[me] = shamir.to_bytes(client.own_shares[0])
+        keys = {v: client.held[v][1] for v in client.masked_with - client.alive}
+        client.held, client._next_kinds, client.finished = {}, (), True
+        return client._reply("unmask_shares", seed_shares=seeds, key_shares=keys)
+    if msg.kind == "lsa_survivors" and getattr(client, "_own_piece", None) is not None:
+        survivors = tuple(sorted(set(msg["survivors"])))
+        if any(c != me and c not in client._held for c in survivors):
+            return None
+        client._survivors, client._next_kinds = survivors, ("lsa_recover",)
+        return client._reply("lsa_survivor_signature",
+                             signature=sign_survivors(identity, "lightsecagg", msg.round, survivors))
+    if msg.kind == "lsa_recover" and getattr(client, "_own_piece", None) is not None and client._survivors:
+        acc = client._own_piece.copy()
+        for c in client._survivors:
+            if c != me:
+                FIELD_P31.add_(acc, client._held[c])
+        client._held, client._own_piece, client._next_kinds, client.finished = {}, None, (), True
+        return client._reply("lsa_aggregate_piece", piece=acc)
+    return None
+
+
 DROPPED, COUNTED, EITHER = "dropped", "counted", "either"
 
 
@@ -396,11 +593,19 @@ class AttackSpec:
     outcome: str
     """What the server must make of the insider: DROPPED from the round, COUNTED as a contributor
     (its genuine reply is valid and must not be displaced), or EITHER."""
+    faulty: str | None = None
+    """A regex the server's recorded reason for the insider (`RoundResult.faulty`) must match."""
+    accused_by_honest: bool = False
+    """Honest receivers report its sealed messages: the server drops one of them with it (a dispute)."""
+    coalition: bool = False
+    """Needs a `Coalition` (several insiders acting on one plan)."""
+    force: Callable[[object, Message, Identity], Message | None] | None = None
+    """Where its own client protocol refuses a request, the reply to send anyway."""
 
 
 ATTACKS: dict[str, AttackSpec] = {
-    "corrupt_shares": AttackSpec(corrupt_shares, DROPPED),
-    "corrupt_some_shares": AttackSpec(corrupt_some_shares, DROPPED),
+    "corrupt_shares": AttackSpec(corrupt_shares, DROPPED, accused_by_honest=True),
+    "corrupt_some_shares": AttackSpec(corrupt_some_shares, DROPPED, accused_by_honest=True),
     "low_order_key": AttackSpec(low_order_key, DROPPED),
     "bad_signature": AttackSpec(bad_signature, DROPPED),
     "malformed": AttackSpec(malformed, DROPPED),
@@ -411,6 +616,15 @@ ATTACKS: dict[str, AttackSpec] = {
     "spoof": AttackSpec(spoof, COUNTED),
     "wrong_stage": AttackSpec(wrong_stage, COUNTED),
     "honest": AttackSpec(honest, COUNTED),
+    "accuse_classic": AttackSpec(_accuse("accuse_classic"), EITHER, coalition=True),
+    "accuse_search": AttackSpec(_accuse("accuse_search"), EITHER, coalition=True),
+    "duplicate_keys": AttackSpec(_duplicate(half=False), DROPPED, faulty="advertised a public key that clients",
+                                 coalition=True),
+    "duplicate_half_key": AttackSpec(_duplicate(half=True), DROPPED, faulty="advertised a public key that clients",
+                                     coalition=True),
+    "wrong_unmask": AttackSpec(wrong_unmask, COUNTED, faulty=r"sent (a )?wrong"),
+    "stall": AttackSpec(stall, DROPPED),
+    "collude": AttackSpec(honest, EITHER, coalition=True, force=unchecked_reply),
 }
 
 
@@ -422,21 +636,34 @@ class InsiderLog:
     rounds: dict[int, str] = field(default_factory=dict)
     """Round id -> the attack it ran."""
     errors: list[str] = field(default_factory=list)
+    forced: int = 0
+    """Replies sent where its own client protocol refused (`AttackSpec.force`)."""
+    shutdown_round: int | None = None
+    """The round it was in when the server told it to exit (None: it was not told)."""
 
 
 class Insider:
     """An enrolled client under attacker control: the real client protocol of `protocol` computes
     each genuine reply (input `input_fn(round_id)`), and `plan(round_id)` (an `ATTACKS` name) decides
-    what is sent. Reconnects when the server cuts it. `run` until `stop` or the server's shutdown."""
+    what is sent; where the real protocol refuses a request, the attack's `force` may answer anyway.
+    With a `coalition`, it shares every request and genuine reply with the other members. Reconnects
+    when the server cuts it. `run` until `stop` or the server's shutdown."""
 
     def __init__(self, *, endpoint: str, client_id: int, protocol: str, curve: CurveClientKeys,
                  identity: Identity, session_text: str, plan: Callable[[int], str],
                  input_fn: Callable[[int], np.ndarray], honest: Iterable[int], max_reply_bytes: int,
-                 context: zmq.Context) -> None:
+                 context: zmq.Context, coalition: Coalition | None = None, stage_timeout: float = 60.0,
+                 observe: Callable[[int, Message], None] | None = None,
+                 client_params: Mapping[str, object] | None = None) -> None:
+        """`coalition`: the insiders it colludes with (it posts every request and genuine reply there);
+        `observe(client id, request)`: called on every request (the campaign's record of what the
+        server sent); `client_params`: extra keywords of its client protocol (floors)."""
         self.endpoint, self.client_id, self.protocol = endpoint, client_id, protocol
         self.curve, self.identity, self.session_text = curve, identity, session_text
         self.plan, self.input_fn, self.honest = plan, input_fn, tuple(honest)
         self.max_reply_bytes, self.context = max_reply_bytes, context
+        self.coalition, self.stage_timeout, self.observe = coalition, stage_timeout, observe
+        self.client_params = dict(client_params or {})
         self.log = InsiderLog()
 
     def run(self, stop: threading.Event) -> InsiderLog:
@@ -465,14 +692,16 @@ class Insider:
 
     def _serve(self, peer: RawPeer, stop: threading.Event, replies: dict[int, dict[int, Message]]) -> str:
         client_cls = registry.client_class(self.protocol)
-        current, protocol, stage, attack = -1, None, 0, honest
+        current, protocol, stage, name = -1, None, 0, "honest"
         while not stop.is_set():
             if peer.disconnected():
                 return "cut"
             msg = self._recv(peer, 0.2)
             if msg is None:
                 continue
+            received_at = time.monotonic()
             if msg.kind == session.SHUTDOWN:
+                self.log.shutdown_round = current
                 return "shutdown"
             if msg.kind in session.SESSION_KINDS:
                 continue
@@ -480,25 +709,36 @@ class Insider:
                 current, stage = msg.round, 0
                 name = self.plan(msg.round)
                 self.log.rounds[msg.round] = name
-                attack = ATTACKS[name].run
                 protocol = client_cls(client_id=self.client_id, round_id=msg.round,
                                       input_fn=lambda r=msg.round: self.input_fn(r),
-                                      **registry.with_enrolment(client_cls, {}, identity=self.identity))
+                                      **registry.with_enrolment(client_cls, self.client_params, identity=self.identity))
             elif msg.round < current or protocol is None:
                 continue
             else:
                 stage += 1
+            spec = ATTACKS[name]
+            if self.observe is not None:
+                self.observe(self.client_id, msg)
+            if self.coalition is not None:
+                self.coalition.post(msg.round, self.client_id, msg)
             try:
                 reply = protocol.handle(msg)
             except ProtocolError as exc:
-                self.log.errors.append(f"round {msg.round}: {exc}")
-                continue
+                reply = spec.force(protocol, msg, self.identity) if spec.force is not None else None
+                if reply is None:
+                    self.log.errors.append(f"round {msg.round}: {exc}")
+                    continue
+                self.log.forced += 1
             if reply is None:
                 continue
+            if self.coalition is not None:
+                self.coalition.post(msg.round, self.client_id, reply)
             call = StageCall(protocol=self.protocol, stage=stage, request=msg, reply=reply,
                              identity=self.identity, previous=replies.get(msg.round - 1, {}),
-                             honest=self.honest, max_reply_bytes=self.max_reply_bytes)
-            for frames in attack(call):
+                             honest=self.honest, max_reply_bytes=self.max_reply_bytes, attack=name,
+                             coalition=self.coalition, stage_timeout=self.stage_timeout, received_at=received_at,
+                             stop=stop)
+            for frames in spec.run(call):
                 try:
                     peer.sock.send_multipart(frames, copy=False)
                     self.log.sent += 1

@@ -27,8 +27,11 @@ authentication at its receiver c cannot be judged by the server (it cannot open 
 shares are checked before anyone masks: in the check stage each client opens the shares relayed
 to it and names the senders whose shares failed (`bad_shares`). The server cannot tell which end
 of an accusation lies, but one of them misbehaved, so it drops BOTH ends of each accusation of a
-maximal matching (`base.accusation_matching`): colluders can never make an accusation cost more
-honest seats than colluding ones, and the pair is recorded as a dispute, not as a culprit. Only
+maximal matching (`base.accusation_matching`): disputes never cost more honest seats than colluding
+ones, and the pair is recorded as a dispute, not as a culprit. (On SecAgg+'s sparse ring, clients
+left with fewer than the needed live partners then leave the round as after any dropout: in the
+attack campaign two colluders' accusations cost 23 honest seats against 20 colluding ones over the
+opened rounds, 3 of them such partner drops, and could abort some rounds: denial of service.) Only
 then does it tell each client which neighbours to mask with (`mask_with`: its kept neighbours,
 whose shares it holds), so no survivor ever masks with a client whose masking key it cannot help
 rebuild, however many of its shares were spoiled. A dropped client's self-mask seed is never
@@ -268,6 +271,7 @@ class SecAggPlusServer(ServerProtocol):
             if not weak:
                 break
             alive -= weak
+            self._dropped[stage] = self._dropped.get(stage, frozenset()) | weak
         if len(alive) < self.min_clients:
             raise AbortError(stage=stage, survivors=len(alive), required=self.min_clients,
                              detail=f"neighbourhood threshold {self.threshold}, {self.partners} partners each")

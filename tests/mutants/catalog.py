@@ -519,3 +519,98 @@ def _guard_accepts_negligible_noise(mp: Patcher) -> None:
         init(self, *args, **kwargs)
 
     mp.setattr(DisclosureGuard, "__init__", no_epsilon_test)
+
+
+# ---- the papers' equations (tests/fl_algorithms/algorithms/test_paper_behaviour.py) ----------------
+
+PAPERS = "tests/fl_algorithms/algorithms/test_paper_behaviour.py"
+
+
+@mutant("fedmcp_eval_global_adapter",
+        breaks="FedMCP Sec. IV-B: a client predicts with the global adapter alone under the full model's head "
+               "g1, instead of h + 1/2 A_g(h) + 1/2 A_p(h) with g1",
+        tests=(f"{PAPERS}::test_fedmcp_predicts_with_the_full_model_and_its_own_classifier_g1",))
+def _fedmcp_eval_global_adapter(mp: Patcher) -> None:
+    import dataclasses
+
+    from fl_algorithms.algorithms.fedmcp import FULL_MODEL, GLOBAL
+    from fl_algorithms.training.adapter_trainer import AdapterTrainer
+
+    evaluate = AdapterTrainer.evaluate
+
+    def global_adapter_only(self: Any, *, split: str = "test") -> dict[str, float]:
+        spec = self.spec
+        if dict(spec.predict_mixing) != dict(FULL_MODEL):
+            return evaluate(self, split=split)
+        self.spec = dataclasses.replace(spec, predict_mixing={GLOBAL: 1.0})
+        try:
+            return evaluate(self, split=split)
+        finally:
+            self.spec = spec
+
+    mp.setattr(AdapterTrainer, "evaluate", global_adapter_only)
+
+
+@mutant("atc_no_group_update",
+        breaks="ATC Eq. 4: the CONTRAST rounds' group update sum_{i in C+_n} |D_i| / |D_C+_n| Delta w_i is "
+               "dropped, so w_n^(t+1) = w_n^t",
+        tests=(f"{PAPERS}::test_atc_contrast_rounds_apply_eq_4_the_size_weighted_mean_update_of_c_plus",))
+def _atc_no_group_update(mp: Patcher) -> None:
+    from fl_algorithms.algorithms.atc import ATC
+
+    server_update = ATC.server_update
+
+    def without_group_update(self: Any, *, state: dict[str, Any], view: Any) -> dict[str, Any]:
+        new = server_update(self, state=state, view=view)
+        if self.contrasting(view.round) and state["near"]:
+            new = {**new, "updates": {}}
+        return new
+
+    mp.setattr(ATC, "server_update", without_group_update)
+
+
+@mutant("fedseit_uniform_alpha",
+        breaks="FedSeIT SIT: the top-K foreign tasks' initial alphas are 1/K instead of their normalised "
+               "similarity scores",
+        tests=(f"{PAPERS}::test_sit_alphas_are_the_normalised_scores_of_distinct_descriptors",
+               f"{PAPERS}::test_sit_alphas_reach_the_foreign_adaptives_attention_in_the_clients_model"))
+def _fedseit_uniform_alpha(mp: Patcher) -> None:
+    from fl_algorithms.algorithms.fedseit import FederatedContinual
+
+    select = FederatedContinual.select
+
+    def uniform(self: Any, **kwargs: Any) -> list[list[float]]:
+        chosen = select(self, **kwargs)
+        return [[owner, task, 1.0 / len(chosen)] for owner, task, _ in chosen]
+
+    mp.setattr(FederatedContinual, "select", uniform)
+
+
+@mutant("adafedselectkd_trains_global_adapter",
+        breaks="AdaFedSelectKD Sec. III-B: the global adapter A_g, a parameter container, is optimised with the "
+               "client's task loss next to A_l, so the teacher drifts from the server's parameters",
+        tests=(f"{PAPERS}::test_the_global_adapter_is_bit_identical_after_local_training_with_the_real_trainer",))
+def _adafedselectkd_trains_global_adapter(mp: Patcher) -> None:
+    from fl_algorithms.algorithms.adafedselectkd import GLOBAL, LOCAL
+    from fl_algorithms.tasks import summarization
+    from fl_algorithms.tasks.seq2seq import headline_loss
+    from nlp_models.adapters import active, set_trainable_sets
+
+    fit = summarization.SummaryTrainer.fit
+
+    def train_both(self: Any, *, epochs: int, objective: Any, round: int | None = None) -> dict[str, float]:
+        decoder = self.model.decoder
+        set_trainable_sets(decoder, (GLOBAL, LOCAL))
+        self._optimizer = None  # rebuilt over A_g and A_l
+
+        def with_global_task_loss(model: Any, batch: Any) -> Any:
+            with active(decoder, {GLOBAL: 1.0}):
+                global_loss = headline_loss(model.model, batch)
+            return objective(model, batch) + global_loss
+
+        try:
+            return fit(self, epochs=epochs, objective=with_global_task_loss, round=round)
+        finally:
+            set_trainable_sets(decoder, (LOCAL,))
+
+    mp.setattr(summarization.SummaryTrainer, "fit", train_both)

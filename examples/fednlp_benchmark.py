@@ -17,6 +17,14 @@ tagging and QA (every layer but the embeddings, client lr 5e-5). FedOPT is FedNL
 momentum (FedAvgM, lr 0.1, momentum 0.9, as FedNLP's own scripts; `--fedopt-server-lr 1.0` is the lr
 its text states); FedAdam / FedAdagrad / FedYogi are Reddi et al.'s (--algorithms).
 
+Training protocol (docs/protocols.md; `--training-protocol`, printed per algorithm at the start and
+recorded in every cell): FedNLP's by default, as its public trainer runs it: SGD for FedAvg and FedProx
+(and Reddi et al.'s adaptive servers), AdamW for FedOPT's clients, one client lr for all (the task's),
+a fresh optimiser every round with a linear warmup (6% of the round's steps) and decay to 0, gradients
+clipped to norm 1.0. `--training-protocol federated-norm` is the all-AdamW control (a fresh AdamW each
+round, constant lr, no clipping); `kept-adamw` reproduces grids run before protocols were declared
+(AdamW kept across rounds; a resumed grid saved before then keeps it).
+
 Partitions: iid, label:ALPHA (Dirichlet label skew; tagging has no sentence label and uses
 cluster:ALPHA, FedNLP's k-means feature clusters, instead), quantity:BETA, cluster:ALPHA.
 
@@ -30,6 +38,7 @@ score). A run's `score` is the mean over clients of each client's test metric; i
 metric over the union of the clients' test splits, FedNLP's global test set (under a skewed partition the
 two differ: small clients count as much as large ones in the first). The last lines are one per task:
     fednlp task=classification metric=acc trivial=.. fedavg=.. fedprox=.. fedopt=.. secure_vs_plain_max_diff=..
+      ... protocol=fednlp
 with the first partition and secure protocol's test scores (mean over seeds), the trivial baseline
 (majority class, most frequent tag, the better of first-entity and empty answer, lead words of the
 body), the largest difference of any final parameter between FedAvg under the secure protocol and
@@ -37,7 +46,8 @@ under a plaintext sum (first seed), the same after round 1 (round1_diff: both ru
 see the same batches, so only the fixed-point encoding differs) next to the encoder's bound and
 whether every coordinate is within it (plus the float32 rounding of the update and of the new
 parameters, the models' precision), the
-plaintext twin's seconds per round and the secure sum's seconds per round (FedAvg; the overhead).
+plaintext twin's seconds per round and the secure sum's seconds per round (FedAvg; the overhead), and
+the grid's training protocol.
 """
 from __future__ import annotations
 
@@ -52,8 +62,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from fl_algorithms.experiments.cli import (add_run_args, append_cell, comma_list, open_run, parse_grid_args,
-                                           read_cells, start_workers)
+from fl_algorithms.experiments.cli import (add_run_args, add_training_protocol_arg, append_cell, comma_list, open_run,
+                                           parse_grid_args, protocol_lines, read_cells, start_workers)
 from fl_algorithms.experiments.fednlp_grid import (ALGORITHMS, METRIC_NAMES, PROTOCOLS, WIDENABLE, AlgorithmSettings,
                                                    GridPlan, aggregate, cell_key, encoder_bound, flat_vector,
                                                    load_formulation,
@@ -112,6 +122,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--fedopt-server-lr", type=float, default=AlgorithmSettings.fedavgm_lr, metavar="LR",
                    help=f"FedOPT's server SGD lr (default {AlgorithmSettings.fedavgm_lr:g} as FedNLP's scripts; "
                         "FedNLP's text states 1.0), momentum 0.9 either way; a new grid only")
+    add_training_protocol_arg(p, default="fednlp")
     add_run_args(p, resume_help=", except --tasks/--algorithms/--partitions/--protocols/--seeds, which grow it")
     p.add_argument("--freezing", type=comma_list(int, what="frozen layer count"), default=None, metavar="K,K,..",
                    help="run FedNLP's layer-freezing study instead of the grid: BBC topics with the embeddings and "
@@ -150,7 +161,8 @@ def build_plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Gri
         for text in chosen.get("partitions", ()):
             PartitionSpec.parse(text)
         return GridPlan(**{**base, **chosen, "formulation": formulation, "per_task": per_task},
-                        algorithm=AlgorithmSettings(fedavgm_lr=args.fedopt_server_lr))
+                        algorithm=AlgorithmSettings(fedavgm_lr=args.fedopt_server_lr),
+                        training_protocol=args.training_protocol)
     except ValueError as error:
         parser.error(str(error))
 
@@ -202,7 +214,7 @@ def freezing_main(args: argparse.Namespace, parser: argparse.ArgumentParser, *, 
                             else quick["formulation"]["max_examples"],
                             protocol=(args.protocols or ("secagg+",))[0], lr=args.freezing_lr,
                             algorithm=args.freezing_algorithm or ("fedavg" if args.quick else "fedopt"),
-                            seed=(args.seeds or (0,))[0])
+                            seed=(args.seeds or (0,))[0], training_protocol=args.training_protocol)
     except ValueError as error:
         parser.error(str(error))
     run = (Path(args.out) if args.out else DEFAULT_OUT) / (args.run_name or time.strftime("freezing-%Y%m%d-%H%M%S"))
@@ -263,6 +275,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     clients_cache: dict[tuple, tuple[Any, FirstRunMemo]] = {}
     print(f"run directory: {run}  (device {device}, torch threads {args.threads}, {len(plan.cells())} runs, "
           f"{len(done)} already done)", flush=True)
+    for task in plan.tasks:  # the declared protocol of every algorithm, at each task's client lr
+        settings = plan.settings(task, partition=partition_for(task, plan.partitions[0]), seed=plan.seeds[0])
+        print("\n".join(f"{task}: {line}" for line in protocol_lines(
+            {a: plan.protocol_for(a, settings) for a in plan.algorithms})), flush=True)
     if not args.report:
         done = start_workers(args, run, script=__file__, device=device, cells=plan.cells(), cells_path=cells_path,
                              key=cell_key, forward=["--backbone", args.backbone])
@@ -354,6 +370,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             parts.append("secure_vs_plain_max_diff=n/a")
         if "fedavg" in picked:
             parts.append(f"secure_sum_s_per_round={picked['fedavg']['secure_seconds_per_round']:.3f}")
+        parts.append(f"protocol={plan.training_protocol}")
         lines.append(" ".join(parts))
     print("\n".join(lines), flush=True)
     return {"run": run, "rows": rows, "table": table, "lines": lines}

@@ -1,10 +1,13 @@
 """FedNLP text classification (Lin et al., 2022): FedAvg, FedProx and FedOPT on BBC News topics under
-Dirichlet label skew, every round's uploads summed with SecAgg+.
+Dirichlet label skew, every round's uploads summed with SecAgg+, trained as FedNLP trains them.
 
     python examples/fednlp_classification.py --quick        # < 5 min on 2 cores
     python examples/fednlp_classification.py                 # all 2,127 distinct articles, 20 clients
     python examples/fednlp_classification.py --quick --runtime deploy   # server + 8 client processes, tcp
     python examples/fednlp_classification.py --resume results/fednlp/<run>
+    python examples/fednlp_classification.py --quick --training-protocol federated-norm   # the all-AdamW control
+    python examples/fednlp_classification.py --quick --training-protocol kept-adamw --fedopt-server adam
+                                                              # how this example ran before (named, reproducible)
 
 Options every example shares: --algorithms fedavg,fedprox,fedopt  --protocol secagg+ (any of
 `python -m fl_algorithms --list`)  --seeds 0,1,2 (mean and spread over seeds)  --device auto|cpu|cuda
@@ -15,10 +18,13 @@ own shard and prefix cache, see fl_algorithms.tasks.fednlp).
 Prints a table (method, final and best accuracy, rounds, bytes uploaded per client per round, share
 of round time spent in secure aggregation), saves results/fednlp/<run>/curve.png and results.json,
 writes per-round metrics as they happen (metrics.jsonl/.csv, TensorBoard when installed) and
-config.toml, and ends with the line
-    fedavg_acc=.. fedprox_acc=.. fedopt_acc=.. secure_vs_plain_max_abs_diff=..
+config.toml (both with the declared training protocol of every method), prints that protocol at the
+start, and ends with the line
+    fedavg_acc=.. fedprox_acc=.. fedopt_acc=.. secure_vs_plain_max_abs_diff=.. protocol=fednlp
 (one `<method>_acc` per chosen algorithm, the mean over seeds, with `<method>_acc_std` when there
-are several seeds; the last key appears when FedAvg runs under a secure protocol), where the last figure is the largest absolute difference between the final global parameters of
+are several seeds; `secure_vs_plain_max_abs_diff` appears when FedAvg runs under a secure protocol;
+`protocol=` names the clients' training protocol), where that figure is the largest absolute
+difference between the final global parameters of
 FedAvg run with SecAgg+ and FedAvg run with a plaintext sum, all seeds equal: only the fixed-point
 encoder's stochastic rounding differs (its per-round error bound is printed next to it).
 
@@ -36,15 +42,24 @@ Setup and choices (and where they depart from FedNLP):
 - Accuracy: the mean over clients of each client's accuracy on its own test split under the global
   model (every client, every round). The pooled accuracy over all clients' test examples (= a
   global test set) is in results.json too. "best" is the best round of that test curve.
-- Clients: AdamW (FedNLP's ClientOpt), 1 local epoch (FedNLP), batch 16, lr 1e-2: the best of
-  {1e-3, 3e-3, 1e-2} for FedAvg on the clients' validation splits in a pilot on the --quick data
-  (adapters and a fresh head get only ~30 local steps in a quick run; 1e-3 reached 0.56). FedProx:
-  mu = 0.01, untuned (the middle of the FedProx paper's grid; with a few local steps FedProx stays
-  close to FedAvg, as FedNLP also found). FedOPT: server Adam (FedNLP's default is SGD-momentum;
-  Adam per Reddi et al.), beta1 0.9, beta2 0.99, tau 1e-3 (Reddi et al.'s value; 1e-4 diverged),
-  server lr 1e-2: the best of {1e-3, 3e-3, 1e-2, 4e-2} on the same validation pilot (4e-2 is
-  "client lr x local steps", how far one local run moves a coordinate; it overshot). Each method
-  thus runs at its own validation-chosen setting; nothing was chosen on test accuracy.
+- Clients (the declared training protocol, docs/protocols.md; `--training-protocol`): FedNLP's by
+  default, as its public trainer (training/tc_transformer_trainer.py, build_optimizer) runs it: SGD
+  for FedAvg and FedProx, AdamW for FedOPT's clients (FedNLP Sec. 2.2), one client lr for all, a fresh
+  optimiser every round with a linear warmup over 6% of the round's steps and a linear decay to 0,
+  gradients clipped to norm 1.0; 1 local epoch (FedNLP Sec. 4), batch 16, lr 1e-2: the best of
+  {1e-3, 3e-3, 1e-2} for FedAvg with AdamW kept across rounds on the clients' validation splits in a
+  pilot on the --quick data (adapters and a fresh head get only ~30 local steps in a quick run; 1e-3
+  reached 0.56); FedNLP passes one lr to every algorithm, and so does this example (SGD at an lr chosen
+  for AdamW moves the adapters far less: part of what FedNLP's comparison compares).
+  `--training-protocol federated-norm` is the all-AdamW control (a fresh AdamW each round, constant lr,
+  no clipping); `kept-adamw` is AdamW kept across rounds, what this example ran before (with
+  `--fedopt-server adam`, its numbers reproduce). FedProx: mu = 0.01, untuned (the middle of the FedProx
+  paper's grid; with a few local steps FedProx stays close to FedAvg, as FedNLP also found). FedOPT as
+  FedNLP names it: client AdamW, server SGD with momentum 0.9 (FedAvgM), server lr 0.1 as FedNLP's
+  scripts (its text states 1.0: `--fedavgm-lr 1`). `--algorithms fedadam` adds Reddi et al.'s FedAdam
+  (server Adam, beta1 0.9, beta2 0.99, tau 1e-3, server lr 1e-2: the best of {1e-3, 3e-3, 1e-2, 4e-2}
+  on the same validation pilot), which is what this example's "FedOPT (Adam)" was before. Nothing was
+  chosen on test accuracy.
 - Cohort: a random subset of clients each round (4 of 8 in --quick, 10 of 20 by default), as in
   FedNLP's cross-device setting; every method sees the same cohorts (the seeded sampler: no DP
   runs here, so no amplification is claimed; `--runtime deploy` draws fixed-size cohorts from the
@@ -68,13 +83,14 @@ from tqdm import tqdm
 
 from fl_algorithms.engine.secure_sum import SecureAggregator
 from fl_algorithms.engine.sim import RoundRecord, RunConfig, SimulationRunner
-from fl_algorithms.experiments.cli import check_run_location, comma_list
+from fl_algorithms.experiments.cli import add_training_protocol_arg, check_run_location, comma_list, protocol_lines
 from fl_algorithms.experiments.results import write_results
 from fl_algorithms.experiments.rundir import RunDirectory
 from fl_algorithms.experiments.tables import pyplot, save_figure
 from fl_algorithms.experiments.task import Task
-from fl_algorithms.tasks.fednlp import (BACKBONES, METHODS, QUICK, FedNLPClients, FedNLPSettings, make_algorithm,
-                                        secure_config)
+from fl_algorithms.training.protocol import TrainingProtocol
+from fl_algorithms.tasks.fednlp import (BACKBONES, DEFAULT_METHODS, FEDOPT_SERVERS, METHODS, QUICK, FedNLPClients,
+                                        FedNLPSettings, make_algorithm, secure_config)
 from nlp_models._offline import ensure_offline
 from nlp_models.data.own import DataError, add_data_arguments
 from nlp_models.device import DEVICES, resolve_device
@@ -82,7 +98,7 @@ from secagg.protocols import registry
 
 DEFAULT_OUT = Path(__file__).resolve().parents[1] / "results" / "fednlp"
 PLAIN_TWIN = "fedavg_plain"
-LABELS = {"fedavg": "FedAvg", "fedprox": "FedProx", "fedopt": "FedOPT (Adam)", PLAIN_TWIN: "FedAvg"}
+LABELS = {"fedavg": "FedAvg", "fedprox": "FedProx", "fedopt": "FedOPT", "fedadam": "FedAdam", PLAIN_TWIN: "FedAvg"}
 TASK_SPEC = "fl_algorithms.tasks.fednlp:build"
 Settings = FedNLPSettings  # one seed's settings; the run's seeds are listed beside them
 
@@ -94,7 +110,7 @@ def _parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="600 articles, 8 clients (4 per round), 8 rounds, 64 tokens")
     p.add_argument("--algorithms", type=comma_list(str, what="algorithm", choices=METHODS), default=None,
-                   help=f"comma list from {','.join(METHODS)} (default all)")
+                   help=f"comma list from {','.join(METHODS)} (default {','.join(DEFAULT_METHODS)})")
     p.add_argument("--protocol", choices=registry.names(), default=None,
                    help="secure-aggregation protocol of every upload (default secagg+)")
     p.add_argument("--seeds", type=comma_list(int, what="seed"), default=None, help="comma list of seeds (default 0)")
@@ -114,9 +130,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--run-name", metavar="NAME", help="run directory name (default: a time stamp)")
     p.add_argument("--threads", type=int, default=1, help="torch threads (default 1: robust on a shared machine)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    add_training_protocol_arg(p, default=None)
+    p.add_argument("--fedopt-server", choices=FEDOPT_SERVERS, default=None,
+                   help="FedOPT's server: sgdm (FedNLP's SGD with momentum, default) or adam (this example before)")
     add_data_arguments(p)
     for field in dataclasses.fields(Settings):
-        if field.name in ("quick", "seed", "data", "text_col", "label_col"):
+        if field.name in ("quick", "seed", "data", "text_col", "label_col", "training_protocol", "fedopt_server"):
             continue
         kind = {"max_docs": int, "max_length": int, "clients": int, "min_client_docs": int, "rounds": int,
                 "clients_per_round": int, "local_epochs": int, "adapter_layers": int, "bottleneck": int,
@@ -129,7 +148,7 @@ def _parser() -> argparse.ArgumentParser:
 class Plan:
     """What the run does beyond one seed's settings (saved in config.toml with them)."""
 
-    algorithms: tuple[str, ...] = METHODS
+    algorithms: tuple[str, ...] = DEFAULT_METHODS
     protocol: str = "secagg+"
     seeds: tuple[int, ...] = (0,)
     runtime: str = "sim"
@@ -186,8 +205,10 @@ def parse_settings(argv: Sequence[str] | None = None) -> tuple[argparse.Namespac
             # a run saved before --sampler existed continues with Poisson cohorts (the engine's default when
             # it was saved; still older runs had seeded ones, which a deployment would refuse)
             saved_plan = {"sampler": "poisson", **saved["plan"]}
-            settings, plan = Settings(**saved["settings"]), Plan(**{k: tuple(v) if isinstance(v, list) else v
-                                                                    for k, v in saved_plan.items()})
+            # a run saved before protocols were declared trained AdamW kept across rounds, its FedOPT server Adam
+            saved_settings = {"training_protocol": "kept-adamw", "fedopt_server": "adam", **saved["settings"]}
+            settings, plan = Settings(**saved_settings), Plan(**{k: tuple(v) if isinstance(v, list) else v
+                                                                 for k, v in saved_plan.items()})
             clash = {k: v for k, v in chosen.items() if getattr(settings, k) != v}
             clash.update({k: v for k, v in planned.items() if getattr(plan, k) != v})
             if clash:
@@ -226,7 +247,8 @@ def run_method(method: str, clients: FedNLPClients, plan: Plan, run: RunDirector
                        sampler=plan.sampler, secure=secure_config(settings, protocol=protocol, max_weight=max(sizes)),
                        checkpoint_dir=str(run.path / "checkpoints" / where), backend=plan.backend,
                        ray_address=plan.ray_address)
-    task = Task(algorithm=make_algorithm(name, settings), make_trainer=clients.make_trainer, initial=clients.initial)
+    task = Task(algorithm=make_algorithm(name, settings), make_trainer=clients.trainer_factory(name),
+                initial=clients.initial)
     algorithm, snapshots = task.algorithm, {}
 
     def on_round(rec: RoundRecord, state_of) -> None:
@@ -236,7 +258,7 @@ def run_method(method: str, clients: FedNLPClients, plan: Plan, run: RunDirector
 
     if plan.runtime == "sim":
         runner = SimulationRunner(algorithm=algorithm, config=config, initial=clients.initial(),
-                                  trainers={c: clients.make_trainer(c) for c in range(1, clients.num_clients + 1)})
+                                  trainers={c: task.make_trainer(c) for c in range(1, clients.num_clients + 1)})
         runner.on_round = lambda rec: on_round(rec, lambda: runner.state)
         try:
             history = runner.run(resume=resume, progress=progress, desc=method)
@@ -333,7 +355,7 @@ def secure_vs_plain(runs: Mapping[str, Any], settings: Settings, plan: Plan) -> 
 
 def plot_curves(path: Path, curves: Mapping[str, Sequence[float]], protocol: str, title: str) -> Path:
     fig, ax = pyplot().subplots(figsize=(6.4, 4.2))
-    styles = {"fedavg": "-o", "fedprox": "-s", "fedopt": "-^", PLAIN_TWIN: ":x"}
+    styles = {"fedavg": "-o", "fedprox": "-s", "fedopt": "-^", "fedadam": "-d", PLAIN_TWIN: ":x"}
     for method, values in curves.items():
         label = LABELS[method] + (" (plaintext sum)" if method == PLAIN_TWIN else f" ({protocol})")
         ax.plot(range(1, len(values) + 1), values, styles[method], label=label, markersize=4)
@@ -365,9 +387,14 @@ def print_report(summary: Mapping[str, Any], settings: Settings, plan: Plan, *, 
           f"(simplification: FedNLP fine-tunes the whole model)")
     print(f"uploaded through {plan.protocol}: adapter ({n_shared['adapter']:,}) + head ({n_shared['head']:,}) "
           f"parameters, as per-round deltas")
-    print(f"clients: AdamW lr {settings.client_lr:g}, {settings.local_epochs} local epoch(s), batch "
-          f"{settings.batch_size}; FedProx mu {settings.fedprox_mu:g}; FedOPT server Adam lr {settings.server_lr:g}, "
-          f"tau 1e-3")
+    fedopt = (f"FedOPT client AdamW, server SGD lr {settings.fedavgm_lr:g} momentum {settings.fedavgm_momentum:g}"
+              if settings.fedopt_server == "sgdm" else f"FedOPT server Adam lr {settings.server_lr:g}, tau 1e-3")
+    print(f"clients: training protocol {settings.training_protocol}, lr {settings.client_lr:g}, "
+          f"{settings.local_epochs} local epoch(s), batch {settings.batch_size}; FedProx mu {settings.fedprox_mu:g}; "
+          f"{fedopt}"
+          + (f"; FedAdam server lr {settings.server_lr:g}, tau 1e-3" if "fedadam" in plan.algorithms else ""))
+    print("\n".join(protocol_lines({m: TrainingProtocol.from_dict(d)
+                                    for m, d in summary["training_protocol"].items()})))
     print("accuracy: mean over clients of their own test-split accuracy under the global model "
           "(pooled over all test examples in results.json); ± std over seeds\n")
     print(format_table(summary["methods"], plan.protocol))
@@ -384,7 +411,7 @@ def print_report(summary: Mapping[str, Any], settings: Settings, plan: Plan, *, 
                   f"later rounds' local training carries the difference forward")
 
 
-def last_line(summary: Mapping[str, Any], plan: Plan) -> str:
+def last_line(summary: Mapping[str, Any], plan: Plan, settings: Settings) -> str:
     parts = []
     for m in plan.algorithms:
         parts.append(f"{m}_acc={summary['methods'][m]['final_accuracy']:.4f}")
@@ -392,6 +419,7 @@ def last_line(summary: Mapping[str, Any], plan: Plan) -> str:
             parts.append(f"{m}_acc_std={summary['methods'][m]['final_accuracy_std']:.4f}")
     if "secure_vs_plain_max_abs_diff" in summary:
         parts.append(f"secure_vs_plain_max_abs_diff={summary['secure_vs_plain_max_abs_diff']:.3e}")
+    parts.append(f"protocol={settings.training_protocol}")
     return " ".join(parts)
 
 
@@ -414,6 +442,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         raise SystemExit(2) from None
     except ValueError as error:
         raise SystemExit(f"error: {error}") from None
+    # the declared protocol of every method's clients (the same for every seed): printed, and recorded
+    protocols = {m: per_seed[0].protocol("fedavg" if m == PLAIN_TWIN else m).to_dict() for m in plan.methods}
+    print("\n".join(protocol_lines({m: per_seed[0].protocol(m) for m in plan.algorithms})), flush=True)
     if args.resume:
         run = RunDirectory.open(Path(args.resume))
     else:
@@ -421,7 +452,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             run = RunDirectory.create(Path(args.out) if args.out else DEFAULT_OUT, name=args.run_name)
         except FileExistsError as error:
             raise SystemExit(f"error: {error}") from None
-        run.write_config({"settings": settings, "plan": plan})
+        run.write_config({"settings": settings, "plan": plan, "training_protocol": protocols})
 
     seeds = [run_seed(c, plan, run, resume=bool(args.resume), progress=progress, threads=args.threads)
              for c in per_seed]
@@ -445,21 +476,23 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                                                                      dataset.num_labels).tolist(),
         "accuracy_definition": "mean over clients of each client's own test-split accuracy under the global model",
         "seeds": list(plan.seeds), "runtime": plan.runtime, "protocol": plan.protocol, "device": args.device,
+        "training_protocol": protocols,
     }
     if PLAIN_TWIN in plan.methods:
         summary.update(secure_vs_plain(first, settings, plan))
     summary["wall_seconds"] = time.perf_counter() - t_start
     runs = histories if len(seeds) == 1 else {f"{m}@seed{s}": h for s, r in zip(plan.seeds, seeds)
                                                for m, h in r["histories"].items()}
-    results_path = write_results(run.path / "results.json", config={"settings": settings, "plan": plan}, runs=runs,
-                                 summary=summary)
+    results_path = write_results(run.path / "results.json", config={"settings": settings, "plan": plan,
+                                                                    "training_protocol": protocols},
+                                 runs=runs, summary=summary)
     model = clients.backbone[0]
     label = ("all-MiniLM-L6-v2" if plan.backbone == "minilm" else "tiny random BERT") + \
         f" ({model.config.num_hidden_layers} layers, hidden {model.config.hidden_size})"
     print_report(summary, settings, plan, title=title, model_label=label, layers=model.config.num_hidden_layers,
                  first_round=first["snapshots"].get("fedavg", {}).get(1))
     print(f"plot: {curve_path}\nresults: {results_path}\ntime: {summary['wall_seconds']:.0f} s")
-    line = last_line(summary, plan)
+    line = last_line(summary, plan, settings)
     print(line, flush=True)
     return {"run_dir": run.path, "summary": summary, "last_line": line}
 

@@ -29,6 +29,22 @@ def comma_list(kind: type, *, what: str, choices: Sequence[Any] | None = None) -
     return parse
 
 
+def add_training_protocol_arg(parser: argparse.ArgumentParser, *, default: str | None) -> None:
+    """--training-protocol PRESET: how the clients train (`fl_algorithms.training.protocol.PRESETS`: the
+    optimiser per algorithm, its lifetime, schedule and clipping). `default` None leaves the choice to the
+    example (e.g. a resumed run's saved protocol)."""
+    from fl_algorithms.training.protocol import PRESETS
+
+    choices = "; ".join(f"{name}: {p.summary}" for name, p in PRESETS.items()).replace("%", "%%")  # argparse formats help
+    parser.add_argument("--training-protocol", choices=tuple(PRESETS), default=default, metavar="PRESET",
+                        help=f"the clients' declared training protocol (default {default or 'see above'}); {choices}")
+
+
+def protocol_lines(protocols: Mapping[str, Any]) -> list[str]:
+    """One header line per algorithm: 'training protocol (fedavg): protocol=fednlp optimizer=sgd(...) ...'."""
+    return [f"training protocol ({algorithm}): {protocol.describe()}" for algorithm, protocol in protocols.items()]
+
+
 def parse_grid_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> tuple[argparse.Namespace, str]:
     """The grid examples' shared start: parse, check the run location and --threads, resolve --device
     ('auto' -> 'cuda' when present); returns (args, device). On a GPU it asks for deterministic kernels:
@@ -267,6 +283,7 @@ def append_cell(path: Path, row: Mapping[str, Any]) -> None:
             handle.write(line)
 
 
-__all__ = ["RUN_OPTIONS", "Grid", "add_run_args", "add_worker_args", "append_cell", "check_run_location", "comma_list",
+__all__ = ["RUN_OPTIONS", "Grid", "add_run_args", "add_training_protocol_arg", "add_worker_args", "append_cell",
+           "check_run_location", "comma_list", "protocol_lines",
            "open_grid", "open_run", "given_options", "parse_grid_args", "plan_options_given", "read_cells",
            "start_grid", "start_workers"]

@@ -6,6 +6,12 @@ a task's `Formulation` (`fl_algorithms.tasks.formulation`); every method of a (t
 seed) starts from the same initial model, sees the same clients and the same cohorts (the seeded
 sampler: no DP runs here, so no amplification is claimed).
 
+Clients train under the plan's declared training protocol (`GridPlan.training_protocol`, a preset of
+`fl_algorithms.training.protocol`; default FedNLP's: SGD for FedAvg and FedProx, AdamW for FedOPT's
+clients, a fresh optimiser with a linear warmup-and-decay schedule every round, gradients clipped to norm
+1.0; 'federated-norm' is the all-AdamW control, 'kept-adamw' the grid before protocols were declared).
+Every cell records its protocol (`training_protocol` in cells.jsonl).
+
 Each round evaluates every client on its validation split (the learning curve); the last round also
 on its test split (the reported score: the mean over clients of each client's test metric).
 Results are appended to `cells.jsonl` as each cell finishes, so an interrupted grid resumes where it
@@ -33,6 +39,7 @@ from fl_algorithms.engine.sim import RoundRecord, RunConfig, SimulationRunner
 from fl_algorithms.experiments.tables import grouped, paired_difference, pyplot, save_figure
 from fl_algorithms.tasks.formulation import TASKS, Formulation, FormulationSettings, PartitionSpec
 from fl_algorithms.training.memo import FirstRunMemo
+from fl_algorithms.training.protocol import TrainingProtocol, preset
 from nlp_models.device import device_name
 
 FORMULATIONS = {
@@ -136,8 +143,12 @@ class GridPlan:
     """FormulationSettings fields for one task (over `formulation`), e.g. a larger corpus cap where
     a task's examples are short and cheap."""
     algorithm: AlgorithmSettings = AlgorithmSettings()
+    training_protocol: str = "fednlp"
+    """The clients' training protocol, a preset name ('fednlp', 'federated-norm', 'kept-adamw'), built per
+    algorithm at each task's client lr (`protocol_for`)."""
 
     def __post_init__(self) -> None:
+        preset(self.training_protocol)  # an unknown name fails here, naming the choices
         for values, allowed, what in ((self.tasks, TASKS, "task"), (self.algorithms, ALGORITHMS, "algorithm"),
                                       (self.protocols, PROTOCOLS, "protocol")):
             bad = [v for v in values if v not in allowed]
@@ -154,6 +165,11 @@ class GridPlan:
                 settings = self.settings(task, partition=partition_for(task, partition), seed=self.seeds[0])
                 if settings.clients < 2:  # every cell valid up front
                     raise ValueError(f"clients must be at least 2 (secure aggregation needs two), got {settings.clients}")
+
+    def protocol_for(self, algorithm: str, settings: FormulationSettings) -> TrainingProtocol:
+        """The declared protocol of `algorithm`'s clients at the task's client lr (`settings.lr`)."""
+        return preset(self.training_protocol).for_algorithm(algorithm, lr=settings.lr,
+                                                           local_epochs=self.algorithm.local_epochs)
 
     def settings(self, task: str, *, partition: str, seed: int) -> FormulationSettings:
         return FormulationSettings(**{**TASK_DEFAULTS[task], **self.formulation, **self.per_task.get(task, {}),
@@ -262,10 +278,11 @@ def run_cell(cell: Mapping[str, Any], clients: Formulation, plan: GridPlan, *, p
     each client's first local run once for the runs that repeat it (`FirstRunMemo`); `round_seconds`
     then counts the restored runs' training time as measured when they were computed."""
     algorithm = make_algorithm(cell["algorithm"], plan.algorithm)
+    protocol = plan.protocol_for(cell["algorithm"], clients.settings)
     config = RunConfig(rounds=plan.rounds, clients_per_round=plan.clients_per_round, seed=cell["seed"],
                        sampler="seeded", curve_split="validation",
                        secure=secure_config(plan, protocol=cell["protocol"], clients=clients))
-    trainers = {k: clients.make_trainer(k) for k in range(1, clients.num_clients + 1)}
+    trainers = {k: clients.make_trainer(k, protocol=protocol) for k in range(1, clients.num_clients + 1)}
     if first_runs is not None:
         for trainer in trainers.values():
             if not hasattr(trainer, "first_runs"):
@@ -303,6 +320,7 @@ def run_cell(cell: Mapping[str, Any], clients: Formulation, plan: GridPlan, *, p
         "trivial": clients.trivial(), "device": device_name(clients.device),
         # on a GPU, whether the twins trained bit for bit alike was possible (grid cells before 2026-11-27: not)
         "deterministic_kernels": torch.are_deterministic_algorithms_enabled(),
+        "training_protocol": protocol.to_dict(),
     }
     return summary, final
 
@@ -485,6 +503,7 @@ def plan_record(plan: GridPlan) -> dict[str, Any]:
 def plan_from_record(raw: Mapping[str, Any]) -> GridPlan:
     fields = {k: tuple(v) if isinstance(v, list) else v for k, v in raw.items() if k != "algorithm"}
     fields.setdefault("per_task", {})  # plans saved before per-task settings existed
+    fields.setdefault("training_protocol", "kept-adamw")  # plans saved before protocols were declared ran that
     return GridPlan(**fields, algorithm=AlgorithmSettings(**raw["algorithm"]))
 
 

@@ -44,6 +44,9 @@ class FreezingPlan:
     adapter_layers: int = 2
     """The reference row's adapted top layers."""
     seed: int = 0
+    training_protocol: str = "fednlp"
+    """The federated clients' declared protocol (`GridPlan.training_protocol`); the centralised run keeps one
+    AdamW across its epochs, as centralised training does."""
 
     def __post_init__(self) -> None:
         if not self.frozen or len(set(self.frozen)) != len(self.frozen) or min(self.frozen) < 0:
@@ -94,7 +97,7 @@ def run_freezing(plan: FreezingPlan, *, backbone: str = "minilm", device: str = 
         row.update(central=trainer.evaluate(split="test")[central.metric], central_curve=curve)
         federated = _clients(plan, variant, clients=plan.clients, layers=layers, backbone=backbone, device=device)
         grid = GridPlan(tasks=("classification",), algorithms=(plan.algorithm,), rounds=plan.rounds,
-                        seeds=(plan.seed,), protocols=(plan.protocol,))
+                        seeds=(plan.seed,), protocols=(plan.protocol,), training_protocol=plan.training_protocol)
         cell = dict(task="classification", partition="iid", seed=plan.seed, protocol=plan.protocol,
                     algorithm=plan.algorithm)
         summary, _ = run_cell(cell, federated, grid, progress=progress)
@@ -102,7 +105,7 @@ def run_freezing(plan: FreezingPlan, *, backbone: str = "minilm", device: str = 
                    secure_seconds_per_round=summary["secure_seconds_per_round"],
                    round_seconds=summary["round_seconds"],
                    bytes_uploaded_per_client_round=summary["bytes_uploaded_per_client_round"],
-                   clipped_values=summary["clipped_values"])
+                   clipped_values=summary["clipped_values"], training_protocol=summary["training_protocol"])
         row["seconds"] = time.perf_counter() - start
         rows.append(row)
         if on_row is not None:

@@ -18,6 +18,7 @@ from torch import nn
 
 from fl_algorithms.tasks.formulation import FormulationClients, FormulationSettings, Shards
 from fl_algorithms.training.classification import TUNE, TextTaskConfig, client_model, shared_parts, text_trainer
+from fl_algorithms.training.protocol import TrainingProtocol
 from fl_algorithms.training.trainer import SeededTorchTrainer
 from nlp_models.data.dataset import TextDataset
 from nlp_models.frozen_prefix import CachedSplit, cache_splits
@@ -70,9 +71,9 @@ class ClassificationClients(FormulationClients):
         return client_model(self.backbone[0], num_labels=self.corpus.data.num_labels,
                             config=self.config).to(self.device)
 
-    def make_trainer(self, client_id: int) -> SeededTorchTrainer:
+    def make_trainer(self, client_id: int, *, protocol: TrainingProtocol | None = None) -> SeededTorchTrainer:
         return text_trainer(model=self._model(), data=self.client_data(client_id), client_id=client_id,
-                            config=self.config)
+                            config=self.config, protocol=protocol)
 
     def trivial_scores(self, client_id: int) -> dict[str, float]:
         """Majority class of the client's training split, scored on its test split."""

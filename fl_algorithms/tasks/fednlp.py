@@ -3,6 +3,13 @@
 BBC News topics under a per-class Dirichlet label skew; a frozen encoder (MiniLM-L6 by default) with
 adapters in its top layers and a linear head (`fl_algorithms.training.classification`).
 
+Methods as FedNLP names them: FedAvg, FedProx and FedOPT, FedNLP's FedOPT being client AdamW with server
+SGD with momentum (FedAvgM: lr 0.1, momentum 0.9, as its scripts; its text fixes the server lr at 1.0);
+'fedadam' is Reddi et al.'s server Adam (what this task's 'fedopt' ran before, `fedopt_server='adam'`).
+Clients train under the declared protocol `settings.training_protocol` (default FedNLP's: SGD for
+FedAvg and FedProx, AdamW for FedOPT, fresh each round with a linear warmup and decay, clip norm 1.0;
+`fl_algorithms.training.protocol`), the same in a simulation and in every deployed client process.
+
 Each client builds its trainer from its own documents only: it loads the corpus, takes its shard of
 the seeded partition, tokenises and caches the frozen prefix of those documents alone. The
 simulation builds every client through the same `FedNLPClients.make_trainer`, so a simulated run and
@@ -14,7 +21,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from functools import cached_property
 from typing import Any
@@ -23,19 +30,23 @@ import numpy as np
 import torch
 
 from fl_algorithms.algorithms.fedavg import FedAvg
-from fl_algorithms.algorithms.fedopt import FedOpt
+from fl_algorithms.algorithms.fedopt import FedAdam, FedAvgM, FedOpt
 from fl_algorithms.algorithms.fedprox import FedProx
 from fl_algorithms.api import Algorithm
 from fl_algorithms.engine.secure_sum import SecureAggregationConfig
 from fl_algorithms.experiments.task import Task, check_options, int_option, settings_option
 from fl_algorithms.training.classification import TextTaskConfig, client_model, shared_parts, text_trainer
+from fl_algorithms.training.protocol import PRESETS, TrainingProtocol, preset
 from fl_algorithms.training.trainer import SeededTorchTrainer, flatten
 from nlp_models.data.dataset import TextDataset
 from nlp_models.data.partition import ClientSplit, Partition, PartitionError, client_splits, dirichlet_label_skew
 from nlp_models.device import resolve_device
 from nlp_models.frozen_prefix import CachedSplit, cache_splits, prefix_split
 
-METHODS = ("fedavg", "fedprox", "fedopt")
+METHODS = ("fedavg", "fedprox", "fedopt", "fedadam")
+DEFAULT_METHODS = ("fedavg", "fedprox", "fedopt")
+"""FedNLP's three; 'fedadam' (Reddi et al.'s server Adam) runs when asked for."""
+FEDOPT_SERVERS = ("sgdm", "adam")
 BACKBONES = ("minilm", "tiny")
 TASK_OPTIONS = ("settings", "method", "backbone", "device", "threads")
 
@@ -60,7 +71,18 @@ class FedNLPSettings:
     client_lr: float = 1e-2
     fedprox_mu: float = 0.01
     server_lr: float = 1e-2
-    """FedOPT's server Adam lr (chosen on validation, see examples/fednlp_classification.py)."""
+    """FedAdam's server lr (chosen on validation for server Adam, see examples/fednlp_classification.py);
+    FedOPT's too when `fedopt_server='adam'`."""
+    fedopt_server: str = "sgdm"
+    """FedOPT's server optimiser: 'sgdm' (FedNLP's: SGD with momentum, FedAvgM) or 'adam' (what this
+    task's 'fedopt' ran before protocols were declared: Reddi et al.'s FedAdam at `server_lr`)."""
+    fedavgm_lr: float = 0.1
+    """FedOPT's server SGD lr (FedNLP's scripts pass 0.1; its text, Sec. 2.2 and App. F.3, states 1.0)."""
+    fedavgm_momentum: float = 0.9
+    """FedOPT's server momentum (FedNLP App. F.3: 0.9)."""
+    training_protocol: str = "fednlp"
+    """How the clients train: a preset of `fl_algorithms.training.protocol.PRESETS` ('fednlp', 'federated-norm',
+    'kept-adamw'), built per method at `client_lr` (`FedNLPClients.protocol`)."""
     clip: float = 1.0
     """Fixed-point range of each uploaded delta coordinate (clipped values are counted and reported)."""
     min_release_group: int = 5
@@ -85,7 +107,11 @@ class FedNLPSettings:
             (self.adapter_layers >= 1, "--adapter-layers must be at least 1"),
             (self.bottleneck >= 1 and self.batch_size >= 1, "--bottleneck and --batch-size must be positive"),
             (self.client_lr > 0 and self.fedprox_mu >= 0, "need --client-lr > 0 and --fedprox-mu >= 0"),
-            (self.server_lr > 0, "--server-lr must be positive"),
+            (self.server_lr > 0 and self.fedavgm_lr > 0, "--server-lr and --fedavgm-lr must be positive"),
+            (0 <= self.fedavgm_momentum < 1, "--fedavgm-momentum must be in [0, 1)"),
+            (self.fedopt_server in FEDOPT_SERVERS, f"--fedopt-server must be one of {', '.join(FEDOPT_SERVERS)}"),
+            (self.training_protocol in PRESETS,
+             f"--training-protocol must be one of {', '.join(PRESETS)}, got {self.training_protocol!r}"),
             (self.clip > 0, "--clip must be positive"),
             (self.min_release_group >= 2, "--min-release-group must be at least 2"),
             (self.seed >= 0, "seeds must be non-negative"),
@@ -107,14 +133,21 @@ QUICK = dict(quick=True, max_docs=600, max_length=64, clients=8, rounds=8, clien
 
 
 def make_algorithm(method: str, settings: FedNLPSettings) -> Algorithm:
-    """FedAvg, FedProx (mu) or FedOPT (server Adam, tau 1e-3 as in Reddi et al.)."""
+    """FedAvg, FedProx (mu), FedOPT as FedNLP runs it (server SGD with momentum; with
+    `fedopt_server='adam'`, server Adam as this task ran it before) or FedAdam (server Adam, tau 1e-3 as
+    in Reddi et al.)."""
     if method == "fedavg":
         return FedAvg(local_epochs=settings.local_epochs)
     if method == "fedprox":
         return FedProx(mu=settings.fedprox_mu, local_epochs=settings.local_epochs)
+    if method == "fedopt" and settings.fedopt_server == "sgdm":
+        return FedAvgM(server_lr=settings.fedavgm_lr, beta1=settings.fedavgm_momentum,
+                       local_epochs=settings.local_epochs)
     if method == "fedopt":
         return FedOpt(server_optimizer="adam", server_lr=settings.server_lr, tau=1e-3,
                       local_epochs=settings.local_epochs)
+    if method == "fedadam":
+        return FedAdam(server_lr=settings.server_lr, tau=1e-3, local_epochs=settings.local_epochs)
     raise ValueError(f"unknown method {method!r}; choose from {', '.join(METHODS)}")
 
 
@@ -226,10 +259,24 @@ class FedNLPClients:
         return client_model(self.backbone[0], num_labels=self.corpus.dataset.num_labels,
                             config=self.settings.task_config).to(self.device)
 
-    def make_trainer(self, client_id: int) -> SeededTorchTrainer:
-        """A fresh client (new adapters, head and optimiser) over its cached documents."""
+    def protocol(self, method: str) -> TrainingProtocol:
+        """The declared training protocol of `method`'s clients (`settings.training_protocol` at `client_lr`)."""
+        if method not in METHODS:
+            raise ValueError(f"unknown method {method!r}; choose from {', '.join(METHODS)}")
+        s = self.settings
+        return preset(s.training_protocol).for_algorithm(method, lr=s.client_lr, local_epochs=s.local_epochs)
+
+    def make_trainer(self, client_id: int, *, protocol: TrainingProtocol | None = None) -> SeededTorchTrainer:
+        """A fresh client (new adapters, head and optimiser) over its cached documents, training under
+        `protocol` (None: AdamW kept across rounds, this task's clients before protocols were declared;
+        a run passes `self.protocol(method)`, as `task` does)."""
         return text_trainer(model=self._model(), data=self.client_data(client_id), client_id=client_id,
-                            config=self.settings.task_config)
+                            config=self.settings.task_config, protocol=protocol)
+
+    def trainer_factory(self, method: str) -> Callable[[int], SeededTorchTrainer]:
+        """`make_trainer` of `method`'s runs: every client under `self.protocol(method)`."""
+        protocol = self.protocol(method)
+        return lambda client_id: self.make_trainer(client_id, protocol=protocol)
 
     def initial(self) -> dict[str, np.ndarray]:
         """The shared parts of a freshly initialised client model (seeded: every client starts there)."""
@@ -238,7 +285,7 @@ class FedNLPClients:
         return {part: flatten([named[n] for n in names]) for part, names in shared_parts(model).items()}
 
     def task(self, method: str) -> Task:
-        return Task(algorithm=make_algorithm(method, self.settings), make_trainer=self.make_trainer,
+        return Task(algorithm=make_algorithm(method, self.settings), make_trainer=self.trainer_factory(method),
                     initial=self.initial)
 
     def options(self, method: str) -> dict[str, str]:
@@ -259,5 +306,5 @@ def build(options: Mapping[str, Any]) -> Task:
     return clients.task(str(options.get("method", "fedavg")))
 
 
-__all__ = ["METHODS", "BACKBONES", "FedNLPSettings", "QUICK", "make_algorithm", "secure_config", "Corpus",
+__all__ = ["METHODS", "DEFAULT_METHODS", "FEDOPT_SERVERS", "BACKBONES", "FedNLPSettings", "QUICK", "make_algorithm", "secure_config", "Corpus",
            "load_corpus", "load_named_backbone", "FedNLPClients", "build"]

@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from fl_algorithms.training.classification import TUNE
+from fl_algorithms.training.protocol import TrainingProtocol
 from fl_algorithms.training.trainer import LocalTrainer, OptimizerConfig, SeededTorchTrainer, flatten
 from nlp_models.data.partition import (ClientSplit, Partition, PartitionError, client_splits, dirichlet_label_skew,
                                        dirichlet_quantity_skew, feature_cluster_skew, iid_partition)
@@ -110,7 +111,8 @@ class FormulationSettings:
     """What every formulation's clients share: the partition, the model shape and the client optimiser.
 
     Clients train Houlsby adapters in the top `adapter_layers` layers of the frozen MiniLM (the layers
-    below are computed once, `nlp_models.frozen_prefix`) plus the task's head, with AdamW at `lr`; with
+    below are computed once, `nlp_models.frozen_prefix`) plus the task's head, at client lr `lr` (the
+    optimiser and its lifetime are the run's `TrainingProtocol`, `make_trainer(protocol=...)`); with
     `tune='layers'` they train those top layers whole instead (FedNLP fine-tunes whole models; 6 of
     MiniLM's 6 layers is everything but the embeddings), where the formulation offers it.
     """
@@ -205,8 +207,9 @@ class Formulation(Protocol):
     @property
     def partition(self) -> Partition: ...
 
-    def make_trainer(self, client_id: int) -> LocalTrainer:
-        """Client `client_id`'s trainer over its own train/validation/test shard only."""
+    def make_trainer(self, client_id: int, *, protocol: TrainingProtocol | None = None) -> LocalTrainer:
+        """Client `client_id`'s trainer over its own train/validation/test shard only, training under
+        `protocol` (None: AdamW at the settings' lr kept across rounds, the formulations' earlier default)."""
         ...
 
     def initial(self) -> dict[str, np.ndarray]:
@@ -324,9 +327,10 @@ class FormulationClients:
         return [len(split.train) for split in self.corpus.splits]
 
     def split_trainer(self, client_id: int, *, model: nn.Module, data: Mapping[str, Any], loss_fn: Any,
-                      metric_fn: Any) -> SeededTorchTrainer:
-        """A client over its own splits (`.batches(size, order=)`): AdamW at the settings' lr,
-        reshuffled training batches each epoch, evaluation on 'validation' and 'test'."""
+                      metric_fn: Any, protocol: TrainingProtocol | None = None) -> SeededTorchTrainer:
+        """A client over its own splits (`.batches(size, order=)`): reshuffled training batches each
+        epoch, evaluation on 'validation' and 'test', training under `protocol` (None: AdamW at the
+        settings' lr, kept across rounds)."""
         train, s = data["train"], self.settings
         if len(train) == 0:
             raise ValueError(f"client {client_id} has no training examples")
@@ -337,7 +341,7 @@ class FormulationClients:
                 torch.randperm(len(train)), lengths, batch_size=s.batch_size, groups=s.length_groups)),
             eval_batches={name: (lambda d=data[name]: d.batches(EVAL_BATCH_SIZE)) for name in ("validation", "test")},
             num_examples=len(train), loss_fn=loss_fn, metric_fn=metric_fn,
-            optimizer=OptimizerConfig(name="adamw", lr=s.lr))
+            optimizer=OptimizerConfig(name="adamw", lr=s.lr), protocol=protocol)
 
     def initial(self) -> dict[str, np.ndarray]:
         """The shared parts of a freshly initialised client model (seeded: every client starts there)."""

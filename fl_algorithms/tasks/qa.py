@@ -40,6 +40,7 @@ from torch.nn import functional as F
 
 from fl_algorithms.tasks.formulation import SPLITS, FormulationClients, mean_over_clients
 from fl_algorithms.training.classification import ADAPTER_SET, TUNE, shared_parts
+from fl_algorithms.training.protocol import TrainingProtocol
 from fl_algorithms.training.trainer import SeededTorchTrainer
 from nlp_models.classifiers import client_top, seeded_module
 from nlp_models.data.cloze_qa import ClozeExample, answer_candidates, build_cloze_qa
@@ -323,11 +324,11 @@ class QAClients(FormulationClients):
         return build_span_extractor(self.backbone[0], adapter_layers=s.adapter_layers, bottleneck=s.bottleneck,
                                     seed=s.seed, tune=s.tune).to(self.device)
 
-    def make_trainer(self, client_id: int) -> SeededTorchTrainer:
-        """A fresh client (new adapters, head and AdamW) over its own cached questions; evaluates
-        'validation' and 'test' with `qa_metrics`."""
+    def make_trainer(self, client_id: int, *, protocol: TrainingProtocol | None = None) -> SeededTorchTrainer:
+        """A fresh client (new adapters, head and optimiser, under `protocol`) over its own cached
+        questions; evaluates 'validation' and 'test' with `qa_metrics`."""
         return self.split_trainer(client_id, model=self._model(), data=self.client_data(client_id), loss_fn=qa_loss,
-                                  metric_fn=qa_metrics)
+                                  metric_fn=qa_metrics, protocol=protocol)
 
     def trivial_scores(self) -> dict[str, dict[str, float]]:
         """Mean over clients of each client's test-split F1 / exact match for two trivial answers:

@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from fl_algorithms.tasks.formulation import EVAL_BATCH_SIZE, FormulationClients, FormulationSettings, Shards
+from fl_algorithms.training.protocol import TrainingProtocol
 from fl_algorithms.training.trainer import SeededTorchTrainer
 from nlp_models.data.headlines import HeadlineCorpus, lead_words, load_bbc_headlines
 from nlp_models.seq2seq import (IGNORE_INDEX, Seq2SeqConfig, Seq2SeqModel, client_seq2seq, encode_sources, rouge_scores,
@@ -166,13 +167,14 @@ class HeadlineClients(FormulationClients):
     def shared_parts(model: Seq2SeqModel) -> dict[str, list[str]]:
         return {SHARED_PART: [n for n, p in model.named_parameters() if p.requires_grad]}
 
-    def make_trainer(self, client_id: int) -> SeededTorchTrainer:
-        """A fresh client (its own decoder copy and AdamW) over its cached articles; evaluates on
-        'validation' and 'test'."""
+    def make_trainer(self, client_id: int, *, protocol: TrainingProtocol | None = None) -> SeededTorchTrainer:
+        """A fresh client (its own decoder copy and optimiser, under `protocol`) over its cached
+        articles; evaluates on 'validation' and 'test'."""
         tokenizer = self.backbone[1]
         return self.split_trainer(client_id, model=self._model(), data=self.client_data(client_id),
                                   loss_fn=headline_loss,
-                                  metric_fn=lambda m, batches: headline_metrics(m, batches, tokenizer=tokenizer))
+                                  metric_fn=lambda m, batches: headline_metrics(m, batches, tokenizer=tokenizer),
+                                  protocol=protocol)
 
     def trivial_scores(self, client_id: int) -> dict[str, float]:
         """The lead baseline on client `client_id`'s test split (no model needed)."""

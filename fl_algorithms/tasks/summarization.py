@@ -215,7 +215,7 @@ class SummaryTrainer(SeededTorchTrainer):
             self.calls += 1
             self.model.train()
             return run_epochs(batches=self.train_batches, loss=lambda batch: objective(self, batch),
-                              optimizer=self.optimizer(), epochs=epochs)
+                              optimizer=self.round_optimizer(), epochs=epochs, protocol=self.protocol)
 
 
 class SummaryClients:

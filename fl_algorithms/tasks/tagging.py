@@ -36,6 +36,7 @@ from torch.nn import functional as F
 
 from fl_algorithms.tasks.formulation import FormulationClients, FormulationSettings, Shards
 from fl_algorithms.training.classification import ADAPTER_SET, TUNE, shared_parts
+from fl_algorithms.training.protocol import TrainingProtocol
 from fl_algorithms.training.trainer import SeededTorchTrainer
 from nlp_models.classifiers import client_top, seeded_module
 from nlp_models.data.dataset import TextDataset
@@ -285,12 +286,13 @@ class TaggingClients(FormulationClients):
         return build_token_tagger(self.backbone[0], num_labels=len(self.label_names), adapter_layers=s.adapter_layers,
                                   bottleneck=s.bottleneck, seed=s.seed, tune=s.tune).to(self.device)
 
-    def make_trainer(self, client_id: int) -> SeededTorchTrainer:
-        """A fresh client (new adapters, head and AdamW) over its own cached sentences; evaluates on
-        'validation' and 'test'."""
+    def make_trainer(self, client_id: int, *, protocol: TrainingProtocol | None = None) -> SeededTorchTrainer:
+        """A fresh client (new adapters, head and optimiser, under `protocol`) over its own cached
+        sentences; evaluates on 'validation' and 'test'."""
         names = self.label_names
         return self.split_trainer(client_id, model=self._model(), data=self.client_data(client_id), loss_fn=token_loss,
-                                  metric_fn=lambda m, batches: tagging_metrics(m, batches, label_names=names))
+                                  metric_fn=lambda m, batches: tagging_metrics(m, batches, label_names=names),
+                                  protocol=protocol)
 
     def pooled(self, metrics: Mapping[int, Mapping[str, float]]) -> float:
         """Span F1 over the union of the clients' test sentences: micro, from their span counts."""

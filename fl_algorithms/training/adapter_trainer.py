@@ -11,7 +11,9 @@ FedLR baseline (LoRA through peft, `nlp_models.lora`; no adapters) and `MOON_MOD
 `AdapterTrainer` implements the LocalTrainer protocol (with FedProx's/Ditto's proximal term),
 FedMCP's ``fit``/``load_adapter_set``, MOON's ``load_adapter_sets`` and FedRep's
 ``train_head``/``train_body``. `FullFineTuneTrainer` is FedAvg (Full FT): every backbone
-weight trains and is uploaded. Both run `fl_algorithms.training.loop.run_epochs`, seeded per call.
+weight trains and is uploaded. Both run `fl_algorithms.training.loop.run_epochs`, seeded per call,
+under `TrainConfig.protocol` (default: Adam kept across rounds at `lr`, constant, no clipping: how
+these clients trained before protocols were declared).
 """
 from __future__ import annotations
 
@@ -32,6 +34,7 @@ from fl_algorithms.algorithms import moon
 from fl_algorithms.algorithms.fedmcp import (FULL_MODEL, GLOBAL, GLOBAL_PART, HEAD_FULL, HEAD_GLOBAL, PRIVATE,
                                              REFERENCE, LossTerms)
 from fl_algorithms.training.loop import run_epochs, seeded, tagged_seed
+from fl_algorithms.training.protocol import OptimizerConfig, TrainingProtocol, kept_protocol
 from fl_algorithms.training.trainer import flatten, unflatten_
 from nlp_models.adapters import (AdapterConfig, attach_adapters, flatten_parameters, load_parameters_, load_set_,
                                  set_parameters, set_trainable_sets)
@@ -58,6 +61,9 @@ class TrainConfig:
     """Std of every adapter's up-projection at initialisation: near identity, not exactly (Houlsby et
     al. 2019 use 1e-2). At 0 every adapter set starts as the exact identity, so FedMCP's global,
     private and averaged representations coincide, CKA sits at its maximum and L_c has no gradient."""
+    protocol: TrainingProtocol | None = None
+    """How the clients train (optimiser, its lifetime, schedule, clipping); None: Adam at `lr` kept across
+    rounds, constant lr, no clipping (`kept_protocol`). Its lr must be `lr`."""
 
     def __post_init__(self) -> None:
         if self.batch_size < 1 or self.eval_batch_size < 1:
@@ -66,6 +72,18 @@ class TrainConfig:
             raise ValueError("lr must be positive")
         if not 0 <= self.adapter_init_std < 1:
             raise ValueError("adapter_init_std must be in [0, 1)")
+        if self.protocol is not None and self.protocol.optimizer.lr != self.lr:
+            raise ValueError(f"the protocol's lr {self.protocol.optimizer.lr:g} is not the config's lr {self.lr:g}")
+        if self.dp is not None and self.protocol is not None and (self.protocol.scheduled
+                                                                  or self.protocol.max_grad_norm is not None):
+            raise ValueError("a protocol's lr schedule and gradient clipping are not applied under DP-SGD "
+                             "(Opacus clips per example and builds its optimiser every round)")
+
+    @property
+    def training_protocol(self) -> TrainingProtocol:
+        """`protocol`, or the kept Adam these clients ran before protocols were declared."""
+        return self.protocol if self.protocol is not None else kept_protocol(OptimizerConfig(name="adam", lr=self.lr),
+                                                                            name="kept-adam")
 
 
 LORA = "lora"
@@ -137,8 +155,10 @@ def _snapshot(optimizer: torch.optim.Optimizer | None) -> dict[str, Any] | None:
 class AdapterTrainer:
     """One client's adapters and heads over its cached prefix.
 
-    Without DP, Adam (one optimiser over all trainable adapters and heads) is kept across rounds like
-    any private client state. With DP, every local pass is an Opacus DP-SGD round through
+    Without DP, one optimiser over all trainable adapters and heads, as `config.protocol` declares it
+    (default: Adam kept across rounds like any private client state; a fresh one is rebuilt at the start
+    of every local run: `train`, `fit`, `train_head`, `train_body`). With DP, every local pass is an
+    Opacus DP-SGD round through
     ``dp.opacus_client.OpacusClient`` whose accountant persists across rounds; objectives with a
     batch-level term are refused (no per-example sensitivity bound).
     Batch order and dropout are seeded by (seed, client, call count), so a resumed run is exact.
@@ -147,6 +167,7 @@ class AdapterTrainer:
     def __init__(self, *, data: ClientData, backbone: nn.Module, spec: MethodModel, bottleneck: int,
                  head_hidden: int | None, config: TrainConfig, seed: int) -> None:
         self.data, self.spec, self.config, self.seed = data, spec, config, seed
+        self.protocol = config.training_protocol
         self.client_id = data.client_id
         self.num_examples = len(data.splits["train"])
         top = TopEncoder(backbone, split=data.split_layer, dropout=config.backbone_dropout)
@@ -187,8 +208,14 @@ class AdapterTrainer:
 
     def optimizer(self) -> torch.optim.Optimizer:
         if self._optimizer is None:
-            self._optimizer = torch.optim.Adam(self._trainable_params(), lr=self.config.lr)
+            self._optimizer = self.protocol.build_optimizer(self._trainable_params())
         return self._optimizer
+
+    def round_optimizer(self) -> torch.optim.Optimizer:
+        """The optimiser of a new local run: rebuilt when the protocol's lifetime is fresh, else kept."""
+        if self.protocol.fresh:
+            self._optimizer = None
+        return self.optimizer()
 
     def get_shared(self) -> dict[str, np.ndarray]:
         return {part: flatten_parameters(self._unit_params(sets)) for part, sets in self.spec.shared.items()}
@@ -301,7 +328,7 @@ class AdapterTrainer:
                 metrics = run_epochs(
                     batches=lambda: torch.randperm(len(train), generator=generator).split(self.config.batch_size),
                     loss=lambda index: F.cross_entropy(module(None, reps[index]), train.labels[index]),
-                    optimizer=self.optimizer(), epochs=epochs)
+                    optimizer=self.round_optimizer(), epochs=epochs, protocol=self.protocol)
         self._freeze_all_but(sets=self.spec.trainable, heads=tuple(self.model.heads))
         self.timer["fedrep head step"] += time.perf_counter() - start
         return metrics
@@ -327,8 +354,8 @@ class AdapterTrainer:
                 return run_epochs(
                     batches=lambda: (train.batch(index) for index in
                                      torch.randperm(len(train), generator=generator).split(self.config.batch_size)),
-                    loss=lambda batch: objective(self.model, batch), optimizer=self.optimizer(), epochs=epochs,
-                    penalty=penalty, timer=self.timer)
+                    loss=lambda batch: objective(self.model, batch), optimizer=self.round_optimizer(),
+                    epochs=epochs, penalty=penalty, timer=self.timer, protocol=self.protocol)
         finally:
             self._freeze_all_but(sets=self.spec.trainable, heads=tuple(self.model.heads))
 
@@ -338,7 +365,7 @@ class AdapterTrainer:
         client.config = replace(client.config, local_epochs=epochs)  # OpacusClient reads epochs from its config
         forward_before = sum(v for k, v in self.timer.items() if k.startswith("forward"))
         start = time.perf_counter()
-        report = client.train_round(model=module, optimizer_factory=lambda ps: torch.optim.Adam(ps, lr=self.config.lr),
+        report = client.train_round(model=module, optimizer_factory=self.protocol.build_optimizer,
                                     dataset=dataset, loss_fn=per_example,
                                     round_id=round if round is not None else self.calls)
         if timer_key is not None:  # the forward passes inside are already timed by the model
@@ -379,7 +406,8 @@ class AdapterTrainer:
         return {k: v.detach().clone() for k, v in self.model.state_dict().items() if self._is_own(k)}
 
     def state_dict(self) -> dict[str, Any]:
-        state = {"model": self._own_state(), "calls": self.calls, "optimizer": _snapshot(self._optimizer)}
+        state = {"model": self._own_state(), "calls": self.calls,
+                 "optimizer": None if self.protocol.fresh else _snapshot(self._optimizer)}
         if self.dp_client is not None:
             state["dp"] = self.dp_client.state_dict()
             state["ledger"] = self.ledger.state_dict()
@@ -402,7 +430,9 @@ class FullFineTuneTrainer:
 
     The clients of a simulation share one backbone object: every client_update loads the broadcast
     into it first, so only the heads and Adam states are per client. Runs on token ids, not on the
-    cached prefix (a cached prefix would freeze the bottom layers: that is not full fine-tuning).
+    cached prefix (a cached prefix would freeze the bottom layers: that is not full fine-tuning). The
+    optimiser as
+    `config.protocol` declares it (default: Adam kept across rounds).
     """
 
     def __init__(self, *, data: ClientData, backbone: nn.Module, head_hidden: int | None, config: TrainConfig,
@@ -410,6 +440,7 @@ class FullFineTuneTrainer:
         if config.dp is not None:
             raise ValueError("DP-SGD is offered for the adapters only; full fine-tuning under DP is not supported")
         self.data, self.config, self.seed, self.client_id = data, config, seed, data.client_id
+        self.protocol = config.training_protocol
         self.num_examples = len(data.splits["train"])
         self.backbone = backbone
         head = make_head(backbone.config.hidden_size, data.num_labels, mlp_hidden=head_hidden,
@@ -429,8 +460,14 @@ class FullFineTuneTrainer:
 
     def optimizer(self) -> torch.optim.Optimizer:
         if self._optimizer is None:
-            self._optimizer = torch.optim.Adam(list(self.model.parameters()), lr=self.config.lr)
+            self._optimizer = self.protocol.build_optimizer(self.model.parameters())
         return self._optimizer
+
+    def round_optimizer(self) -> torch.optim.Optimizer:
+        """The optimiser of a new local run: rebuilt when the protocol's lifetime is fresh, else kept."""
+        if self.protocol.fresh:
+            self._optimizer = None
+        return self.optimizer()
 
     def get_shared(self) -> dict[str, np.ndarray]:
         return {"backbone": flatten(self.params)}
@@ -448,7 +485,7 @@ class FullFineTuneTrainer:
                 batches=lambda: (train.batch(index, tokens=True) for index in
                                  torch.randperm(len(train), generator=generator).split(self.config.batch_size)),
                 loss=lambda batch: self.objective(self.model, batch).total(),  # a tensor: report train_loss only
-                optimizer=self.optimizer(), epochs=epochs, timer=self.timer)
+                optimizer=self.round_optimizer(), epochs=epochs, timer=self.timer, protocol=self.protocol)
 
     @torch.no_grad()
     def evaluate(self, *, split: str = "test") -> dict[str, float]:
@@ -468,7 +505,7 @@ class FullFineTuneTrainer:
 
     def state_dict(self) -> dict[str, Any]:
         return {"head": {k: v.clone() for k, v in self.model.heads.state_dict().items()}, "calls": self.calls,
-                "optimizer": _snapshot(self._optimizer)}
+                "optimizer": None if self.protocol.fresh else _snapshot(self._optimizer)}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.model.heads.load_state_dict(state["head"])

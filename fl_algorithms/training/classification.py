@@ -9,9 +9,10 @@ copy of the top layers plus a classifier head (`nlp_models.classifiers.SuffixCla
     logits   = head(mean_pool(layers[split:](h_prefix; adapters), mask))
 
 Shared (uploaded) parts: 'adapter' (every adapter parameter) and 'head' (the classifier). The client
-optimiser is AdamW (FedNLP's ClientOpt); its state stays on the client across rounds. Each client is
-a `SeededTorchTrainer`: its checkpoint holds only the trainable parameters, the optimiser state and
-its run counter (the frozen weights never change).
+trains under a declared `TrainingProtocol` (`text_trainer(protocol=...)`; without one, AdamW kept
+across rounds, as these clients trained before protocols were declared). Each client is a
+`SeededTorchTrainer`: its checkpoint holds only the trainable parameters, the optimiser state (none
+when the optimiser is fresh each round) and its run counter (the frozen weights never change).
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from fl_algorithms.training.protocol import TrainingProtocol
 from fl_algorithms.training.trainer import OptimizerConfig, SeededTorchTrainer
 from nlp_models.classifiers import SuffixClassifier, client_top, make_head
 from nlp_models.data.partition import ClientSplit
@@ -88,8 +90,9 @@ def classification_metrics(model: nn.Module, batches: Iterable[CachedBatch]) -> 
 
 
 def text_trainer(*, model: SuffixClassifier, data: dict[str, CachedSplit], client_id: int,
-                 config: TextTaskConfig) -> SeededTorchTrainer:
-    """A client over its cached splits: AdamW, shuffled batches each epoch, evaluation on every other split."""
+                 config: TextTaskConfig, protocol: TrainingProtocol | None = None) -> SeededTorchTrainer:
+    """A client over its cached splits: shuffled batches each epoch, evaluation on every other split;
+    trains under `protocol` (None: AdamW at `config.lr` kept across rounds)."""
     if "train" not in data or len(data["train"]) == 0:
         raise ValueError(f"client {client_id} has no training examples")
     train, bs, ebs = data["train"], config.batch_size, config.eval_batch_size
@@ -98,7 +101,7 @@ def text_trainer(*, model: SuffixClassifier, data: dict[str, CachedSplit], clien
         train_batches=lambda: train.batches(bs, order=torch.randperm(len(train))),
         eval_batches={split: (lambda s=s: s.batches(ebs)) for split, s in data.items() if split != "train"},
         num_examples=len(train), loss_fn=classification_loss, metric_fn=classification_metrics,
-        optimizer=OptimizerConfig(name="adamw", lr=config.lr, weight_decay=config.weight_decay))
+        optimizer=OptimizerConfig(name="adamw", lr=config.lr, weight_decay=config.weight_decay), protocol=protocol)
 
 
 def build_text_trainers(*, backbone: nn.Module, cache: PrefixCache, labels: torch.Tensor | Sequence[int],

@@ -1,7 +1,9 @@
 """A TorchTrainer whose local training is Opacus DP-SGD (example-level DP for each client).
 
 The client's accountant lives in its `OpacusClient` and persists across rounds (and checkpoints);
-every round debits the run's ledger and reports the client's example-level epsilon so far.
+every round debits the run's ledger and reports the client's example-level epsilon so far. The
+protocol's optimiser is built by `OpacusClient` at every round (fresh each round, whatever the
+protocol's lifetime says); its lr schedule and clipping are not applied (Opacus clips per example).
 """
 from __future__ import annotations
 
@@ -23,6 +25,9 @@ class DPTorchTrainer(TorchTrainer):
     def __init__(self, *, dp_client: OpacusClient, train_dataset: Dataset, per_example_loss: LossFn,
                  collate_fn: Callable | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        if self.protocol.scheduled or self.protocol.max_grad_norm is not None:
+            raise ValueError("a protocol's lr schedule and gradient clipping are not applied under DP-SGD "
+                             "(Opacus clips per example and builds its optimiser every round)")
         self.dp_client, self.train_dataset = dp_client, train_dataset
         self.per_example_loss, self.collate_fn = per_example_loss, collate_fn
         self._round = 0
@@ -36,7 +41,7 @@ class DPTorchTrainer(TorchTrainer):
                              f"the algorithm asks for {epochs}")
         self._round += 1
         report = self.dp_client.train_round(
-            model=self.model, optimizer_factory=lambda ps: self.optimizer_config.build(ps), dataset=self.train_dataset,
+            model=self.model, optimizer_factory=self.protocol.build_optimizer, dataset=self.train_dataset,
             loss_fn=self.per_example_loss, round_id=round if round is not None else self._round,
             collate_fn=self.collate_fn)
         return {"train_loss": report.mean_loss, "steps": float(report.steps), "epsilon": report.epsilon,

@@ -36,7 +36,7 @@ from fl_algorithms.tasks.qa import QASplit, encode as encode_qa, qa_loss, qa_met
 from fl_algorithms.tasks.seq2seq import HeadlineSplit, headline_loss, headline_metrics
 from fl_algorithms.tasks.tagging import TaggedSplit, encode_tagged, tagging_metrics, token_loss
 from fl_algorithms.training.classification import classification_loss, classification_metrics
-from fl_algorithms.training.loop import seeded, sequence_seed
+from fl_algorithms.training.loop import run_epochs, seeded, sequence_seed
 from fl_algorithms.training.trainer import OptimizerConfig, SeededTorchTrainer
 from nlp_models.classifiers import adapted_top, make_head, seeded_module
 from nlp_models.frozen_prefix import CachedSplit, build_prefix_cache, cache_splits, cache_texts, prefix_split
@@ -245,16 +245,13 @@ class HeteroTrainer(SeededTorchTrainer):
             order = torch.randperm(ids.shape[0])[: self.config.pretrain_batches * self.config.batch_size]
             corrupted = self.corruptor(objective, ids[order], mask[order], seed=seed)
             self.model.train()
-            opt, losses = self.optimizer(), []
-            for start in range(0, len(order), self.config.batch_size):
-                rows = slice(start, start + self.config.batch_size)
-                opt.zero_grad(set_to_none=True)
-                loss = self._pretrain_loss(corrupted.input_ids[rows], corrupted.attention_mask[rows],
-                                           corrupted.labels[rows], objective)
-                loss.backward()
-                opt.step()
-                losses.append(float(loss.detach()))
-        return {"pretrain_loss": float(np.mean(losses)), "pretrain_steps": float(len(losses)),
+            size = self.config.batch_size
+            slices = [slice(start, start + size) for start in range(0, len(order), size)]
+            result = run_epochs(
+                batches=lambda: slices, optimizer=self.round_optimizer(), epochs=1, protocol=self.protocol,
+                loss=lambda rows: self._pretrain_loss(corrupted.input_ids[rows], corrupted.attention_mask[rows],
+                                                      corrupted.labels[rows], objective))
+        return {"pretrain_loss": result["train_loss"] if slices else float("nan"), "pretrain_steps": result["steps"],
                 "objective_mlm": float(objective == "mlm")}
 
     def _pretrain_loss(self, ids: torch.Tensor, mask: torch.Tensor, labels: torch.Tensor, objective: str) -> torch.Tensor:

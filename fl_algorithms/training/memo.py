@@ -2,13 +2,17 @@
 
 Runs of one grid unit (a task, partition and seed: FedAvg under SecAgg+, its plaintext twin, FedOPT)
 start every client from the same model with the same seed and the same local objective, so each
-client's first local run is the same computation in each of them: FedNLP's FedOPT (FedAvgM) differs
-from FedAvg only on the server, the twin only in how the uploads are summed. `FirstRunMemo` keeps
-that run's outcome (the trainer's state after it and its metrics) under a digest of everything the
-run reads that can differ between runs: the client and its seed, every trainable parameter before
-the run (the broadcast model included), the epochs, the optimiser and FedProx's anchor and mu. A
+client's first local run is the same computation in each of them where their clients train alike
+(FedAvgM differs from FedAvg only on the server, the twin only in how the uploads are summed; under
+FedNLP's protocol FedOPT's clients run AdamW and FedAvg's SGD, so only the twin shares FedAvg's).
+`FirstRunMemo` keeps that run's outcome (the trainer's state after it and its metrics) under a digest
+of everything the run reads that can differ between runs: the client and its seed, every trainable
+parameter before the run (the broadcast model included), the epochs, the training protocol (its
+optimiser, the optimiser's lifetime, the schedule and the clipping) and FedProx's anchor and mu. A
 later run with the same digest restores the stored state instead of training: on a deterministic
-device, bit for bit what it would have computed (tests compare whole runs with and without).
+device, bit for bit what it would have computed (tests compare whole runs with and without). An
+optimiser that is fresh each round is not part of the stored state (it is rebuilt at the next run),
+so the restore stays exact.
 
 What the digest does not cover is the memo's scope: the client's data, frozen weights and loss,
 so a memo serves one formulation instance (one set of clients) only.

@@ -2,14 +2,16 @@
 
 Algorithms see a trainer only through `LocalTrainer`: shared parameters as named flat float
 vectors, a local training call (with an optional FedProx proximal term), and evaluation. The
-torch trainer keeps the model, the data and (optionally) the client's DP-SGD accountant.
+torch trainer keeps the model, the data and (optionally) the client's DP-SGD accountant, and trains
+under a declared `TrainingProtocol` (`fl_algorithms.training.protocol`): its optimiser (rebuilt at the
+start of every local run when the lifetime is 'fresh each round', else kept across rounds), and its
+schedule and clipping (applied by `run_epochs`).
 """
 from __future__ import annotations
 
 import copy
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
@@ -18,6 +20,7 @@ from torch import nn
 
 from fl_algorithms.training.loop import run_epochs, seeded, sequence_seed
 from fl_algorithms.training.memo import FirstRunMemo
+from fl_algorithms.training.protocol import OptimizerConfig, TrainingProtocol, kept_protocol
 
 
 class LocalTrainer(Protocol):
@@ -34,25 +37,6 @@ class LocalTrainer(Protocol):
     def evaluate(self, *, split: str = "test") -> dict[str, float]: ...
     def state_dict(self) -> dict[str, Any]: ...
     def load_state_dict(self, state: Mapping[str, Any]) -> None: ...
-
-
-@dataclass(frozen=True)
-class OptimizerConfig:
-    name: str = "adamw"
-    """'adamw', 'adam' or 'sgd'."""
-    lr: float = 5e-4
-    weight_decay: float = 0.0
-    momentum: float = 0.0
-
-    def build(self, params: Iterable[nn.Parameter]) -> torch.optim.Optimizer:
-        params = list(params)
-        if self.name == "adamw":
-            return torch.optim.AdamW(params, lr=self.lr, weight_decay=self.weight_decay)
-        if self.name == "adam":
-            return torch.optim.Adam(params, lr=self.lr, weight_decay=self.weight_decay)
-        if self.name == "sgd":
-            return torch.optim.SGD(params, lr=self.lr, momentum=self.momentum, weight_decay=self.weight_decay)
-        raise ValueError(f"unknown optimizer '{self.name}'")
 
 
 def flatten(params: Sequence[torch.Tensor]) -> np.ndarray:
@@ -83,12 +67,15 @@ class TorchTrainer:
 
     `shared` maps a part name (e.g. 'global_adapter') to the parameter names it contains; every
     other trainable parameter stays on the client (private). `loss_fn(model, batch)` returns the
-    training loss; `metric_fn(model, batches)` evaluates.
+    training loss; `metric_fn(model, batches)` evaluates. `protocol` says how the client trains; a
+    trainer given only `optimizer` keeps it across rounds at a constant lr (`kept_protocol`: how every
+    trainer trained before protocols were declared).
     """
 
     def __init__(self, *, model: nn.Module, shared: Mapping[str, Sequence[str]], train_batches: Callable[[], Iterable[Batch]],
                  eval_batches: Mapping[str, Callable[[], Iterable[Batch]]], num_examples: int, loss_fn: LossFn,
-                 metric_fn: MetricFn, optimizer: OptimizerConfig = OptimizerConfig()) -> None:
+                 metric_fn: MetricFn, optimizer: OptimizerConfig = OptimizerConfig(),
+                 protocol: TrainingProtocol | None = None) -> None:
         self.model = model
         named = dict(model.named_parameters())
         missing = [n for names in shared.values() for n in names if n not in named]
@@ -98,17 +85,28 @@ class TorchTrainer:
         self.train_batches, self.eval_batches = train_batches, eval_batches
         self.num_examples = num_examples
         self.loss_fn, self.metric_fn = loss_fn, metric_fn
-        self.optimizer_config = optimizer
+        self.protocol = protocol if protocol is not None else kept_protocol(optimizer)
         self._optimizer: torch.optim.Optimizer | None = None
+
+    @property
+    def optimizer_config(self) -> OptimizerConfig:
+        return self.protocol.optimizer
 
     def trainable(self) -> list[nn.Parameter]:
         return [p for p in self.model.parameters() if p.requires_grad]
 
     def optimizer(self) -> torch.optim.Optimizer:
-        # Kept across rounds: client optimiser state is private client state (as in FedNLP).
+        """The client's current optimiser (built by the protocol on first use)."""
         if self._optimizer is None:
-            self._optimizer = self.optimizer_config.build(self.trainable())
+            self._optimizer = self.protocol.build_optimizer(self.trainable())
         return self._optimizer
+
+    def round_optimizer(self) -> torch.optim.Optimizer:
+        """The optimiser of a new local run: rebuilt (empty state) when the protocol's lifetime is fresh
+        each round, else the one kept across rounds."""
+        if self.protocol.fresh:
+            self._optimizer = None
+        return self.optimizer()
 
     def get_shared(self) -> dict[str, np.ndarray]:
         return {part: flatten(ps) for part, ps in self._shared.items()}
@@ -121,7 +119,7 @@ class TorchTrainer:
               round: int | None = None) -> dict[str, float]:
         """Local epochs; `round` is the global FL round (for accounting), unused here."""
         self.model.train()
-        opt = self.optimizer()
+        opt = self.round_optimizer()
         anchors = {}
         if proximal is not None and mu > 0:
             for part, vec in proximal.items():
@@ -135,7 +133,8 @@ class TorchTrainer:
             return 0.5 * mu * sum(((p - a) ** 2).sum() for p, a in anchors.items())
 
         return run_epochs(batches=self.train_batches, loss=lambda batch: self.loss_fn(self.model, batch),
-                          optimizer=opt, epochs=epochs, penalty=proximal_term if anchors else None)
+                          optimizer=opt, epochs=epochs, penalty=proximal_term if anchors else None,
+                          protocol=self.protocol)
 
     def evaluate(self, *, split: str = "test") -> dict[str, float]:
         self.model.eval()
@@ -144,9 +143,11 @@ class TorchTrainer:
 
     def state_dict(self) -> dict[str, Any]:
         """Trainable parameters and optimiser state only (copies): frozen weights are not client
-        state and would make every checkpoint as large as the backbone."""
+        state and would make every checkpoint as large as the backbone. An optimiser that is fresh
+        each round is no state between rounds (None)."""
+        kept = self._optimizer is not None and not self.protocol.fresh
         return {"trainable": {n: p.detach().clone() for n, p in self.model.named_parameters() if p.requires_grad},
-                "optimizer": copy.deepcopy(self._optimizer.state_dict()) if self._optimizer is not None else None}
+                "optimizer": copy.deepcopy(self._optimizer.state_dict()) if kept else None}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         named = dict(self.model.named_parameters())
@@ -178,7 +179,7 @@ class SeededTorchTrainer(TorchTrainer):
               round: int | None = None) -> dict[str, float]:
         memo = self.first_runs if self.calls == 0 and self._optimizer is None else None
         key = None if memo is None else memo.digest(client_id=self.client_id, seed=self.seed, model=self.model,
-                                                    optimizer=self.optimizer_config, epochs=epochs,
+                                                    optimizer=self.protocol, epochs=epochs,
                                                     proximal=proximal, mu=mu)
         if memo is not None and (found := memo.restore(key)) is not None:
             state, metrics = found

@@ -6,12 +6,20 @@ to the smallest client's (or a given cap), as the paper caps training data: ever
 on the whole 20% test split of its corpus, so the test sets are large enough to rank methods (a cap
 applied before the split left 60 test examples per client, 1.7 points per example).
 
+No test text is trained on anywhere: each corpus is de-duplicated by its loader before it is split
+(`nlp_models.data.loaders.deduplicate`), and a text held out for one client's test split is removed
+from every other client's training and validation splits before the caps (RT subjectivity's review
+half is drawn from the RT sentiment snippets: 1,083 shared texts), the count logged and added to the
+split's `duplicates_removed`.
+
 `build_client_data` tokenises every split once and caches the frozen prefix of the backbone
 (`nlp_models.frozen_prefix.cache_texts`), so that every method, round and seed trains only the top
 layers.
 """
 from __future__ import annotations
 
+import dataclasses
+import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -19,10 +27,11 @@ from typing import Any
 from torch import nn
 
 from nlp_models.data.dataset import DatasetSplits, TextDataset, cap, train_validation_test
-from nlp_models.data.loaders import LOADERS
+from nlp_models.data.loaders import LOADERS, normalise_whitespace
 from nlp_models.frozen_prefix import CachedSplit, cache_texts, prefix_split
 
 SPLITS = ("train", "validation", "test")
+LOG = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -47,13 +56,14 @@ CLIENT_TASKS = (
 
 def split_clients(corpora: Mapping[str, TextDataset], *, cap_to: int | None, seed: int = 0,
                   test_cap: int | None = None) -> dict[str, DatasetSplits]:
-    """Each corpus split 6:2:2 by `seed` (stratified); the training splits then capped (stratified) to
-    min(smallest client's training split, cap_to), validation to a third of that (the 6:2 ratio);
-    the test split stays whole unless `test_cap` caps it (smoke runs and tests only)."""
+    """Each corpus split 6:2:2 by `seed` (stratified); texts of any client's test split removed from
+    every training and validation split (`without_held_out`); the training splits then capped
+    (stratified) to min(smallest client's training split, cap_to), validation to a third of that (the
+    6:2 ratio); the test split stays whole unless `test_cap` caps it (smoke runs and tests only)."""
     for name, value in (("cap", cap_to), ("test cap", test_cap)):
         if value is not None and value < 10:
             raise ValueError(f"{name} must be at least 10 examples per client, got {value}")
-    splits = {key: train_validation_test(d, seed=seed) for key, d in corpora.items()}
+    splits = without_held_out({key: train_validation_test(d, seed=seed) for key, d in corpora.items()})
     train_size = min(len(s.train) for s in splits.values())
     if cap_to is not None:
         train_size = min(train_size, cap_to)
@@ -62,6 +72,25 @@ def split_clients(corpora: Mapping[str, TextDataset], *, cap_to: int | None, see
                                validation=cap(s.validation, validation_size, seed=seed),
                                test=cap(s.test, test_cap, seed=seed))
             for key, s in splits.items()}
+
+
+def without_held_out(splits: Mapping[str, DatasetSplits]) -> dict[str, DatasetSplits]:
+    """`splits` with every text of any client's test split (compared after whitespace normalisation)
+    removed from every client's training and validation splits, in order; the count removed is logged
+    and added to that split's `duplicates_removed`."""
+    held_out = {normalise_whitespace(text) for parts in splits.values() for text in parts.test.texts}
+
+    def clean(key: str, part: str, data: TextDataset) -> TextDataset:
+        keep = [i for i, text in enumerate(data.texts) if normalise_whitespace(text) not in held_out]
+        removed = len(data) - len(keep)
+        if not removed:
+            return data
+        LOG.info("%s %s: %d texts held out for a test split removed", key, part, removed)
+        return dataclasses.replace(data.subset(keep), duplicates_removed=data.duplicates_removed + removed)
+
+    return {key: DatasetSplits(train=clean(key, "train", parts.train),
+                               validation=clean(key, "validation", parts.validation), test=parts.test)
+            for key, parts in splits.items()}
 
 
 def load_client_splits(*, cap_to: int | None, seed: int = 0, tasks: Sequence[ClientTask] = CLIENT_TASKS,
@@ -101,4 +130,5 @@ def build_client_data(backbone: nn.Module, tokenizer: Any, splits: Mapping[str, 
     return clients
 
 
-__all__ = ["SPLITS", "ClientTask", "CLIENT_TASKS", "split_clients", "load_client_splits", "ClientData", "build_client_data"]
+__all__ = ["SPLITS", "ClientTask", "CLIENT_TASKS", "split_clients", "without_held_out", "load_client_splits", "ClientData",
+           "build_client_data"]

@@ -25,6 +25,9 @@ class TextDataset:
     groups: tuple[str, ...] | None = None
     words: tuple[tuple[str, ...], ...] | None = None
     task: str = "sequence"
+    duplicates_removed: int = 0
+    """How many repeated texts the loader removed before this dataset was capped or split (0: none, or
+    not de-duplicated)."""
 
     def __post_init__(self) -> None:
         n = len(self.texts)
@@ -74,6 +77,7 @@ class TextDataset:
             groups=pick(self.groups),
             words=pick(self.words),
             task=self.task,
+            duplicates_removed=self.duplicates_removed,
         )
 
 

@@ -20,7 +20,7 @@ bench = importlib.import_module("fednlp_benchmark")
 LINE = re.compile(r"^fednlp task=(\w+) metric=(\w+) trivial=\d\.\d{4} fedavg=\d\.\d{4} fedopt=\d\.\d{4} "
                   r"secure_vs_plain_max_diff=(\S+) round1_diff=(\S+) encoder_bound=(\S+) round1_within_bound=(\w+) "
                   r"plain_round_s=\d+\.\d\d "
-                  r"secure_sum_s_per_round=\d+\.\d{3}$")
+                  r"secure_sum_s_per_round=\d+\.\d{3} protocol=fednlp$")
 TINY = ["--quick", "--backbone", "tiny", "--rounds", "1", "--clients", "3", "--max-examples", "90",
         "--algorithms", "fedavg,fedopt", "--no-progress"]
 
@@ -28,7 +28,13 @@ TINY = ["--quick", "--backbone", "tiny", "--rounds", "1", "--clients", "3", "--m
 @pytest.mark.slow
 def test_quick_grid_prints_one_line_per_task_and_resumes(tmp_path, capsys):
     out = bench.main(TINY + ["--out", str(tmp_path), "--run-name", "g"])
-    lines = capsys.readouterr().out.strip().splitlines()[-4:]
+    printed = capsys.readouterr().out.strip().splitlines()
+    lines = printed[-4:]
+    # the run's header declares every algorithm's protocol, per task at its client lr
+    assert "classification: training protocol (fedavg): protocol=fednlp optimizer=sgd(lr=0.01) fresh-each-round " \
+           "schedule=linear warmup=6% clip=1 epochs=1 eval=after-aggregation select=last-round fp32" in printed
+    assert any(line.startswith("qa: training protocol (fedopt): protocol=fednlp optimizer=adamw(lr=0.002)")
+               for line in printed)
     matches = [LINE.match(line) for line in lines]
     assert all(matches), lines
     assert [(m.group(1), m.group(2)) for m in matches] == [("classification", "acc"), ("tagging", "span_f1"),
@@ -57,8 +63,12 @@ def test_quick_grid_prints_one_line_per_task_and_resumes(tmp_path, capsys):
     # the encoder's error (bound ~5e-9 per round here) plus float32 rounding of O(1) parameters
     assert all(0 < r["encoder_bound"] < 1e-7 and r["secure_vs_plain_max_diff"] < 1e-6 for r in twins)
     assert all(len(r["secure_vs_plain_round_diffs"]) == 1 for r in twins)
-    for r in rows:  # secure FedAvg trains round 1; its twin and FedOPT restore those client runs (FirstRunMemo)
-        assert (r["reused_train_seconds"] > 0) == (r["protocol"] == "plain" or r["algorithm"] == "fedopt"), r
+    for r in rows:  # secure FedAvg trains round 1, its twin restores those client runs (FirstRunMemo); FedOPT's
+        # clients run AdamW under FedNLP's protocol, FedAvg's SGD, so FedOPT's first runs are its own
+        assert (r["reused_train_seconds"] > 0) == (r["protocol"] == "plain"), r
+        declared = r["training_protocol"]
+        assert declared["name"] == "fednlp" and declared["lifetime"] == "fresh each round"
+        assert declared["optimizer"]["name"] == ("adamw" if r["algorithm"] == "fedopt" else "sgd")
     again = bench.main(["--resume", str(run), "--backbone", "tiny", "--no-progress"])
     assert "12 already done" in capsys.readouterr().out
     assert again["lines"] == out["lines"]
@@ -181,6 +191,28 @@ def test_fedopt_server_lr_is_a_plan_setting_a_resumed_grid_keeps(tmp_path, capsy
         with pytest.raises(SystemExit):
             bench.main(["--quick", *bad, "--out", str(tmp_path / "new")])
     assert not (tmp_path / "new").exists()
+
+
+def test_the_training_protocol_is_a_plan_setting_fednlps_by_default(tmp_path, capsys):
+    from fl_algorithms.experiments.fednlp_grid import plan_from_record, plan_record
+
+    parser = bench._parser()
+    default = bench.build_plan(parser.parse_args(["--quick"]), parser)
+    control = bench.build_plan(parser.parse_args(["--quick", "--training-protocol", "federated-norm"]), parser)
+    assert (default.training_protocol, control.training_protocol) == ("fednlp", "federated-norm")
+    tagging = default.settings("tagging", partition="iid", seed=0)
+    assert default.protocol_for("fedprox", tagging).optimizer.name == "sgd"
+    assert control.protocol_for("fedprox", tagging).optimizer.name == "adamw"
+    assert plan_from_record(json.loads(json.dumps(plan_record(control)))) == control
+    old = {k: v for k, v in plan_record(default).items() if k != "training_protocol"}
+    assert plan_from_record(old).training_protocol == "kept-adamw"  # a grid saved before protocols ran that
+    (tmp_path / "plan.json").write_text(json.dumps(plan_record(control)))
+    with pytest.raises(SystemExit):  # a finished cell's meaning is fixed by its plan
+        bench.main(["--resume", str(tmp_path), "--training-protocol", "fednlp", "--no-progress"])
+    assert "fixes --training-protocol" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--training-protocol", "adamw"])
+    assert "invalid choice: 'adamw'" in capsys.readouterr().err
 
 
 def test_quick_qa_trains_its_top_two_layers_whole_and_the_other_tasks_adapters():

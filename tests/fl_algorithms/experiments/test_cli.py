@@ -35,7 +35,7 @@ def test_task_option_helpers_name_what_is_wrong():
             int_option({"threads": text}, "threads", default=1, minimum=1)
 
 
-def test_open_run_creates_a_new_run_and_resumes_it(tmp_path):
+def test_open_run_creates_a_new_run_and_resumes_it(tmp_path, capsys):
     import argparse
 
     from fl_algorithms.experiments.cli import open_run, read_cells
@@ -45,14 +45,18 @@ def test_open_run_creates_a_new_run_and_resumes_it(tmp_path):
     run, plan = open_run(parser, new, default_out=tmp_path / "unused", build=lambda: {"rounds": 3},
                          load=dict, record=lambda p: {**p, "saved": True})
     assert run == tmp_path / "r" and plan == {"rounds": 3}
+    # no message: argparse exits with status 2; the reason is asserted on stderr below
     with pytest.raises(SystemExit):  # an existing directory is never overwritten
         open_run(parser, new, default_out=tmp_path, build=dict, load=dict, record=dict)
+    assert "exists: choose another --run-name or --resume it" in capsys.readouterr().err
     again, loaded = open_run(parser, argparse.Namespace(resume=str(run), out=None, run_name=None),
                              default_out=tmp_path, build=lambda: pytest.fail("built again"), load=dict, record=dict)
     assert again == run and loaded == {"rounds": 3, "saved": True}
+    # no message: argparse exits with status 2; the reason is asserted on stderr below
     with pytest.raises(SystemExit):
         open_run(parser, argparse.Namespace(resume=str(tmp_path / "none"), out=None, run_name=None),
                  default_out=tmp_path, build=dict, load=dict, record=dict)
+    assert "no readable plan.json" in capsys.readouterr().err
     assert read_cells(run / "cells.jsonl", key=lambda r: r["k"]) == {}
     (run / "cells.jsonl").write_text('{"k": "a", "v": 1}\n{"k": "b", "v": 2}\n')
     assert read_cells(run / "cells.jsonl", key=lambda r: r["k"]) == {"a": {"k": "a", "v": 1}, "b": {"k": "b", "v": 2}}
@@ -80,6 +84,7 @@ def test_a_resumed_run_refuses_plan_options_and_accepts_run_options_and_growable
     assert plan_options_given(parser, same) == ["--rounds"]
     assert plan_options_given(parser, given, allowed=("seeds",)) == ["--rounds", "--quick"]
     given.out = given.run_name = None
+    # no message: argparse exits with status 2; the reason is asserted on stderr below
     with pytest.raises(SystemExit):
         open_run(parser, given, default_out=tmp_path, build=dict, load=dict, record=dict)
     assert "its saved plan fixes --seeds, --rounds, --quick" in capsys.readouterr().err
@@ -109,7 +114,7 @@ def _grid_parser():
     return parser
 
 
-def test_parse_grid_args_checks_threads_and_resolves_the_device():
+def test_parse_grid_args_checks_threads_and_resolves_the_device(capsys):
     import pytest
 
     from fl_algorithms.experiments.cli import parse_grid_args
@@ -117,8 +122,10 @@ def test_parse_grid_args_checks_threads_and_resolves_the_device():
     parser = _grid_parser()
     args, device = parse_grid_args(parser, [])
     assert device == "cpu" and args.threads == 1
+    # no message: argparse exits with status 2; the reason is asserted on stderr below
     with pytest.raises(SystemExit):
         parse_grid_args(parser, ["--threads", "0"])
+    assert "--threads must be at least 1" in capsys.readouterr().err
 
 
 def test_parse_grid_args_reports_a_missing_gpu_as_a_usage_error(monkeypatch, capsys):
@@ -129,6 +136,7 @@ def test_parse_grid_args_reports_a_missing_gpu_as_a_usage_error(monkeypatch, cap
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     parser = _grid_parser()
+    # no message: argparse exits with status 2; the reason is asserted on stderr below
     with pytest.raises(SystemExit) as exc:
         parse_grid_args(parser, ["--device", "cuda"])
     assert exc.value.code == 2 and "no CUDA device" in capsys.readouterr().err
@@ -228,3 +236,14 @@ def test_start_grid_runs_records_resumes_and_summarises_a_grid(tmp_path, monkeyp
     assert [r["i"] for r in rows] == [0, 1, 2] and written == {"csv": grid.run / "summary.csv",
                                                                "plot": grid.run / "curves.png"}
     assert "| table |" in capsys.readouterr().out
+
+
+def test_the_training_protocol_option_formats_its_help():
+    """Preset summaries mention percentages ('warmup (6%)'): argparse %-formats help text."""
+    import argparse
+
+    from fl_algorithms.experiments.cli import add_training_protocol_arg
+
+    parser = argparse.ArgumentParser()
+    add_training_protocol_arg(parser, default="fednlp")
+    assert "warmup (6%)" in " ".join(parser.format_help().split())

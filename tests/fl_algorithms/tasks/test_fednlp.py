@@ -64,3 +64,32 @@ def test_build_rejects_bad_options(options, message):
         return
     with pytest.raises(ValueError, match=message):
         build(options)
+
+
+def test_fedopt_is_fednlps_and_each_method_trains_under_its_declared_protocol(clients):
+    from fl_algorithms.algorithms.fedopt import FedAvgM
+
+    fedopt = build(clients.options("fedopt"))
+    assert isinstance(fedopt.algorithm, FedAvgM) and fedopt.algorithm.eta == 0.1 and fedopt.algorithm.beta1 == 0.9
+    assert fedopt.make_trainer(1).protocol == clients.protocol("fedopt")
+    assert clients.protocol("fedopt").optimizer.name == "adamw"
+    assert clients.protocol("fedavg").optimizer.name == clients.protocol("fedprox").optimizer.name == "sgd"
+    assert clients.make_trainer(1).protocol.name == "kept-adamw"  # no protocol given: the clients before
+    with pytest.raises(ValueError, match="unknown method 'scaffold'"):
+        clients.protocol("scaffold")
+    with pytest.raises(ValueError, match="--training-protocol must be one of"):
+        FedNLPSettings(training_protocol="sgd")
+
+
+@pytest.mark.parametrize("settings, removed", [(SETTINGS, 116), (FedNLPSettings(), 105)], ids=["tiny", "every-article"])
+def test_no_client_test_article_occurs_in_any_training_split(settings, removed):
+    from fl_algorithms.tasks.fednlp import load_corpus
+    from nlp_models.data.loaders import normalise_whitespace
+
+    corpus = load_corpus(settings)
+    texts = [normalise_whitespace(t) for t in corpus.dataset.texts]
+    trained = {texts[i] for split in corpus.splits for i in split.train}
+    for split in corpus.splits:
+        assert not trained & {texts[i] for i in split.test}  # neither its own nor another client's training
+    # articles repeated within their first 12 x max_length characters (compared as the clients read them)
+    assert corpus.dataset.duplicates_removed == removed

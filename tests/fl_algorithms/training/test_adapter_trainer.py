@@ -216,3 +216,36 @@ def test_method_models_name_only_units_they_have():
     with pytest.raises(ValueError, match="LoRA"):
         MethodModel(sets=(LORA,), trainable=(), shared={}, heads=("h",), predict_mixing={}, predict_head="h",
                     lora=LORA_MODEL.lora)
+
+
+def test_the_adapter_clients_honour_the_protocols_optimiser_lifetime_and_schedule(tiny_client):
+    from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+    from fl_algorithms.training.protocol import FEDNLP, KEPT, OptimizerConfig, kept_protocol
+
+    fresh = FEDNLP.for_algorithm("fedavg", lr=5e-4)  # SGD, fresh, linear warmup/decay, clip 1.0
+    backbone, client = tiny_client
+    trainer = AdapterTrainer(data=client, backbone=backbone, spec=BASELINE_MODEL, bottleneck=4, head_hidden=8,
+                             config=TrainConfig(batch_size=4, protocol=fresh), seed=0)
+    kept = _trainer(tiny_client, BASELINE_MODEL)  # no protocol: Adam kept across rounds, as before
+    assert kept.protocol == kept_protocol(OptimizerConfig(name="adam", lr=5e-4), name="kept-adam")
+    assert kept.protocol.lifetime == KEPT
+    seen = []
+    handle = register_optimizer_step_pre_hook(
+        lambda opt, *_: seen.append((opt, len(opt.state), opt.param_groups[0]["lr"])))
+    try:
+        for t in (trainer, kept):
+            t.train(epochs=1)
+            t.train(epochs=1)
+    finally:
+        handle.remove()
+    steps = math.ceil(trainer.num_examples / 4)
+    mine, theirs = seen[:2 * steps], seen[2 * steps:]
+    assert isinstance(mine[0][0], torch.optim.SGD) and isinstance(theirs[0][0], torch.optim.Adam)
+    assert mine[steps][0] is not mine[0][0] and mine[steps][1] == 0  # round 2 starts with a new, empty SGD
+    assert theirs[steps][0] is theirs[0][0] and theirs[steps][1] > 0  # Adam's state carries over
+    assert mine[0][2] == mine[steps][2] == 0.0  # each round's first step: the warmup's start
+    assert {lr for *_, lr in theirs} == {5e-4}
+    assert trainer.state_dict()["optimizer"] is None and kept.state_dict()["optimizer"] is not None
+    with pytest.raises(ValueError, match="is not the config's lr"):
+        TrainConfig(lr=1e-3, protocol=fresh)

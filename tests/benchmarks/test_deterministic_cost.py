@@ -18,10 +18,13 @@ def test_times_both_modes_and_ends_with_the_result_line(capsys):
     assert not torch.are_deterministic_algorithms_enabled()  # left as it found it
 
 
-@pytest.mark.parametrize("bad", [["--steps", "0"], ["--target", "1"], ["--warmup", "-1"],
-                                 pytest.param(["--device", "cuda"], marks=pytest.mark.skipif(
-                                     torch.cuda.is_available(), reason="a GPU is there"))])
-def test_rejects_bad_sizes(bad):
+@pytest.mark.parametrize(("bad", "message"), [
+    (["--steps", "0"], "--steps must be at least 1"), (["--target", "1"], "--target >= 2"),
+    (["--warmup", "-1"], "need --warmup >= 0"),
+    pytest.param(["--device", "cuda"], "no CUDA device", marks=pytest.mark.skipif(
+        torch.cuda.is_available(), reason="a GPU is there"))])
+def test_rejects_bad_sizes(bad, message, capsys):
+    # no message: argparse exits with status 2; the reason is asserted on stderr below
     with pytest.raises(SystemExit) as exit_info:
         deterministic_cost.main(["--backbone", "tiny", "--device", "cpu", *bad])
-    assert exit_info.value.code == 2
+    assert exit_info.value.code == 2 and message in capsys.readouterr().err

@@ -61,5 +61,7 @@ def test_cli_writes_tables_and_ends_with_one_line_per_protocol(tmp_path, capsys)
     assert [pattern.match(line).group(1) for line in lines[-4:]] == list(PROTOCOLS)
     for name in ("scale.csv", "scale.md", "scale.png"):
         assert (tmp_path / name).stat().st_size > 0
+    # no message: argparse exits with status 2; the reason is asserted on stderr below
     with pytest.raises(SystemExit):
         main(["--sizes", "2", "--out", str(tmp_path)])
+    assert "need N >= 3" in capsys.readouterr().err

@@ -37,6 +37,7 @@ def test_rerun_matches_the_saved_twin_and_the_perturbation_shows(tmp_path, capsy
     bench = importlib.import_module("fednlp_benchmark")
     out = bench.main(["--quick", "--backbone", "tiny", "--rounds", "2", "--clients", "3", "--max-examples", "90",
                       "--tasks", "classification", "--algorithms", "fedavg", "--no-progress",
+                      "--training-protocol", "kept-adamw",  # the AdamW first-step effect checked below
                       "--out", str(tmp_path), "--run-name", "g"])
     capsys.readouterr()
     result = ts.main(["--run", str(out["run"]), "--partition", "iid", "--backbone", "tiny", "--perturbation", "1e-6",
@@ -61,5 +62,8 @@ def test_rerun_matches_the_saved_twin_and_the_perturbation_shows(tmp_path, capsy
                  "--no-progress"])
     with pytest.raises(SystemExit, match="no finished plaintext twin"):
         ts.main(["--run", str(out["run"]), "--partition", "label:0.1", "--backbone", "tiny", "--no-progress"])
+    capsys.readouterr()
+    # no message: argparse exits with status 2; the reason is asserted on stderr below
     with pytest.raises(SystemExit):
-        ts.main(["--run", str(tmp_path), "--no-progress"])           # not a run directory
+        ts.main(["--run", str(tmp_path), "--no-progress"])
+    assert "is not a grid run directory" in capsys.readouterr().err

@@ -82,7 +82,7 @@ def test_one_bad_release_among_two_charges_neither():
     good, _ = client_release(spec, name="a")
     bad, _ = client_release(spec, name="b")
     server = Ledger()
-    with pytest.raises(ReleaseRejected):
+    with pytest.raises(ReleaseRejected, match="client 3's release 'b': claimed sigma 1e-06"):
         admit({"a": good.record(), "b": forged(bad.record(), sigma=1e-6)}, specs={"a": spec, "b": spec},
               client_id=3, round_id=2, ledger=server)
     assert server.clients() == []
@@ -105,12 +105,12 @@ def test_a_records_own_checks_bound_what_it_may_hold():
     for mechanism in ({"nested": {"a": 1}}, {f"k{i}": 1 for i in range(33)}, {"s": "x" * 257}, {1: 2}):
         with pytest.raises(ValueError, match="flat mapping"):
             ReleaseRecord(payload=np.zeros(2), **{**base, "mechanism": mechanism})
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="'household' is not a valid PrivacyUnit"):
         ReleaseRecord(payload=np.zeros(2), **{**base, "unit": "household"})
     with pytest.raises(ValueError, match="summary key"):
         ReleaseRecord(payload=np.zeros(2), **{**base, "summary_key": ""})
     with pytest.raises(ValueError, match="round"):
         ReleaseRecord(payload=np.zeros(2), **{**base, "round_id": -1})
     record = ReleaseRecord(payload=np.arange(3.0), **base)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="read-only"):
         record.payload[0] = 7.0  # read-only copy

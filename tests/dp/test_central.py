@@ -35,7 +35,8 @@ def test_release_is_labelled_non_private_against_the_server():
     ledger = Ledger()
     d, cohort = 20_000, [1, 2, 3, 4]
     xs = [agg.clip(np.random.default_rng(c).normal(size=d)) for c in cohort]
-    with pytest.raises(AmplificationNotJustified):  # q = 0.5 claimed, no Poisson sampler recorded
+    with pytest.raises(AmplificationNotJustified,  # q = 0.5 claimed, no Poisson sampler recorded
+                       match="claims Poisson amplification at q=0.5 but no sampler was recorded"):
         agg.release(np.sum(xs, axis=0), round_id=0, contributors=cohort, ledger=Ledger(), population=range(1, 9))
     released = agg.release(np.sum(xs, axis=0), round_id=0, contributors=cohort, ledger=ledger, population=range(1, 9),
                            sampling=SamplingRecord("poisson", 8, 0.5))
@@ -60,7 +61,8 @@ def test_fixed_size_cohorts_calibrate_and_charge_the_without_replacement_bound()
     unamplified = CentralDPAggregator(CentralDPConfig(l2_clip=1.0, target_epsilon=4.0, rounds=50))
     assert agg.noise_multiplier < unamplified.noise_multiplier
     ledger, cohort, record = Ledger(), list(range(1, 21)), SamplingRecord("fixed_size", 200, 0.1)
-    with pytest.raises(AmplificationNotJustified):  # a Poisson draw does not justify this bound
+    with pytest.raises(AmplificationNotJustified,  # a Poisson draw does not justify this bound
+                       match=r"without replacement \(20 of 200\), but the cohort was drawn by the 'poisson'"):
         agg.charge_round(Ledger(), round_id=0, participants=cohort, population=range(1, 201),
                          sampling=SamplingRecord("poisson", 200, 0.1))
     for t in range(50):
@@ -71,9 +73,12 @@ def test_fixed_size_cohorts_calibrate_and_charge_the_without_replacement_bound()
 
 
 def test_invalid_central_configs_are_refused():
-    for bad in (dict(), dict(noise_multiplier=1.0, target_epsilon=1.0),
-                dict(noise_multiplier=1.0, sampling_rate=0.1), dict(noise_multiplier=1.0, sampler="seeded"),
-                dict(noise_multiplier=1.0, sampling_rate=0.1, population=205, sampler="fixed_size"),
-                dict(noise_multiplier=1.0, l2_clip=0.0)):
-        with pytest.raises(ValueError):
+    one_of = "give exactly one of noise_multiplier and target_epsilon"
+    for bad, message in ((dict(), one_of), (dict(noise_multiplier=1.0, target_epsilon=1.0), one_of),
+                         (dict(noise_multiplier=1.0, sampling_rate=0.1), "sampling_rate < 1 needs the population"),
+                         (dict(noise_multiplier=1.0, sampler="seeded"), "sampler is 'poisson' or 'fixed_size'"),
+                         (dict(noise_multiplier=1.0, sampling_rate=0.1, population=205, sampler="fixed_size"),
+                          "a fixed-size cohort is a whole number of clients: 0.1 x 205"),
+                         (dict(noise_multiplier=1.0, l2_clip=0.0), "l2_clip must be positive")):
+        with pytest.raises(ValueError, match=message):
             CentralDPConfig(**{"l2_clip": 1.0, **bad})

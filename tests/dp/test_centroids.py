@@ -32,15 +32,25 @@ def test_client_level_is_refused_with_the_reason():
         CentroidConfig(unit="client")
 
 
-@pytest.mark.parametrize("bad", [
-    dict(centres=0), dict(centres=2.0), dict(centres=True), dict(iterations=0), dict(iterations=-1),
-    dict(projection_dim=0), dict(projection_dim="8"), dict(epsilon=0), dict(epsilon=-1.0),
-    dict(epsilon=math.inf), dict(epsilon=math.nan), dict(epsilon="2"), dict(delta=0), dict(delta=1),
-    dict(delta=1.5), dict(max_centroid_noise=0), dict(max_centroid_noise=-0.1), dict(projection_seed=-1),
-    dict(projection_seed="seed"), dict(unit="user"),
+RANGES = "need epsilon > 0, 0 < delta < 1 and max_centroid_noise > 0"
+
+
+@pytest.mark.parametrize(("bad", "message"), [
+    (dict(centres=0), "centres must be a positive int"), (dict(centres=2.0), "centres must be a positive int"),
+    (dict(centres=True), "centres must be a positive int"), (dict(iterations=0), "iterations must be a positive int"),
+    (dict(iterations=-1), "iterations must be a positive int"),
+    (dict(projection_dim=0), "projection_dim must be a positive int"),
+    (dict(projection_dim="8"), "projection_dim must be a positive int"), (dict(epsilon=0), RANGES),
+    (dict(epsilon=-1.0), RANGES), (dict(epsilon=math.inf), "epsilon must be a finite real number"),
+    (dict(epsilon=math.nan), "epsilon must be a finite real number"),
+    (dict(epsilon="2"), "epsilon must be a finite real number"), (dict(delta=0), RANGES), (dict(delta=1), RANGES),
+    (dict(delta=1.5), RANGES), (dict(max_centroid_noise=0), RANGES), (dict(max_centroid_noise=-0.1), RANGES),
+    (dict(projection_seed=-1), "projection_seed: round seeds are bytes or non-negative ints"),
+    (dict(projection_seed="seed"), "projection_seed: round seeds are bytes or non-negative ints"),
+    (dict(unit="user"), "'user' is not a valid PrivacyUnit"),
 ])
-def test_config_validation(bad):
-    with pytest.raises(ValueError):
+def test_config_validation(bad, message):
+    with pytest.raises(ValueError, match=message):
         CentroidConfig(**bad)
 
 
@@ -50,10 +60,10 @@ def test_config_defaults_and_normalisation():
         4.0, 1e-5, 2, 2, 32, 0.5, PrivacyUnit.EXAMPLE)
     c = CentroidConfig(epsilon=3, centres=np.int64(2))
     assert type(c.epsilon) is float and type(c.centres) is int
-    with pytest.raises(dataclasses.FrozenInstanceError):
+    with pytest.raises(dataclasses.FrozenInstanceError, match="cannot assign to field 'epsilon'"):
         c.epsilon = 1.0
     for dim in (0, -3, 2.5, True):
-        with pytest.raises(ValueError):
+        with pytest.raises(ValueError, match="dim must be a positive int"):
             DPCentroids(CentroidConfig(epsilon=2.0, centres=4, iterations=3), dim=dim)
 
 
@@ -90,7 +100,7 @@ def test_statistics_are_sums_and_counts():
     x = np.array([[1.0, 0.0], [0.8, 0.6], [0.0, 1.0]])
     assert np.allclose(cluster_statistics(x, np.eye(2)), [1.8, 0.6, 0.0, 1.0, 2, 1])
     assert np.allclose(cluster_statistics(x, np.eye(2)[:1]), [1.8, 1.6, 3])
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"need rows \(n, p\) and centres \(k, p\)"):
         cluster_statistics(x, np.eye(3))
 
 
@@ -126,7 +136,7 @@ def test_centres_from_statistics_normalises_and_keeps_a_centre_whose_noisy_sum_v
     previous = np.array([[1.0, 0.0], [0.0, 1.0]])
     centres, counts = centres_from_statistics(np.array([3.0, 4.0, 0.0, 0.0, 5.2, -0.3]), previous)
     assert np.allclose(centres, [[0.6, 0.8], [0.0, 1.0]]) and np.allclose(counts, [5.2, -0.3])
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="expected 6 statistics for 2 centres in 2 dimensions"):
         centres_from_statistics(np.zeros(5), previous)
 
 
@@ -175,7 +185,7 @@ def test_payload_shape_unit_centres_and_description():
     assert m["noise_multiplier"] == pytest.approx(z_eff) and m["sigma"] == pytest.approx(2 * z_eff * math.sqrt(3))
     assert released.unit is PrivacyUnit.EXAMPLE and released.contributors == {5} and released.round_id == 2
     assert released.summary_key == "descriptor"
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="a descriptor is a vector of 132 values"):
         mechanism.unpack(payload[:-1])
 
 
@@ -216,12 +226,15 @@ def test_documents_are_validated():
     docs = np.random.default_rng(0).normal(size=(400, 64))
     null = np.random.default_rng(1).normal(size=64)
     null -= np.linalg.pinv(mechanism.projection) @ (mechanism.projection @ null)   # P null ~ 0
-    bad = [np.ones((400, 63)), np.ones(64), np.ones((0, 64)), np.ones((400, 64, 1)),
-           np.vstack([docs[:-1], np.full(64, np.nan)]), np.vstack([docs[:-1], np.full(64, np.inf)]),
-           np.vstack([docs[:-1], np.zeros(64)]), np.vstack([docs[:-1], null])]
+    shape = r"documents must be an \(n, 64\) array with n >= 1"
+    bad = [(np.ones((400, 63)), shape), (np.ones(64), shape), (np.ones((0, 64)), shape),
+           (np.ones((400, 64, 1)), shape), (np.vstack([docs[:-1], np.full(64, np.nan)]), "documents must be finite"),
+           (np.vstack([docs[:-1], np.full(64, np.inf)]), "documents must be finite"),
+           (np.vstack([docs[:-1], np.zeros(64)]), "documents must be non-zero rows"),
+           (np.vstack([docs[:-1], null]), "a document projects to zero")]
     ledger = Ledger()
-    for documents in bad:
-        with pytest.raises(ValueError):
+    for documents, message in bad:
+        with pytest.raises(ValueError, match=message):
             mechanism.release(client_id=1, ledger=ledger, documents=documents)
     assert ledger.clients() == []                                      # nothing charged
 
@@ -231,7 +244,7 @@ def test_small_collections_are_refused_with_the_numbers_before_the_documents_are
     plan_sigma = 2 * dp_accounting.get_sigma_gaussian(1.0, 1e-5) * math.sqrt(3)
     expected = plan_sigma * math.sqrt(32) * 4 / 20
     ledger = Ledger()
-    with pytest.raises(DescriptorRefused) as info:
+    with pytest.raises(DescriptorRefused, match="refusing the descriptor") as info:
         mechanism.release(client_id=1, ledger=ledger, documents=np.full((20, 8), np.nan))  # refused on n alone
     message = str(info.value)
     for part in ("epsilon=1.0", "n=20 documents", "k=4", "p=32", "T=3", f"sigma={plan_sigma:.4g}",
@@ -244,7 +257,7 @@ def test_small_collections_are_refused_with_the_numbers_before_the_documents_are
     assert plan.sensitivity == 2.0 and plan.sigma == pytest.approx(2 * plan.per_iteration_multiplier)
     assert plan.per_iteration_multiplier == pytest.approx(plan.noise_multiplier * math.sqrt(3))
     for n in (0, -1, 2.0, True, None):
-        with pytest.raises(ValueError):
+        with pytest.raises(ValueError, match="need a positive int document count"):
             mechanism.plan(n_documents=n)
 
 
@@ -296,7 +309,7 @@ def test_admission_verifies_and_charges_the_server_with_the_same_mechanism():
     for obs in ("server", "outsider"):
         assert server.epsilon(2, unit="example", observer=obs) == client_ledger.epsilon(2, unit="example", observer=obs)
     other = Ledger()
-    with pytest.raises(ReleaseRejected):
+    with pytest.raises(ReleaseRejected, match="descriptor released under example-level .*'epsilon': 20.0"):
         admit({"descriptor": dataclasses.replace(record, mechanism=dict(record.mechanism, epsilon=20.0))},
               specs={"descriptor": mechanism}, client_id=2, round_id=1, ledger=other)
     assert other.clients() == []
@@ -317,18 +330,23 @@ def test_verify_rejects_tampered_records():
         "n_documents too small": dict(m, n_documents=5), "n_documents missing": dict(m, n_documents=None),
         "n_documents float": dict(m, n_documents=400.0), "n_documents zero": dict(m, n_documents=0),
     }
+    declared, count = "descriptor released under example-level", "needs its document count"
+    reasons = {"sigma": "claimed sigma", "sigma as str": "claimed sigma",
+               "noise_multiplier": "claimed noise_multiplier", "sensitivity": "claimed sensitivity", "name": "expected a dp_spherical_kmeans_gaussian release",
+               "n_documents too small": "refusing the descriptor", "n_documents missing": count,
+               "n_documents float": count, "n_documents zero": count}  # the rest: a declared parameter differs
     for what, mech in tampered.items():
-        with pytest.raises(ValueError):
+        with pytest.raises(ValueError, match=reasons.get(what, declared)):
             mechanism.verify(dataclasses.replace(record, mechanism=mech))
             pytest.fail(what)
-    with pytest.raises(DescriptorRefused):
+    with pytest.raises(DescriptorRefused, match="refusing the descriptor.*n=5 documents"):
         mechanism.verify(dataclasses.replace(record, mechanism=dict(m, n_documents=5)))
     with pytest.raises(ValueError, match="shape"):
         mechanism.verify(dataclasses.replace(record, payload=record.payload[:-1]))
     with pytest.raises(ValueError, match="client-level"):
         mechanism.verify(dataclasses.replace(record, unit=PrivacyUnit.CLIENT))
     for config in (CentroidConfig(centres=3), CentroidConfig(epsilon=3.0), CentroidConfig(projection_dim=16)):
-        with pytest.raises(ValueError):
+        with pytest.raises(ValueError, match="descriptor released under example-level .* this run declares"):
             DPCentroids(config, dim=8).verify(record)
     # the charge does not depend on a (non-refused) count, so another count only changes the metadata
     assert mechanism.verify(dataclasses.replace(record, mechanism=dict(m, n_documents=10_000))) == \
@@ -356,9 +374,9 @@ def test_rectified_linear_score_zero_rows_and_shapes():
     assert rectified_linear_score(np.zeros((2, 2)), b, threshold=-0.5) == 0.0  # zero rows: cosine 0, not NaN
     assert rectified_linear_score(np.array([[0.0, 0.0], [3.0, 0.0]]), b) == pytest.approx(1 / 4)
     for x, y in ((b, np.ones((2, 3))), (np.ones(2), b), (np.ones((0, 2)), b), (b, np.ones((2, 2, 1)))):
-        with pytest.raises(ValueError):
+        with pytest.raises(ValueError, match=r"descriptors must be non-empty \(n, d\) arrays of the same width"):
             rectified_linear_score(x, y)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="descriptors and threshold must be finite"):
         rectified_linear_score(b, np.array([[np.nan, 0.0]]))
 
 

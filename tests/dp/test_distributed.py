@@ -120,7 +120,7 @@ def test_target_epsilon_is_met_tightly():
 
 
 def test_unreachable_targets_and_small_rings_are_refused():
-    with pytest.raises(PlanningError):
+    with pytest.raises(PlanningError, match=r"bits=8 < log2\(expected_clients=1000\)"):
         plan_distributed_dp(DistributedDPConfig(l2_clip=1.0, noise_multiplier=1.0, expected_clients=1000, bits=8),
                             dim=100)
     with pytest.raises(PlanningError, match="unreachable"):
@@ -133,7 +133,7 @@ def test_dropout_margin_calibrates_to_survivors_and_refuses_fewer():
     encoder = DistributedDPEncoder.from_config(config, dim=64)
     assert encoder.plan.local_stddev == pytest.approx(1.0 / math.sqrt(8))
     uploads = [encoder.encode(np.zeros(64), round_seed=0) for _ in range(7)]
-    with pytest.raises(InsufficientNoiseError):
+    with pytest.raises(InsufficientNoiseError, match="7 contributors < min_clients=8"):
         encoder.decode(ring_sum(RING_2_32, uploads), round_seed=0, n_clients=7)
 
 
@@ -153,12 +153,12 @@ def test_more_contributors_than_the_ring_was_sized_for_are_refused_before_any_ch
     config = DistributedDPConfig(l2_clip=1.0, noise_multiplier=1.0, expected_clients=4, bits=16)
     encoder = DistributedDPEncoder.from_config(config, dim=16)
     total = ring_sum(RING_2_32, [encoder.encode(np.zeros(16), round_seed=0) for _ in range(5)])
-    with pytest.raises(TooManyClientsError):
+    with pytest.raises(TooManyClientsError, match="5 contributors > expected_clients=4"):
         encoder.decode(total, round_seed=0, n_clients=5)
     ledger = Ledger()
-    with pytest.raises(TooManyClientsError):
+    with pytest.raises(TooManyClientsError, match="5 contributors > expected_clients=4"):
         encoder.release(total, round_seed=0, round_id=0, contributors=range(1, 6), ledger=ledger)
-    with pytest.raises(InsufficientNoiseError):
+    with pytest.raises(InsufficientNoiseError, match="3 contributors < min_clients=4"):
         encoder.release(total, round_seed=0, round_id=0, contributors=range(1, 4), ledger=ledger)
     assert ledger.state_dict() == Ledger().state_dict()  # nothing charged for a refused release
 
@@ -190,20 +190,20 @@ def test_release_charges_server_and_outsiders():
     with pytest.raises(ValueError, match="population"):
         encoder.charge_round(ledger, round_id=9, participants=[1, 2, 3, 4, 5])
     for record in (None, SamplingRecord("seeded", 10, 0.5)):  # amplification the sampler does not give
-        with pytest.raises(AmplificationNotJustified):
+        with pytest.raises(AmplificationNotJustified, match="claims Poisson amplification at q=0.5(,| but no sampler was recorded)"):
             encoder.charge_round(Ledger(), round_id=9, participants=[1, 2], population=population, sampling=record)
 
 
 def test_malformed_inputs_are_rejected():
     encoder = DistributedDPEncoder.from_config(
         DistributedDPConfig(l2_clip=1.0, noise_multiplier=1.0, expected_clients=4, bits=16), dim=10)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="expected a flat vector of length 10"):
         encoder.encode(np.zeros(11), round_seed=0)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="NaN or infinity"):
         encoder.encode(np.full(10, np.nan), round_seed=0)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"weight must be in \[0, 1\]"):
         encoder.encode(np.zeros(10), round_seed=0, weight=1.5)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="ring vectors are one-dimensional uint32 arrays"):
         encoder.decode(np.zeros(16, dtype=np.int64), round_seed=0, n_clients=4)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="give exactly one of noise_multiplier and target_epsilon"):
         DistributedDPConfig(l2_clip=1.0, expected_clients=4)  # neither z nor a target

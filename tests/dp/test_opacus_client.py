@@ -72,7 +72,7 @@ def test_state_dict_resumes_the_accountant():
     assert resumed.epsilon() == pytest.approx(first.epsilon())
     resumed.train_round(model=model, optimizer_factory=sgd, dataset=data, loss_fn=ce_loss, round_id=1)
     assert resumed.epsilon() > first.epsilon()
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="state belongs to another client"):
         OpacusClient(client_id=2, config=config).load_state_dict(first.state_dict())
 
 

@@ -90,6 +90,7 @@ def test_the_command_refuses_what_is_not_a_ledger(tmp_path, capsys, content, mes
     path = tmp_path / "x.json"
     if content is not None:
         path.write_text(content)
+    # no message: argparse-style exit (status 2); the reason is asserted on stderr below
     with pytest.raises(SystemExit) as exit_info:
         main([str(path)])
     assert exit_info.value.code == 2 and message in capsys.readouterr().err

@@ -40,9 +40,9 @@ def test_rotation_flattens_a_spike():
 
 
 def test_wrong_lengths_and_seeds_raise():
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="rotated length 8 does not match dimension 100"):
         unrotate(np.zeros(8), seed=1, dim=100)
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match="round seeds are bytes or non-negative ints"):
         rotate(np.zeros(4), seed=-1)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="power of two"):
         fwht_(np.zeros(6))

@@ -74,9 +74,9 @@ def test_default_streams_are_fresh_and_fixed_keys_reproduce():
 
 
 def test_invalid_parameters_raise():
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="Poisson mean must be finite and non-negative"):
         poisson(-1.0, 3, CryptoRandom())
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="sigma must be positive"):
         discrete_gaussian(0.0, 3, CryptoRandom())
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="keys are 32 bytes"):
         CryptoRandom(b"short")

@@ -56,9 +56,9 @@ def test_records_state_the_scheme_and_only_poisson_amplifies():
     assert EveryoneSampler().record(200).amplification_rate == 1.0
     rec = SeededSampler(size=10, seed=0).record(200)
     assert SamplingRecord.from_dict(rec.to_dict()) == rec
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="a sampling record has scheme, population, rate and min_cohort"):
         SamplingRecord.from_dict({**rec.to_dict(), "extra": 1})
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="sampling scheme is one of .*got 'bernoulli'"):
         SamplingRecord("bernoulli", 10, 0.5)
 
 
@@ -155,5 +155,5 @@ def test_boundary_delta_only_for_amplified_records_with_a_floor():
         stats.binom.pmf(4, 99, 0.2))
     assert SamplingRecord.from_dict(SamplingRecord("poisson", 100, 0.2, 5).to_dict()).min_cohort == 5
     assert SamplingRecord.from_dict({"scheme": "poisson", "population": 9, "rate": 0.5}).min_cohort == 0
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="min_cohort is a non-negative int"):
         SamplingRecord("poisson", 100, 0.2, min_cohort=-1)

@@ -49,7 +49,7 @@ def test_example_level_needs_documents_and_few_documents_are_refused():
     sketcher = DPSketcher(SketchConfig(epsilon=1.0, unit="example", sketch_dim=64), dim=DIM)
     with pytest.raises(ValueError, match="documents"):
         sketcher.release(client_id=1, ledger=Ledger(), summary=np.ones(DIM))
-    with pytest.raises(SketchRefused):
+    with pytest.raises(SketchRefused, match="refusing the example-level sketch.*useless for similarity"):
         sketcher.release(client_id=1, ledger=Ledger(), documents=np.ones((3, DIM)))
 
 

@@ -42,10 +42,14 @@ def test_quick_run_ends_with_the_summ_line_and_resumes(tmp_path, capsys, monkeyp
     assert again["line"] == out["line"]
 
 
-def test_bad_arguments_are_refused_before_any_run(tmp_path):
-    for bad in (["--settings", "skewed"], ["--methods", "fedprox"], ["--fraction", "0"], ["--seeds", "0,0"]):
+def test_bad_arguments_are_refused_before_any_run(tmp_path, capsys):
+    for bad, message in ((["--settings", "skewed"], "unknown setting(s) ['skewed']"),
+                         (["--methods", "fedprox"], "unknown method(s) ['fedprox']"),
+                         (["--fraction", "0"], "fraction must be in (0, 1]"), (["--seeds", "0,0"], "repeated seeds")):
+        # no message: argparse exits with status 2; the reason is asserted on stderr below
         with pytest.raises(SystemExit):
             example.main(["--quick", *bad, "--out", str(tmp_path)])
+        assert message in capsys.readouterr().err, bad
     assert not any(tmp_path.iterdir())
 
 
@@ -64,6 +68,7 @@ def test_workers_share_one_pretrained_generator(tmp_path, capsys, monkeypatch):
 
 
 def test_resume_refuses_options_its_saved_plan_fixes_instead_of_ignoring_them(tmp_path, capsys):
+    # no message: argparse exits with status 2; the reason is asserted on stderr below
     with pytest.raises(SystemExit):
         example.main(["--resume", str(tmp_path), "--seeds", "7", "--no-progress"])
     assert "its saved plan fixes --seeds" in capsys.readouterr().err

@@ -55,11 +55,15 @@ def test_quick_run_ends_with_the_atc_line_and_resumes(tmp_path, capsys, monkeypa
     assert f"{len(example.METHODS)} already done" in capsys.readouterr().out and again["line"] == out["line"]
 
 
-def test_bad_arguments_are_refused_before_any_run(tmp_path):
-    for bad in (["--methods", "fedavgm"], ["--seeds", "0,0"], ["--rounds", "1"], ["--top-k", "2"],
-                ["--sketch-epsilon", "0"], ["--full", "--quick"]):
+def test_bad_arguments_are_refused_before_any_run(tmp_path, capsys):
+    for bad, message in ((["--methods", "fedavgm"], "unknown method(s) ['fedavgm']"),
+                         (["--seeds", "0,0"], "repeated seeds"), (["--rounds", "1"], "rounds must be at least 2"),
+                         (["--top-k", "2"], "top_k >= min_size - 1"), (["--sketch-epsilon", "0"], "sketch_epsilon > 0"),
+                         (["--full", "--quick"], "--quick: not allowed with argument --full")):
+        # no message: argparse exits with status 2; the reason is asserted on stderr below
         with pytest.raises(SystemExit):
             example.main(["--quick", *bad, "--out", str(tmp_path)] if "--full" not in bad else [*bad, "--out", str(tmp_path)])
+        assert message in capsys.readouterr().err, bad
     assert not any(tmp_path.iterdir())
 
 
@@ -77,6 +81,7 @@ def test_workers_run_each_cell_once_and_write_the_tables(tmp_path, capsys, monke
 
 
 def test_resume_refuses_options_its_saved_plan_fixes_instead_of_ignoring_them(tmp_path, capsys):
+    # no message: argparse exits with status 2; the reason is asserted on stderr below
     with pytest.raises(SystemExit):
         example.main(["--resume", str(tmp_path), "--seeds", "7", "--no-progress"])
     assert "its saved plan fixes --seeds" in capsys.readouterr().err

@@ -92,7 +92,7 @@ def test_resume_after_a_crash_finishes_like_an_uninterrupted_run(tmp_path, capsy
         return algorithm
 
     monkeypatch.setattr(fedmcp_task, "make_algorithm", crashing)
-    with pytest.raises(Crash):
+    with pytest.raises(Crash, match="simulated crash in FedMCP round 2"):
         fedmcp_secure.main(argv + ["--run-name", "crashed"])
     run = tmp_path / "crashed"
     assert not (run / "results.json").exists()
@@ -127,6 +127,7 @@ def test_resume_after_a_crash_finishes_like_an_uninterrupted_run(tmp_path, capsy
     (["--resume", "x", "--out", "y"], "--resume"),
 ])
 def test_bad_arguments_fail_with_a_clear_message(argv, message, capsys):
+    # no message: argparse exits with status 2; the reason is asserted on stderr below
     with pytest.raises(SystemExit) as exc:
         fedmcp_secure.parse_settings(argv)
     assert exc.value.code == 2
@@ -136,6 +137,7 @@ def test_bad_arguments_fail_with_a_clear_message(argv, message, capsys):
 def test_device_cuda_without_a_gpu_is_a_clear_error(capsys):
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
+    # no message: argparse exits with status 2; the reason is asserted on stderr below
     with pytest.raises(SystemExit) as exc:
         fedmcp_secure.parse_settings(["--device", "cuda"])
     assert exc.value.code == 2 and "no CUDA device" in capsys.readouterr().err
@@ -159,6 +161,7 @@ def test_shared_options_and_presets():
 
 
 def test_resume_errors_and_old_run_directories(tmp_path, capsys):
+    # no message: argparse exits with status 2; the reason is asserted on stderr below
     with pytest.raises(SystemExit) as exc:
         fedmcp_secure.parse_settings(["--resume", str(tmp_path / "nowhere")])
     assert exc.value.code == 2 and "not a run directory" in capsys.readouterr().err
@@ -166,6 +169,7 @@ def test_resume_errors_and_old_run_directories(tmp_path, capsys):
     old = tmp_path / "old"
     old.mkdir()
     (old / "config.json").write_text(json.dumps({"cap": 30, "rounds": 2, "seeds": 1, "methods": ["fedmcp"]}))
+    # no message: argparse exits with status 2; the reason is asserted on stderr below
     with pytest.raises(SystemExit) as exc:
         fedmcp_secure.parse_settings(["--resume", str(old)])
     assert exc.value.code == 2 and "predates per-seed splits" in capsys.readouterr().err
@@ -173,11 +177,13 @@ def test_resume_errors_and_old_run_directories(tmp_path, capsys):
     capsys.readouterr()
     new = tmp_path / "new"
     fedmcp_secure.parse_settings(["--resume", str(new), "--rounds", "1"])  # as saved: fine
+    # no message: argparse exits with status 2; the reason is asserted on stderr below
     with pytest.raises(SystemExit) as exc:
         fedmcp_secure.parse_settings(["--resume", str(new), "--rounds", "5"])
     assert exc.value.code == 2 and "differ" in capsys.readouterr().err
     config = (new / "config.toml").read_text()
     (new / "config.toml").write_text(config.replace("train_cap = 18", "cap = 30"))
+    # no message: argparse exits with status 2; the reason is asserted on stderr below
     with pytest.raises(SystemExit) as exc:
         fedmcp_secure.parse_settings(["--resume", str(new)])
     assert exc.value.code == 2 and "predates per-seed splits" in capsys.readouterr().err
@@ -298,6 +304,7 @@ def test_combine_refuses_parts_that_are_not_one_run(tmp_path, capsys):
     a, b, c, d = (str(tmp_path / n) for n in "abcd")
     for parts, message in ([[a], "at least two different"], [[a, a], "at least two different"],
                            [[a, c], "differs from"], [[a, b, "--rounds", "3"], "give only"]):
+        # no message: argparse exits with status 2; the reason is asserted on stderr below
         with pytest.raises(SystemExit) as exc:
             fedmcp_secure.parse_settings(["--combine", *parts])
         assert exc.value.code == 2 and message in capsys.readouterr().err
@@ -328,5 +335,7 @@ def test_workers_run_each_seed_and_method_as_a_process_and_report_them_as_one(tm
     assert "0 of 4 runs to do" in capsys.readouterr().out
     assert again["methods"]["fedmcp"]["average"] == document["methods"]["fedmcp"]["average"]
     assert len((tmp_path / "w" / "metrics.jsonl").read_text().splitlines()) == len(logged)
+    # no message: argparse exits with status 2; the reason is asserted on stderr below
     with pytest.raises(SystemExit):
         fedmcp_secure.parse_settings(["--workers", "2", "--runtime", "deploy"])
+    assert "--workers is for the simulation" in capsys.readouterr().err

@@ -54,11 +54,14 @@ def test_quick_run_ends_with_the_fcl_line_and_resumes(tmp_path, capsys, monkeypa
     assert "4 already done" in capsys.readouterr().out and again["line"] == out["line"]
 
 
-def test_bad_arguments_are_refused_before_any_run(tmp_path):
-    for bad in (["--methods", "fedprox"], ["--seeds", "0,0"], ["--rounds-per-task", "1"], ["--max-train", "2"],
-                ["--descriptor-epsilon", "0"]):
+def test_bad_arguments_are_refused_before_any_run(tmp_path, capsys):
+    for bad, message in ((["--methods", "fedprox"], "unknown method(s) ['fedprox']"),
+                         (["--seeds", "0,0"], "repeated seeds"), (["--rounds-per-task", "1"], "rounds_per_task >= 2"),
+                         (["--max-train", "2"], "max_train >= 8"), (["--descriptor-epsilon", "0"], "need epsilon > 0")):
+        # no message: argparse exits with status 2; the reason is asserted on stderr below
         with pytest.raises(SystemExit):
             example.main(["--quick", *bad, "--out", str(tmp_path)])
+        assert message in capsys.readouterr().err, bad
     assert not any(tmp_path.iterdir())
 
 
@@ -75,11 +78,15 @@ def test_workers_run_each_cell_once_and_write_the_tables(tmp_path, capsys, monke
     assert sorted(claimed) == sorted(example.cell_key(r) for r in rows)
     assert sorted(p.name for p in (run / "logs").iterdir()) == ["worker-0.log", "worker-1.log"]
     assert (run / "summary.md").stat().st_size > 0
+    capsys.readouterr()
+    # no message: argparse exits with status 2; the reason is asserted on stderr below
     with pytest.raises(SystemExit):  # --worker is internal: it needs --resume
         example.main(["--quick", "--worker", "--out", str(tmp_path)])
+    assert "--worker is how --workers starts its processes: it needs --resume" in capsys.readouterr().err
 
 
 def test_resume_refuses_options_its_saved_plan_fixes_instead_of_ignoring_them(tmp_path, capsys):
+    # no message: argparse exits with status 2; the reason is asserted on stderr below
     with pytest.raises(SystemExit):
         example.main(["--resume", str(tmp_path), "--seeds", "7", "--no-progress"])
     assert "its saved plan fixes --seeds" in capsys.readouterr().err

@@ -39,16 +39,18 @@ demo = _load_demo()
     (["--drop-stage", "masked"], "--drop-stage is 'input' or a positive integer"),
     (["--clients", "3", "--dropout", "3"], "--dropout must be between 0 and --clients - 1 = 2"),
     (["--param", "threshold=5"], "--param threshold: secagg+ has no such parameter; "
-                                 "it takes ['degree', 'min_clients', 'threshold_fraction']"),
+                                 "it takes ['colluders', 'corrupt_fraction', 'degree', 'min_clients', 'planned_dropout', "
+                                 "'threshold_fraction']"),
     (["--param", "nonsense"], "--param takes NAME=VALUE, got 'nonsense'"),
     (["--param", "threshold_fraction=1.5"], "threshold_fraction must be in [0, 1)"),
     (["--protocol", "lightsecagg", "--param", "degree=3"], "lightsecagg has no such parameter; "
-                                                          "it takes ['privacy', 'target_survivors']"),
+                                                          "it takes ['colluders', 'min_group', 'privacy', 'target_survivors']"),
     (["--client-param", "degree=3"], "--client-param degree: the secagg+ client has no such parameter; "
                                      "it takes ['max_length']"),
     (["--role", "client"], "--role client needs --id (at least 1) and --connect"),
 ])
 def test_demo_rejects_bad_arguments(args, message, capsys) -> None:
+    # no message: argparse exits with status 2; the reason is asserted on stderr below
     with pytest.raises(SystemExit) as exit_:
         demo.main(args)
     err = capsys.readouterr().err
@@ -56,6 +58,7 @@ def test_demo_rejects_bad_arguments(args, message, capsys) -> None:
 
 
 def test_demo_help_names_real_parameters_and_the_default_protocol(capsys) -> None:
+    # no message: --help exits with status 0; the help text is asserted below
     with pytest.raises(SystemExit) as exit_:
         demo.main(["--help"])
     out = capsys.readouterr().out

@@ -11,23 +11,26 @@ from fl_algorithms.engine.secure_sum import SecureAggregationConfig
 
 def test_masked_payload_is_unreadable_outside_the_secure_layer():
     m = Masked(np.arange(5.0), weight=2.0)
-    for attempt in (lambda: np.asarray(m), lambda: m[0], lambda: pickle.dumps(m), lambda: m.unwrap(object())):
-        with pytest.raises(PrivacyBoundaryError):
+    summed = "a Masked vector can only be summed by secure aggregation"
+    for attempt, message in ((lambda: np.asarray(m), summed), (lambda: m[0], summed),
+                             (lambda: pickle.dumps(m), "cannot be serialised in the clear"),
+                             (lambda: m.unwrap(object()), "only the secure-aggregation layer may unwrap")):
+        with pytest.raises(PrivacyBoundaryError, match=message):
             attempt()
-    with pytest.raises(AttributeError):
+    with pytest.raises(AttributeError, match="Masked is immutable"):
         m.weight = 3.0
     assert "hidden" in repr(m) and "0.0" not in repr(m)
 
 
 def test_aggregate_view_cannot_be_forged():
-    with pytest.raises(PrivacyBoundaryError):
+    with pytest.raises(PrivacyBoundaryError, match="an AggregateView is built only by the secure-aggregation layer"):
         AggregateView(round=1, groups={}, released={}, contributors=frozenset(), capability=object())
 
 
 def test_upload_rejects_raw_arrays_as_parts():
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match="masked part 'w' must be a Masked, got ndarray"):
         Upload(masked={"w": np.zeros(3)})
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match="released part 's' must be built by a dp mechanism"):
         Upload(released={"s": np.zeros(3)})
 
 

@@ -19,6 +19,7 @@ CLIENT = ["client", *TASK, "--id", "1"]
     ([*SERVER, "--max-frames", "1000"], "--max-frames: must be at most 256"),
 ])
 def test_bad_limits_are_argparse_errors_naming_the_option(args, message, capsys):
+    # no message: argparse exits with status 2; the reason is asserted on stderr below
     with pytest.raises(SystemExit) as exit_:
         main(args)
     err = capsys.readouterr().err
@@ -39,8 +40,10 @@ def test_the_server_role_reads_with_the_given_limits(monkeypatch):
         raise Stop
 
     monkeypatch.setattr(transport.server, "ServerDriver", no_driver)
+    # no message: Stop is this test's own sentinel, raised without one
     with pytest.raises(Stop):
         main([*SERVER, "--max-message-mib", "512", "--max-frames", "200"])
+    # no message: Stop is this test's own sentinel, raised without one
     with pytest.raises(Stop):
         main(SERVER)
     assert [c.limits for c in seen] == [FrameLimits(max_message_bytes=512 << 20, max_frames=200), DEFAULT_LIMITS]

@@ -124,7 +124,7 @@ def test_split_off_public_groups_takes_whole_groups_and_nothing_at_zero():
     np.testing.assert_array_equal(public, again[1])
     private0, public0 = split_off_public_groups(groups, fraction=0.0, seed=0)
     assert len(public0) == 0 and len(private0) == 50
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"fraction must be in \[0, 1\)"):
         split_off_public_groups(groups, fraction=1.0, seed=0)
 
 

@@ -116,18 +116,18 @@ def test_load_rejects_malformed_vectors(adapted, bad):
         bad = np.full(size, np.nan, dtype=np.float32)
     elif bad.dtype == np.int64:
         bad = np.zeros(size, dtype=np.int64)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="needs a 1-D vector of length|must be finite floating point"):
         load_set_(adapted, "global", bad)
 
 
 def test_unknown_names_are_rejected(adapted):
-    with pytest.raises(KeyError):
+    with pytest.raises(KeyError, match=r"unknown adapter sets \['glboal'\]"):
         set_mixing(adapted, {"glboal": 1.0})
-    with pytest.raises(KeyError):
+    with pytest.raises(KeyError, match="no adapter set 'local'"):
         flatten_set(adapted, "local")
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="adapter set 'global' already exists"):
         attach_adapters(adapted, {"global": 4})
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="must be an identifier"):
         attach_adapters(adapted, {"not-an-identifier": 4})
 
 

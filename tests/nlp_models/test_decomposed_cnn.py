@@ -411,13 +411,13 @@ def test_unknown_tasks_and_bad_inputs_raise():
         model.add_task(0)
     with pytest.raises(ValueError, match=">= 0"):
         model.add_task(-1)
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match="task ids are ints"):
         model.add_task("1")
     with pytest.raises(KeyError, match="unknown task 3"):
         model.set_task(3)
     with pytest.raises(KeyError, match="unknown task 3"):
         model(ids(), task_id=3)
-    with pytest.raises(KeyError):
+    with pytest.raises(KeyError, match="unknown task 3"):
         model.adaptive(3)
     with pytest.raises(ValueError, match="tokens"):
         model(ids(length=2))

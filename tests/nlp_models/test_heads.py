@@ -42,9 +42,9 @@ def test_forward_shapes_and_head_choice(classifier):
     assert sequence.logits.shape == (2, 3) and sequence.pooled.shape == (2, 32)
     assert token.logits.shape == (2, 5, 5)
     torch.testing.assert_close(sequence.pooled, token.pooled)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="choose a head"):
         classifier(ids, mask)
-    with pytest.raises(KeyError):
+    with pytest.raises(KeyError, match="no head 'g2'"):
         classifier(ids, mask, head="g2")
 
 

@@ -91,7 +91,7 @@ def test_load_rejects_wrong_shape_non_finite_and_non_float_vectors(backbone, bad
     top = _client(backbone)
     assert lora_size(top) == 2048
     before = flatten_lora(top)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="needs a 1-D vector of length 2048|must be finite floating point"):
         load_lora_(top, bad)
     np.testing.assert_array_equal(flatten_lora(top), before)
 
@@ -125,7 +125,9 @@ def test_existing_adapters_keep_their_trainability_and_errors_are_clear(backbone
     assert all(p.requires_grad for p in set_parameters(top, "global"))
     with pytest.raises(ValueError, match="no LoRA"):
         lora_parameters(TopEncoder(backbone, split=1))
-    for kwargs in ({"rank": 0}, {"alpha": 0.0}, {"dropout": 1.0}, {"targets": ()}):
-        with pytest.raises(ValueError):
+    for kwargs, message in (({"rank": 0}, "rank must be >= 1"), ({"alpha": 0.0}, "alpha must be positive"),
+                            ({"dropout": 1.0}, r"dropout must be in \[0, 1\)"),
+                            ({"targets": ()}, "at least one target module")):
+        with pytest.raises(ValueError, match=message):
             LoraSettings(**kwargs)
     assert math.isclose(LoraSettings().alpha / LoraSettings().rank, 2.0)

@@ -86,9 +86,9 @@ def test_words_group_wordpieces(corruptor):
 
 
 def test_bad_objective_and_config():
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="mask_ratio < 1"):
         CorruptionConfig(mask_ratio=0)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="poisson_lambda > 0"):
         CorruptionConfig(poisson_lambda=0)
     corruptor = Corruptor(load_tokenizer())
     with pytest.raises(ValueError, match="objective"):

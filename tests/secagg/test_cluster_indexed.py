@@ -121,9 +121,9 @@ def test_lloyd_iteration_withholds_small_clusters_by_default():
 def test_inputs_are_validated():
     layout = ClusterLayout(2, 3)
     assert nearest_cluster(np.array([0.9, 0.0]), np.array([[0.0, 0.0], [1.0, 0.0]])) == 1
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"cluster 2 outside \[0, 2\)"):
         one_hot_block(np.zeros(3), cluster=2, layout=layout)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="expected a summed vector of length 8"):
         decode_cluster_sums(np.zeros(7), layout=layout)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="x must be a finite vector of length 3"):
         client_block(np.zeros(4), np.zeros((2, 3)))

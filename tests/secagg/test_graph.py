@@ -104,7 +104,7 @@ def test_large_degree_falls_back_to_complete():
 
 
 def test_degree_below_one_is_refused():
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="degree must be at least 1"):
         harary_graph([1, 2, 3, 4], 0)
 
 

@@ -52,7 +52,7 @@ def test_signatures_bind_the_round_the_client_and_the_keys():
         Identity(client_id=2, signing_key=ids[1].signing_key, roster=roster)
     with pytest.raises(ValueError, match="share a verify key"):
         Roster({1: roster.keys[1], 2: roster.keys[1]})
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="roster client ids are ints in 1..2147483647, got 0"):
         Roster({0: roster.keys[1]})
 
 

@@ -111,7 +111,7 @@ def test_dropouts_up_to_tolerance_give_the_sum_over_the_committed_set(params, da
 def test_one_dropout_more_than_tolerated_aborts(stage):
     n, u = 8, 5
     server, clients, _ = make_round(n, 20, target=u, privacy=2)
-    with pytest.raises(AbortError) as info:
+    with pytest.raises(AbortError, match=f"round aborted at stage '{stage}': 4 clients left, 5 required") as info:
         run_round(server, clients, drop_at={stage: set(range(1, n - u + 2))})
     assert (info.value.stage, info.value.survivors, info.value.required) == (stage, u - 1, u)
     assert stage in str(info.value)
@@ -119,7 +119,7 @@ def test_one_dropout_more_than_tolerated_aborts(stage):
 
 def test_dropouts_spread_over_stages_add_up_to_an_abort():
     server, clients, _ = make_round(8, 20, target=5, privacy=2)
-    with pytest.raises(AbortError) as info:
+    with pytest.raises(AbortError, match="round aborted at stage 'recovery': 4 clients left, 5 required") as info:
         run_round(server, clients, drop_at={"advertise": {1}, "masked_input": {2, 3}, "recovery": {4}})
     assert info.value.stage == "recovery"
 
@@ -128,12 +128,14 @@ def test_parameters_from_fractions_and_validation():
     server = LightSecAggServer(round_id=1, clients=range(1, 11), length=5, target_survivors=0.75, privacy=0.3)
     assert (server.target, server.privacy) == (8, 3)
     assert (LightSecAggServer(round_id=1, clients=[1, 2, 3], length=5).target,) == (3,)
-    for bad in (dict(target_survivors=11), dict(privacy=8, target_survivors=8), dict(target_survivors=1.5)):
-        with pytest.raises(ValueError):
+    order = "need 1 <= privacy T < target survivors U <= N"
+    for bad, message in ((dict(target_survivors=11), order), (dict(privacy=8, target_survivors=8), order),
+                         (dict(target_survivors=1.5), r"target_survivors must be an int or a fraction in \(0, 1\]")):
+        with pytest.raises(ValueError, match=message):
             LightSecAggServer(round_id=1, clients=range(1, 11), length=5, **bad)
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match="privacy must be an int or a fraction, not bool"):
         LightSecAggServer(round_id=1, clients=range(1, 11), length=5, privacy=True)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="LightSecAgg codes masks over F_p"):
         LightSecAggServer(round_id=1, clients=range(1, 11), length=5, ring=RING_2_32)
 
 
@@ -165,12 +167,12 @@ def test_server_relays_ciphertext_it_cannot_open_and_tampering_is_detected():
     stranger = KeyPair.generate()
     for guess in (agree(stranger, server._keys[sender], _piece_key_info(ROUND, sender, receiver)),
                   agree(stranger, server._keys[receiver], _piece_key_info(ROUND, sender, receiver))):
-        with pytest.raises(DecryptionError):
+        with pytest.raises(DecryptionError, match="failed authentication"):
             open_sealed(guess, blob, aad)
     # Rebinding to another receiver or round breaks authentication too.
-    with pytest.raises(DecryptionError):
+    with pytest.raises(DecryptionError, match="failed authentication"):
         open_sealed(clients[receiver]._peer_keys[sender], blob, _piece_aad(ROUND, sender, 3))
-    with pytest.raises(DecryptionError):
+    with pytest.raises(DecryptionError, match="failed authentication"):
         open_sealed(clients[receiver]._peer_keys[sender], blob, _piece_aad(ROUND + 1, sender, receiver))
 
 
@@ -249,11 +251,14 @@ def test_envelope_errors_are_discarded_and_malformed_replies_drop_their_sender()
     first = clients[1].handle(requests[1])
     server.accept(first)
     waiting = server.waiting_for()
-    for msg in (first,                                                        # replay
-                reply("lsa_public_key", 2, round_id=ROUND + 1, public_key=b"\x02" * 32, signature=b""),  # another round
-                reply("lsa_coded_pieces", 2, pieces={}),                      # another stage's kind
-                reply("lsa_public_key", 99, public_key=b"\x03" * 32, signature=b"")):        # not in the round
-        with pytest.raises(ProtocolError):
+    for msg, message in (
+            (first, "duplicate 'lsa_public_key' from client 1"),                                      # replay
+            (reply("lsa_public_key", 2, round_id=ROUND + 1, public_key=b"\x02" * 32, signature=b""),
+             "message for round 12, current round is 11"),                                           # another round
+            (reply("lsa_coded_pieces", 2, pieces={}), "unexpected 'lsa_coded_pieces' message"),     # another kind
+            (reply("lsa_public_key", 99, public_key=b"\x03" * 32, signature=b""),
+             "client 99 is not expected in stage 'advertise'")):                                     # not in the round
+        with pytest.raises(ProtocolError, match=message):
             server.accept(msg)
         assert server.waiting_for() == waiting
     with pytest.raises(ProtocolError, match="fields wrong|bytes"):
@@ -280,7 +285,8 @@ def test_envelope_errors_are_discarded_and_malformed_replies_drop_their_sender()
         server.accept(reply("lsa_masked_input", 6, vector=np.full(30, 2**31 - 1, dtype=np.uint32), bad_pieces=()))
     with pytest.raises(ProtocolError, match="not expected"):
         server.accept(masked[6])  # dropped: its genuine reply comes too late
-    with pytest.raises(AbortError):  # two left, three needed: too few honest clients to finish
+    with pytest.raises(AbortError,  # two left, three needed: too few honest clients to finish
+                       match="round aborted at stage 'masked_input': 2 clients left, 3 required"):
         for c in (5, 7):
             server.accept(masked[c])
         server.advance()
@@ -291,13 +297,13 @@ def test_a_malformed_aggregate_piece_is_dropped_and_recovery_uses_the_others():
     server, clients, inputs = make_round(5, 30, target=3, privacy=1)
     requests = advance_to("recovery", server, clients)
     m = server.code.piece_length
-    with pytest.raises(ProtocolError):
+    with pytest.raises(ProtocolError, match="ring vector has length 16, expected 15"):
         server.accept(reply("lsa_aggregate_piece", 2, piece=np.zeros(m + 1, dtype=np.uint32)))
     result = finish(server, clients, {c: r for c, r in requests.items() if c != 2})
     assert result.faulty.keys() == {2} and result.faulty[2].startswith("recovery: ")
     assert result.contributors == frozenset(range(1, 6))  # its masked input was already in U1
     assert np.array_equal(result.ring_sum, field_sum(inputs.values()))
-    with pytest.raises(ProtocolError):
+    with pytest.raises(ProtocolError, match="round already finished"):
         server.accept(reply("lsa_aggregate_piece", 2, piece=np.zeros(m, dtype=np.uint32)))
 
 
@@ -307,12 +313,12 @@ def test_server_ignores_replies_from_clients_that_dropped_earlier():
     deliver(server, clients, setup, skip={6})
     requests = server.advance()
     assert 6 not in requests
-    with pytest.raises(RuntimeError):
+    with pytest.raises(RuntimeError, match="the round has already started"):
         server.start()  # a round starts once
     late_key = clients[6].handle(setup[6])  # answers the first stage after it closed
-    with pytest.raises(ProtocolError):
+    with pytest.raises(ProtocolError, match="unexpected 'lsa_public_key' message, expected 'lsa_coded_pieces'"):
         server.accept(late_key)
-    with pytest.raises(ProtocolError):
+    with pytest.raises(ProtocolError, match="client 6 is not expected in stage 'share'"):
         server.accept(reply("lsa_coded_pieces", 6, pieces={}))
 
 
@@ -325,20 +331,23 @@ def request(kind: str, receiver: int, *, round_id: int = ROUND, **fields) -> Mes
 SETUP = dict(length=10, modulus=2**31 - 1, roster=(1, 2, 3, 4), target=3, privacy=1, colluders=0, min_group=1)
 
 
-@pytest.mark.parametrize("change", [
-    dict(modulus=2**32), dict(roster=(2, 3, 4, 5)), dict(target=5), dict(privacy=3),
-    dict(length=2**20),
+@pytest.mark.parametrize(("change", "message"), [
+    (dict(modulus=2**32), r"runs over F_p with p = 2\^31 - 1"),
+    (dict(roster=(2, 3, 4, 5)), "not in the round's roster"),
+    (dict(target=5), "inconsistent parameters T=1, U=5, N=4"),
+    (dict(privacy=3), "inconsistent parameters T=3, U=3, N=4"),
+    (dict(length=2**20), "requested length exceeds this client's limit"),
 ])
-def test_client_refuses_inconsistent_setup(change):
+def test_client_refuses_inconsistent_setup(change, message):
     client = LightSecAggClient(client_id=1, round_id=ROUND, input_fn=lambda: None, max_length=1000)
-    with pytest.raises(ProtocolError):
+    with pytest.raises(ProtocolError, match=message):
         client.handle(request("lsa_setup", 1, **{**SETUP, **change}))
     assert client.handle(request("lsa_setup", 1, **SETUP)).kind == "lsa_public_key"  # state unchanged
 
 
 def test_client_enforces_its_own_privacy_floor():
     client = LightSecAggClient(client_id=1, round_id=ROUND, input_fn=lambda: None, min_privacy=2)
-    with pytest.raises(ProtocolError):
+    with pytest.raises(ProtocolError, match=r"below this client's floor \(T >= 2, U >= 2\)"):
         client.handle(request("lsa_setup", 1, **SETUP))
 
 
@@ -347,16 +356,18 @@ def test_client_rejects_replays_bad_key_lists_and_inconsistent_survivor_sets():
     requests = server.start()
     setup = requests[1]
     deliver(server, clients, requests)
-    with pytest.raises(ProtocolError):
+    with pytest.raises(ProtocolError, match="client 1 did not expect 'lsa_setup' now"):
         clients[1].handle(setup)  # replayed setup
     requests = server.advance()
 
     keys = dict(requests[1]["keys"])
-    for bad in ({**keys, 1: keys[2]}, {k: v for k, v in keys.items() if k != 1}, {**keys, 9: b"\x05" * 32},
-                {1: keys[1], 2: keys[2]}):
-        with pytest.raises(ProtocolError):
-            clients[1].handle(request("lsa_keys", 1, keys=bad))
-    with pytest.raises(ProtocolError):
+    own = "the key list does not carry this client's public key"
+    for bad, message in (({**keys, 1: keys[2]}, own), ({k: v for k, v in keys.items() if k != 1}, own),
+                         ({**keys, 9: b"\x05" * 32}, "names clients outside the roster"),
+                         ({1: keys[1], 2: keys[2]}, "2 clients left, the round needs 3")):
+        with pytest.raises(ProtocolError, match=message):  # the genuine request with only its keys changed
+            clients[1].handle(request("lsa_keys", 1, **{**requests[1].fields, "keys": bad}))
+    with pytest.raises(ProtocolError, match="message for round 12, current round is 11"):
         clients[1].handle(request("lsa_keys", 1, round_id=ROUND + 1, keys=keys))
     deliver(server, clients, requests, skip={5})  # client 5 never shares
     requests = server.advance()
@@ -365,12 +376,14 @@ def test_client_rejects_replays_bad_key_lists_and_inconsistent_survivor_sets():
 
     survivors = requests[1]["survivors"]
     assert survivors == (1, 2, 3, 4)
-    for bad in ((1, 2, 3, 5), (2, 3, 4), (1, 2)):
-        with pytest.raises(ProtocolError):
-            clients[1].handle(request("lsa_recover", 1, survivors=bad))
+    for bad, message in (((1, 2, 3, 5), r"survivors \[5\] did not share a coded piece with this client"),
+                         ((2, 3, 4), "the survivor set leaves out this client"),
+                         ((1, 2), "survivor set of 2 is below U=3")):
+        with pytest.raises(ProtocolError, match=message):
+            clients[1].handle(request(requests[1].kind, 1, survivors=bad))
     result = finish(server, clients, requests)
     assert np.array_equal(result.ring_sum, field_sum(inputs[c] for c in survivors))
-    with pytest.raises(ProtocolError):
+    with pytest.raises(ProtocolError, match="client 1 did not expect 'lsa_survivors' now"):
         clients[1].handle(requests[1])  # a second recovery request (e.g. another survivor set)
 
 

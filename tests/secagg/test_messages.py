@@ -51,7 +51,7 @@ def test_good_message_validates():
 def test_each_wrong_value_is_refused(name, value):
     fields = good_fields()
     fields[name] = value
-    with pytest.raises(ProtocolError):
+    with pytest.raises(ProtocolError, match=f"field '{name}' "):
         SCHEMA.validate(msg(**fields))
 
 
@@ -66,7 +66,7 @@ def test_missing_and_extra_fields_are_refused():
 
 def test_wrong_kind_is_refused():
     m = Message(kind="other", round=3, sender=1, receiver=SERVER, fields=good_fields())
-    with pytest.raises(ProtocolError):
+    with pytest.raises(ProtocolError, match="expected a 'k' message, got 'other'"):
         SCHEMA.validate(m)
 
 
@@ -75,20 +75,20 @@ def test_short_array_is_allowed_by_schema_length_is_checked_by_the_protocol():
 
 
 @pytest.mark.parametrize(
-    "m, kwargs",
+    "m, kwargs, message",
     [
-        (Message("k", 4, 1, SERVER), {}),                       # wrong round
-        (Message("k", 3, 1, 7), {}),                            # wrong receiver
-        (Message("k", 3, 2, SERVER), {"sender": 1}),            # wrong sender
-        (Message("j", 3, 1, SERVER), {}),                       # wrong kind
-        ("not a message", {}),
-        (None, {}),
-        ({"kind": "k", "round": 3, "sender": 1, "receiver": 0}, {}),
+        (Message("k", 4, 1, SERVER), {}, "message for round 4, current round is 3"),
+        (Message("k", 3, 1, 7), {}, "message addressed to 7, not 0"),
+        (Message("k", 3, 2, SERVER), {"sender": 1}, "message from 2, expected 1"),
+        (Message("j", 3, 1, SERVER), {}, "unexpected 'j' message, expected 'k'"),
+        ("not a message", {}, "not a Message"),
+        (None, {}, "not a Message"),
+        ({"kind": "k", "round": 3, "sender": 1, "receiver": 0}, {}, "not a Message"),
     ],
 )
-def test_envelope_checks(m, kwargs):
+def test_envelope_checks(m, kwargs, message):
     args = dict(kind="k", round_id=3, sender=None, receiver=SERVER) | kwargs
-    with pytest.raises(ProtocolError):
+    with pytest.raises(ProtocolError, match=message):
         check_envelope(m, **args)
 
 
@@ -102,9 +102,9 @@ def test_message_fields_are_read_only():
     m = Message("k", 1, 1, 0, src)
     src["a"] = 2  # the message keeps its own copy
     assert m["a"] == 1
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match="does not support item assignment"):
         m.fields["a"] = 3  # type: ignore[index]
-    with pytest.raises(AttributeError):
+    with pytest.raises(AttributeError, match="cannot assign to field 'round'"):
         m.round = 2  # type: ignore[misc]
 
 

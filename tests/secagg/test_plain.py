@@ -66,28 +66,28 @@ def test_the_plain_server_sees_every_input_by_design():
 
 def test_too_few_contributors_abort_with_counts():
     server, clients, _ = make(5, 4, min_clients=4)
-    with pytest.raises(AbortError) as e:
+    with pytest.raises(AbortError, match="round aborted at stage 'collect': 3 clients left, 4 required") as e:
         run_round(server, clients, drop_at={"collect": {1, 2}})
     assert (e.value.stage, e.value.survivors, e.value.required) == ("collect", 3, 4)
 
 
 @pytest.mark.parametrize(
-    "ring, vector",
+    "ring, vector, message",
     [
-        (RING_2_32, np.zeros(8, dtype=np.int64)),
-        (RING_2_32, np.zeros(8, dtype=np.float32)),
-        (RING_2_32, np.zeros(7, dtype=np.uint32)),
-        (RING_2_32, np.zeros(9, dtype=np.uint32)),
-        (RING_2_32, np.zeros((2, 4), dtype=np.uint32)),
-        (RING_2_32, list(range(8))),
-        (FIELD_P31, np.full(8, 2**31 - 1, dtype=np.uint32)),   # not a field element
+        (RING_2_32, np.zeros(8, dtype=np.int64), "field 'vector' must be a 1-D uint32 array"),
+        (RING_2_32, np.zeros(8, dtype=np.float32), "field 'vector' must be a 1-D uint32 array"),
+        (RING_2_32, np.zeros(7, dtype=np.uint32), "ring vector has length 7, expected 8"),
+        (RING_2_32, np.zeros(9, dtype=np.uint32), "ring vector has length 9, expected 8"),
+        (RING_2_32, np.zeros((2, 4), dtype=np.uint32), "field 'vector' must be a 1-D uint32 array"),
+        (RING_2_32, list(range(8)), "field 'vector' must be a 1-D uint32 array"),
+        (FIELD_P31, np.full(8, 2**31 - 1, dtype=np.uint32), r"entries outside \[0, p\)"),   # not a field element
     ],
 )
-def test_a_malformed_vector_drops_its_sender_at_once_and_the_round_finishes(ring, vector):
+def test_a_malformed_vector_drops_its_sender_at_once_and_the_round_finishes(ring, vector, message):
     server, clients, inputs = make(3, 8, ring=ring)
     reqs = server.start()
     bad = Message("plain_input", 1, 1, SERVER, {"vector": vector})
-    with pytest.raises(ProtocolError):
+    with pytest.raises(ProtocolError, match=message):
         server.accept(bad)
     assert server.waiting_for() == frozenset({2, 3})  # no need to wait for client 1's deadline
     with pytest.raises(ProtocolError, match="not expected"):
@@ -106,26 +106,28 @@ def test_envelope_errors_replays_and_late_replies_are_discarded_without_dropping
     reqs = server.start()
     good = clients[1].handle(reqs[1])
     variants = [
-        Message(good.kind, 2, 1, SERVER, good.fields),        # wrong round (late or replayed)
-        Message(good.kind, 1, 1, 2, good.fields),             # not addressed to the server
-        Message(good.kind, 1, 9, SERVER, good.fields),        # not a participant
-        Message("masked_input", 1, 1, SERVER, good.fields),   # another stage's kind
-        "not a message",
+        (Message(good.kind, 2, 1, SERVER, good.fields), "message for round 2"),        # late or replayed
+        (Message(good.kind, 1, 1, 2, good.fields), "message addressed to 2, not 0"),   # not to the server
+        (Message(good.kind, 1, 9, SERVER, good.fields), "client 9 is not expected"),   # not a participant
+        (Message("masked_input", 1, 1, SERVER, good.fields), "unexpected 'masked_input' message"),
+        ("not a message", "not a Message"),
     ]
-    for bad in variants:
-        with pytest.raises(ProtocolError):
+    for bad, message in variants:
+        with pytest.raises(ProtocolError, match=message):
             server.accept(bad)
         assert server.waiting_for() == frozenset({1, 2, 3})
     server.accept(good)
     with pytest.raises(ProtocolError, match="duplicate"):
         server.accept(good)
     assert server.waiting_for() == frozenset({2, 3})
-    for fields in ({}, {**good.fields, "x": 1}):                # schema errors are the sender's own
-        with pytest.raises(ProtocolError):
+    # schema errors are the sender's own: the first drops client 2, so the second finds it gone
+    for fields, message in (({}, r"'plain_input' fields wrong: missing \['vector'\]"),
+                            ({**good.fields, "x": 1}, "client 2 is not expected in stage 'collect'")):
+        with pytest.raises(ProtocolError, match=message):
             server.accept(Message(good.kind, 1, 2, SERVER, fields))
     server.advance()  # client 3 is late
     late = clients[3].handle(reqs[3])
-    with pytest.raises(ProtocolError):
+    with pytest.raises(ProtocolError, match="round already finished"):
         server.accept(late)
     result = server.result()
     assert result.contributors == frozenset({1}) and result.faulty.keys() == {2}
@@ -135,34 +137,35 @@ def test_envelope_errors_replays_and_late_replies_are_discarded_without_dropping
 
 def test_result_before_the_end_is_an_error():
     server, _, _ = make(2, 4)
-    with pytest.raises(RuntimeError):
+    with pytest.raises(RuntimeError, match="round not finished"):
         server.result()
 
 
 def test_client_refuses_bad_requests():
     c = PlainClient(client_id=1, round_id=1, input_fn=lambda: np.zeros(4, np.uint32), max_length=4)
-    for bad in (
-        Message("plain_request", 1, SERVER, 1, {"length": 5, "modulus": 2**32}),   # longer than allowed
-        Message("plain_request", 2, SERVER, 1, {"length": 4, "modulus": 2**32}),   # wrong round
-        Message("plain_request", 1, 2, 1, {"length": 4, "modulus": 2**32}),        # not from the server
-        Message("plain_request", 1, SERVER, 3, {"length": 4, "modulus": 2**32}),   # someone else's
-        Message("plain_request", 1, SERVER, 1, {"length": 0, "modulus": 2**32}),
-        Message("plain_request", 1, SERVER, 1, {"length": 4, "modulus": 2}),
-        Message("plain_request", 1, SERVER, 1, {"length": 4, "modulus": 2**32 + 1}),
-        Message("plain_input", 1, SERVER, 1, {"length": 4, "modulus": 2**32}),
+    modulus = r"field 'modulus' must be an int in \[3, 4294967296\]"
+    for bad, message in (
+        (Message("plain_request", 1, SERVER, 1, {"length": 5, "modulus": 2**32}), "exceeds this client's limit"),
+        (Message("plain_request", 2, SERVER, 1, {"length": 4, "modulus": 2**32}), "message for round 2"),
+        (Message("plain_request", 1, 2, 1, {"length": 4, "modulus": 2**32}), "message from 2, expected 0"),
+        (Message("plain_request", 1, SERVER, 3, {"length": 4, "modulus": 2**32}), "message addressed to 3, not 1"),
+        (Message("plain_request", 1, SERVER, 1, {"length": 0, "modulus": 2**32}), "field 'length' must be an int"),
+        (Message("plain_request", 1, SERVER, 1, {"length": 4, "modulus": 2}), modulus),
+        (Message("plain_request", 1, SERVER, 1, {"length": 4, "modulus": 2**32 + 1}), modulus),
+        (Message("plain_input", 1, SERVER, 1, {"length": 4, "modulus": 2**32}), "did not expect 'plain_input' now"),
     ):
-        with pytest.raises(ProtocolError):
+        with pytest.raises(ProtocolError, match=message):
             c.handle(bad)
     good = Message("plain_request", 1, SERVER, 1, {"length": 4, "modulus": 2**32})
     assert c.handle(good)["vector"].shape == (4,)
     assert c.finished
-    with pytest.raises(ProtocolError):
+    with pytest.raises(ProtocolError, match="client 1 did not expect 'plain_request' now"):
         c.handle(good)  # replay after the end
 
 
 def test_client_refuses_an_unsupported_modulus_as_a_protocol_error():
     c = PlainClient(client_id=1, round_id=1, input_fn=lambda: np.zeros(4, np.uint32))
-    with pytest.raises(ProtocolError):
+    with pytest.raises(ProtocolError, match=r"modulus must be 2\^32 or a prime below 2\^31"):
         c.handle(Message("plain_request", 1, SERVER, 1, {"length": 4, "modulus": 2**31}))
 
 

@@ -79,13 +79,13 @@ def test_empty_target_is_fine():
 
 @pytest.mark.parametrize("key", [b"", bytes(16), bytes(31), bytes(33)])
 def test_short_or_long_keys_are_refused(key):
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="AES-256 keys are 32 bytes"):
         mask(key, RING_2_32, 4)
 
 
 def test_sign_must_be_plus_or_minus_one():
     for sign in (0, 2, -2):
-        with pytest.raises(ValueError):
+        with pytest.raises(ValueError, match=r"sign must be \+1 or -1"):
             apply_mask_(np.zeros(4, dtype=np.uint32), os.urandom(32), RING_2_32, sign=sign)
 
 

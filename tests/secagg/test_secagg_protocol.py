@@ -104,20 +104,26 @@ def assert_unchanged(obj, snap: dict) -> None:
             assert frozenset(now[k]) == content, k
 
 
-def refuse(receiver, action, bad) -> None:
-    """`action(bad)` must raise ProtocolError and leave `receiver` exactly as it was."""
+# what the envelope checks and the schema say (patterns for pytest.raises' match)
+ROUND, TO, FROM = "message for round", "message addressed to", r"message from \d+, expected 0"
+KIND, EXTRA, MISSING = r"unexpected '\w+' message", r"fields wrong: missing \[\], extra \['extra'\]", \
+    r"fields wrong: missing \['"
+
+
+def refuse(receiver, action, bad, match: str) -> None:
+    """`action(bad)` must raise ProtocolError matching `match` and leave `receiver` exactly as it was."""
     snap = snapshot(receiver)
-    with pytest.raises(ProtocolError):
+    with pytest.raises(ProtocolError, match=match):
         action(bad)
     assert_unchanged(receiver, snap)
 
 
-def faulted(server, bad: Message, cid: int) -> None:
-    """`bad` raises ProtocolError and drops client `cid` at once, with the stage and reason
-    recorded; then the server's bookkeeping is put back, to test the next variant."""
+def faulted(server, bad: Message, cid: int, match: str) -> None:
+    """`bad` raises ProtocolError matching `match` and drops client `cid` at once, with the stage and
+    reason recorded; then the server's bookkeeping is put back, to test the next variant."""
     saved = {k: copy.copy(getattr(server, k)) for k in ("_expected", "_replies", "_faulty", "_dropped")}
     assert cid in server.waiting_for()
-    with pytest.raises(ProtocolError):
+    with pytest.raises(ProtocolError, match=match):
         server.accept(bad)
     assert cid not in server.waiting_for()
     assert server._faulty[cid].startswith(f"{server.stage}: ")
@@ -148,15 +154,15 @@ def drive(s: Setup, *, drop_at=None, bad_requests=None, bad_replies=None):
                 continue
             client = s.clients[cid]
             if bad_requests:
-                for bad in bad_requests(stage, cid, req):
-                    refuse(client, client.handle, bad)
+                for bad, match in bad_requests(stage, cid, req):
+                    refuse(client, client.handle, bad, match)
             reply = client.handle(req)
             if bad_replies:
-                for bad, faults in bad_replies(stage, cid, reply):
+                for bad, faults, match in bad_replies(stage, cid, reply):
                     if faults:
-                        faulted(s.server, bad, cid)
+                        faulted(s.server, bad, cid, match)
                     else:
-                        refuse(s.server, s.server.accept, bad)
+                        refuse(s.server, s.server.accept, bad, match)
             s.server.accept(reply)
         requests = s.server.advance()
     return s.server.result()
@@ -284,7 +290,7 @@ def test_secagg_tolerates_exactly_n_minus_t_drops_and_no_more():
     check_result(s, res, contributors=range(5, 11))
     for stage in STAGES:
         s = make("secagg", 10, 8)
-        with pytest.raises(AbortError) as e:
+        with pytest.raises(AbortError, match=f"round aborted at stage '{stage}': [0-5] clients left, 6 required") as e:
             run_round(s.server, s.clients, drop_at={stage: {1, 2, 3, 4, 5}})
         assert e.value.stage == stage
         assert e.value.required == 6 and e.value.survivors < 6
@@ -294,7 +300,7 @@ def test_secagg_tolerates_exactly_n_minus_t_drops_and_no_more():
 
 def test_too_many_drops_spread_over_stages_abort_where_the_budget_runs_out():
     s = make("secagg", 10, 8)
-    with pytest.raises(AbortError) as e:
+    with pytest.raises(AbortError, match="round aborted at stage 'masked': 5 clients left, 6 required") as e:
         run_round(s.server, s.clients, drop_at={"advertise": {1, 2}, "share": {3, 4}, "masked": {5}})
     assert (e.value.stage, e.value.survivors, e.value.required) == ("masked", 5, 6)
     assert_never_both(s)
@@ -306,7 +312,7 @@ def test_unmask_abort_when_a_dropped_clients_key_holders_are_gone():
     assert s.t == 2
     v = 1
     a, b = sorted(s.server.graph[v])
-    with pytest.raises(AbortError) as e:
+    with pytest.raises(AbortError, match=r"stage 'unmask': .*\(not enough shares to unmask client 1\)") as e:
         run_round(s.server, s.clients, drop_at={"masked": {v, a}})
     assert e.value.stage == "unmask" and (e.value.survivors, e.value.required) == (1, 2)
     assert_never_both(s)
@@ -329,11 +335,11 @@ def test_secagg_plus_refuses_to_unmask_a_disconnected_survivor_set():
 @pytest.mark.parametrize("protocol", sorted(PROTOCOLS))
 def test_too_few_clients_abort_at_start(protocol):
     s = make(protocol, 1, 4)
-    with pytest.raises(AbortError) as e:
+    with pytest.raises(AbortError, match="round aborted at stage 'advertise': 1 clients left, 2 required") as e:
         s.server.start()
     assert e.value.stage == "advertise" and e.value.survivors == 1
     s = make(protocol, 5, 4, server_kwargs=dict(min_clients=6))
-    with pytest.raises(AbortError):
+    with pytest.raises(AbortError, match="round aborted at stage 'advertise': 5 clients left, 6 required"):
         s.server.start()
 
 
@@ -341,7 +347,7 @@ def test_two_clients_are_the_minimum_and_any_drop_aborts():
     s = make("secagg", 2, 4)
     check_result(s, run_round(s.server, s.clients), contributors={1, 2})
     s = make("secagg", 2, 4)
-    with pytest.raises(AbortError):
+    with pytest.raises(AbortError, match="round aborted at stage 'masked': 1 clients left, 2 required"):
         run_round(s.server, s.clients, drop_at={"masked": {2}})
 
 
@@ -369,16 +375,16 @@ def test_duplicate_public_keys_drop_every_advertiser_and_the_round_goes_on(proto
 
 
 def test_server_configuration_is_validated():
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="use LightSecAgg for a prime field"):
         SecAggServer(round_id=1, clients=[1, 2, 3], length=4, ring=FIELD_P31)
     for f in (-0.1, 1.0, 1.5):
-        with pytest.raises(ValueError):
+        with pytest.raises(ValueError, match=r"threshold_fraction must be in \[0, 1\)"):
             SecAggPlusServer(round_id=1, clients=[1, 2, 3], length=4, threshold_fraction=f)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="client ids must be distinct positive ints"):
         SecAggServer(round_id=1, clients=[1, 1, 2], length=4)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="client ids must be distinct positive ints"):
         SecAggServer(round_id=1, clients=[0, 1, 2], length=4)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="vector length must be positive"):
         SecAggServer(round_id=1, clients=[1, 2], length=0)
 
 
@@ -441,70 +447,78 @@ def _bad_replies_for(s: Setup):
                         "masked": "unmask_shares", "consistency": "unmask_shares", "unmask": "advertise_keys"}
 
     def bad(stage, cid, reply):
-        """(variant, whether it drops its sender): envelope errors (late, replayed, misaddressed or
-        from someone else) are discarded; a reply that is the sender's own and malformed drops it."""
+        """(variant, whether it drops its sender, what the refusal says): envelope errors (late, replayed,
+        misaddressed or from someone else) are discarded; a reply that is the sender's own and malformed
+        drops it."""
         envelope = [
-            remake(reply, round=reply.round + 1),
-            remake(reply, round=reply.round - 1),
-            remake(reply, receiver=cid),
-            remake(reply, sender=999),
-            remake(reply, sender=SERVER),
-            remake(reply, kind=other_stage_kind[stage]),
+            (remake(reply, round=reply.round + 1), ROUND),
+            (remake(reply, round=reply.round - 1), ROUND),
+            (remake(reply, receiver=cid), TO),
+            (remake(reply, sender=999), "client 999 is not expected"),
+            (remake(reply, sender=SERVER), "client 0 is not expected"),
+            (remake(reply, kind=other_stage_kind[stage]), KIND),
         ]
         out = [
-            with_field(reply, "extra", 1),
-            remake(reply, fields={}),
+            (with_field(reply, "extra", 1), EXTRA),
+            (remake(reply, fields={}), MISSING),
         ]
         if stage == "advertise":
             k = reply["keys"]
-            out += [with_field(reply, "keys", k[:-1]), with_field(reply, "keys", k + b"\0"),
-                    with_field(reply, "keys", k.hex())]
+            out += [(with_field(reply, "keys", k[:-1]), r"field 'keys' has \d+ bytes"),
+                    (with_field(reply, "keys", k + b"\0"), r"field 'keys' has \d+ bytes"),
+                    (with_field(reply, "keys", k.hex()), "field 'keys' must be bytes")]
         elif stage == "share":
             cts = dict(reply["ciphertexts"])
             some = next(iter(cts))
+            wrong, invalid = "sent shares for the wrong set of neighbours", "field 'ciphertexts' has an invalid value"
             out += [
-                with_field(reply, "ciphertexts", {v: c for v, c in cts.items() if v != some}),
-                with_field(reply, "ciphertexts", {**cts, 10_000: cts[some]}),
-                with_field(reply, "ciphertexts", {**cts, cid: cts[some]}),
-                with_field(reply, "ciphertexts", {**cts, some: cts[some][:-1]}),
-                with_field(reply, "ciphertexts", {**cts, some: cts[some] + b"\0"}),
+                (with_field(reply, "ciphertexts", {v: c for v, c in cts.items() if v != some}), wrong),
+                (with_field(reply, "ciphertexts", {**cts, 10_000: cts[some]}), wrong),
+                (with_field(reply, "ciphertexts", {**cts, cid: cts[some]}), wrong),
+                (with_field(reply, "ciphertexts", {**cts, some: cts[some][:-1]}), invalid),
+                (with_field(reply, "ciphertexts", {**cts, some: cts[some] + b"\0"}), invalid),
             ]
         elif stage == "check":
             bad_ = reply["bad_shares"]
+            none = "reports bad shares from clients that sent it none"
             out += [
-                with_field(reply, "bad_shares", bad_ + (10_000,)),   # a client that sent it nothing
-                with_field(reply, "bad_shares", bad_ + (cid,)),      # itself
-                with_field(reply, "bad_shares", list(bad_)),
+                (with_field(reply, "bad_shares", bad_ + (10_000,)), none),   # a client that sent it nothing
+                (with_field(reply, "bad_shares", bad_ + (cid,)), none),      # itself
+                (with_field(reply, "bad_shares", list(bad_)), "field 'bad_shares' must be a tuple"),
             ]
         elif stage == "masked":
             v = reply["vector"]
+            length, array = "masked input of length", "field 'vector' must be a 1-D uint32 array"
             out += [
-                with_field(reply, "vector", v[:-1]),
-                with_field(reply, "vector", np.concatenate([v, v[:1]])),
-                with_field(reply, "vector", v.astype(np.int64)),
-                with_field(reply, "vector", v.astype(np.float32)),
-                with_field(reply, "vector", v.reshape(1, -1)),
-                with_field(reply, "vector", v.tolist()),
-                with_field(reply, "vector", v.tobytes()),
+                (with_field(reply, "vector", v[:-1]), length),
+                (with_field(reply, "vector", np.concatenate([v, v[:1]])), length),
+                (with_field(reply, "vector", v.astype(np.int64)), array),
+                (with_field(reply, "vector", v.astype(np.float32)), array),
+                (with_field(reply, "vector", v.reshape(1, -1)), array),
+                (with_field(reply, "vector", v.tolist()), array),
+                (with_field(reply, "vector", v.tobytes()), array),
             ]
         elif stage == "consistency":
-            out += [with_field(reply, "signature", b"\1" * 65), with_field(reply, "signature", "sig")]
+            out += [(with_field(reply, "signature", b"\1" * 65), "field 'signature' has 65 bytes"),
+                    (with_field(reply, "signature", "sig"), "field 'signature' must be bytes")]
         elif stage == "unmask":
             seeds, keys = dict(reply["seed_shares"]), dict(reply["key_shares"])
             some = next(iter(seeds))
+            wrong = "returned shares for the wrong clients"
             out += [
-                with_field(reply, "seed_shares", {u: b for u, b in seeds.items() if u != some}),
-                with_field(reply, "seed_shares", {**seeds, 10_000: seeds[some]}),
-                with_field(reply, "seed_shares", {**seeds, some: b"\xff" * 32}),  # >= q
-                with_field(reply, "seed_shares", {**seeds, some: seeds[some][:31]}),
-                with_field(reply, "key_shares", {**keys, some: seeds[some]}),     # both secrets of one client
-                with_field(reply, "key_shares", {**keys, cid: seeds[some]}),
+                (with_field(reply, "seed_shares", {u: b for u, b in seeds.items() if u != some}), wrong),
+                (with_field(reply, "seed_shares", {**seeds, 10_000: seeds[some]}), wrong),
+                (with_field(reply, "seed_shares", {**seeds, some: b"\xff" * 32}), "field element out of range"),  # >= q
+                (with_field(reply, "seed_shares", {**seeds, some: seeds[some][:31]}),
+                 "field 'seed_shares' has an invalid value"),
+                (with_field(reply, "key_shares", {**keys, some: seeds[some]}), wrong),  # both secrets of one client
+                (with_field(reply, "key_shares", {**keys, cid: seeds[some]}), wrong),
             ]
             if keys:
                 k0 = next(iter(keys))
-                out += [with_field(reply, "key_shares", {u: b for u, b in keys.items() if u != k0}),
-                        with_field(reply, "seed_shares", {**seeds, k0: keys[k0]})]
-        return [(m, False) for m in envelope] + [(m, True) for m in out]
+                out += [(with_field(reply, "key_shares", {u: b for u, b in keys.items() if u != k0}), wrong),
+                        (with_field(reply, "seed_shares", {**seeds, k0: keys[k0]}), wrong)]
+        return [(m, False, why) for m, why in envelope] + [(m, True, why) for m, why in out]
 
     return bad
 
@@ -528,18 +542,18 @@ def test_server_refuses_replays_late_replies_and_replies_after_the_end(protocol)
                 continue  # 6 drops at 'share' ...
             reply = s.clients[cid].handle(req)
             s.server.accept(reply)
-            refuse(s.server, s.server.accept, reply)  # exact replay within the stage
-            for old in history:                       # replies from earlier stages
-                refuse(s.server, s.server.accept, old)
+            refuse(s.server, s.server.accept, reply, "duplicate '")  # exact replay within the stage
+            for old in history:                                       # replies from earlier stages
+                refuse(s.server, s.server.accept, old, f"duplicate '|{KIND}")
             history.append(reply)
             if stage == "masked" and cid == 1:
                 # ... and its late masked input is not accepted
                 late = Message("masked_input", s.server.round_id, 6, SERVER, {"vector": s.inputs[6].copy()})
-                refuse(s.server, s.server.accept, late)
+                refuse(s.server, s.server.accept, late, "client 6 is not expected in stage 'masked'")
         requests = s.server.advance()
     check_result(s, s.server.result(), contributors=range(1, 6))
     for old in history[-3:]:
-        with pytest.raises(ProtocolError):
+        with pytest.raises(ProtocolError, match="round already finished"):
             s.server.accept(old)
 
 
@@ -549,23 +563,23 @@ def test_replies_from_another_round_are_refused():
     r2 = s2.server.start()
     foreign = {c: s1.clients[c].handle(r1[c]) for c in r1}
     for c, req in r2.items():
-        refuse(s2.server, s2.server.accept, foreign[c])
+        refuse(s2.server, s2.server.accept, foreign[c], "message for round 1, current round is 2")
         s2.server.accept(s2.clients[c].handle(req))
 
 
 def test_reply_before_the_round_starts_is_a_protocol_error():
     s = make("secagg", 3, 4)
-    with pytest.raises(ProtocolError):
+    with pytest.raises(ProtocolError, match=r"no stage is open \(stage 'init'\)"):
         s.server.accept(Message("advertise_keys", 1, 1, SERVER, {"keys": os.urandom(64)}))
 
 
 def test_server_refuses_low_order_advertised_keys():
-    s = make("secagg", 3, 4)
-    s.server.start()
     good_c = crypto.KeyPair.generate().public_bytes
     for keys in (bytes(64), good_c + bytes(32)):
-        with pytest.raises(ProtocolError):
-            s.server.accept(Message("advertise_keys", 1, 1, SERVER, {"keys": keys}))
+        s = make("secagg", 3, 4)  # a fresh round each: the first refusal drops client 1
+        s.server.start()
+        with pytest.raises(ProtocolError, match=r"client 1 advertised an invalid \(low-order\) public key"):
+            s.server.accept(Message("advertise_keys", 1, 1, SERVER, {"keys": keys, "signature": b""}))
 
 
 # ---- hostile requests to a client -----------------------------------------------------------------
@@ -580,38 +594,40 @@ def _bad_requests_for(s: Setup, foreign: dict, exercised: set):
         cl = s.clients[cid]
         others = [c for c in s.clients if c != cid]
         out = [
-            remake(req, round=req.round + 1),
-            remake(req, receiver=others[0]),
-            remake(req, sender=others[0]),
-            remake(req, kind=other_kind[stage]),
-            with_field(req, "extra", b""),
-            remake(req, fields={}),
+            (remake(req, round=req.round + 1), ROUND),
+            (remake(req, receiver=others[0]), TO),
+            (remake(req, sender=others[0]), FROM),
+            (remake(req, kind=other_kind[stage]), r"did not expect '\w+' now"),
+            (with_field(req, "extra", b""), EXTRA),
+            (remake(req, fields={}), MISSING),
         ]
         if stage == "advertise":
             nb = req["neighbours"]
             size = len(nb) + 1
+            unsafe, length = r"threshold \d+ unsafe for a neighbourhood", "field 'length' must be an int"
             out += [
-                with_field(req, "neighbours", tuple(sorted(nb + (cid,)))),      # contains itself
-                with_field(req, "neighbours", list(nb)),
-                with_field(req, "neighbours", nb + (nb[0],)),
-                with_field(req, "threshold", size // 2),                         # t <= half: unsafe
-                with_field(req, "colluders", req["threshold"]),                  # c >= t: unsafe
-                with_field(req, "min_group", 0),
-                with_field(req, "threshold", 1),
-                with_field(req, "threshold", size + 1),
-                with_field(req, "length", cl.max_length + 1),
-                with_field(req, "length", 0),
+                (with_field(req, "neighbours", tuple(sorted(nb + (cid,)))), "contains the client itself"),
+                (with_field(req, "neighbours", list(nb)), "field 'neighbours' must be a tuple"),
+                (with_field(req, "neighbours", nb + (nb[0],)), "field 'neighbours' has repeated entries"),
+                (with_field(req, "threshold", size // 2), unsafe),                             # t <= half: unsafe
+                (with_field(req, "colluders", req["threshold"]), "colluders would reach the threshold"),  # c >= t
+                (with_field(req, "min_group", 0), "field 'min_group' must be an int"),
+                (with_field(req, "threshold", 1), unsafe),
+                (with_field(req, "threshold", size + 1), unsafe),
+                (with_field(req, "length", cl.max_length + 1), length),
+                (with_field(req, "length", 0), length),
             ]
         elif stage == "share":
             keys = dict(req["keys"])
             v0 = next(iter(keys))
             own = cl.c_pair.public_bytes + cl.s_pair.public_bytes
             out += [
-                with_field(req, "keys", {**keys, 10_000: crypto.KeyPair.generate().public_bytes * 2}),  # not a neighbour
-                with_field(req, "keys", {**keys, v0: own}),                                          # own keys
-                with_field(req, "keys", {**keys, next(k for k in keys if k != v0): keys[v0]}),       # repeated
-                with_field(req, "keys", dict(list(keys.items())[: s.t - 2])),                        # below t
-                with_field(req, "keys", {**keys, v0: keys[v0][:-1]}),
+                (with_field(req, "keys", {**keys, 10_000: crypto.KeyPair.generate().public_bytes * 2}),
+                 "share request names clients that are not neighbours"),
+                (with_field(req, "keys", {**keys, v0: own}), "repeated public keys"),                    # own keys
+                (with_field(req, "keys", {**keys, next(k for k in keys if k != v0): keys[v0]}), "repeated public keys"),
+                (with_field(req, "keys", dict(list(keys.items())[: s.t - 2])), r"only \d+ neighbours left"),  # below t
+                (with_field(req, "keys", {**keys, v0: keys[v0][:-1]}), "field 'keys' has an invalid value"),
             ]
         elif stage == "check":
             # (ciphertexts that fail authentication are not refused but reported: see
@@ -619,36 +635,42 @@ def _bad_requests_for(s: Setup, foreign: dict, exercised: set):
             cts = dict(req["ciphertexts"])
             u0 = next(iter(cts))
             out += [
-                with_field(req, "ciphertexts", {**cts, 10_000: cts[u0]}),               # unannounced sender
-                with_field(req, "ciphertexts", dict(list(cts.items())[: s.t - 2])),     # below t
-                with_field(req, "ciphertexts", {**cts, u0: cts[u0][:-1]}),              # wrong size
+                (with_field(req, "ciphertexts", {**cts, 10_000: cts[u0]}),                   # unannounced sender
+                 "ciphertexts from clients whose keys were not announced"),
+                (with_field(req, "ciphertexts", dict(list(cts.items())[: s.t - 2])), r"only \d+ neighbours shared"),
+                (with_field(req, "ciphertexts", {**cts, u0: cts[u0][:-1]}),                  # wrong size
+                 "field 'ciphertexts' has an invalid value"),
             ]
             exercised.add("check")
         elif stage == "masked":
             mask_with = req["mask_with"]
+            no_share = "names clients whose shares this client does not hold"
             out += [
-                with_field(req, "mask_with", tuple(sorted(mask_with + (10_000,)))),  # holds no share of it
-                with_field(req, "mask_with", tuple(sorted(mask_with + (cid,)))),     # itself
-                with_field(req, "mask_with", mask_with[: s.t - 2]),                  # below t
-                with_field(req, "mask_with", list(mask_with)),
+                (with_field(req, "mask_with", tuple(sorted(mask_with + (10_000,)))), no_share),  # holds no share
+                (with_field(req, "mask_with", tuple(sorted(mask_with + (cid,)))), no_share),     # itself
+                (with_field(req, "mask_with", mask_with[: s.t - 2]), r"only \d+ neighbours to mask with"),  # below t
+                (with_field(req, "mask_with", list(mask_with)), "field 'mask_with' must be a tuple"),
             ]
             exercised.add("masked")
         elif stage == "consistency":
             survivors = req["survivors"]
             masked_with = sorted(cl.masked_with)
+            left_out, few = "the survivor set leaves out this client", r"only \d+ survivors"
             out += [
-                with_field(req, "survivors", tuple(c for c in survivors if c != cid)),          # leaves it out
-                with_field(req, "survivors", tuple(c for c in survivors if c not in masked_with)),  # partners gone
-                with_field(req, "survivors", tuple(sorted(set(survivors[: s.server.min_clients - 1]) | {cid}))[
-                    : s.server.min_clients - 1]),                                                # below the minimum
-                with_field(req, "survivors", list(survivors)),
+                (with_field(req, "survivors", tuple(c for c in survivors if c != cid)), left_out),   # leaves it out
+                (with_field(req, "survivors", tuple(c for c in survivors if c not in masked_with)),  # partners gone
+                 f"{left_out}|{few}"),
+                (with_field(req, "survivors", tuple(sorted(set(survivors[: s.server.min_clients - 1]) | {cid}))[
+                    : s.server.min_clients - 1]), f"{left_out}|{few}"),                              # below the minimum
+                (with_field(req, "survivors", list(survivors)), "field 'survivors' must be a tuple"),
             ]
             exercised.add("consistency")
         elif stage == "unmask":
             sigs = dict(req["signatures"])
             out += [
-                with_field(req, "signatures", {**sigs, 10_000: b"\0" * 64, "x": b""}),
-                with_field(req, "signatures", list(sigs.items())),
+                (with_field(req, "signatures", {**sigs, 10_000: b"\0" * 64, "x": b""}),
+                 "field 'signatures' has an invalid key"),
+                (with_field(req, "signatures", list(sigs.items())), "field 'signatures' must be a map"),
             ]
         return out
 
@@ -804,9 +826,9 @@ def test_client_refuses_replayed_and_out_of_order_requests():
             cl = s.clients[cid]
             for old in seen:
                 if old.receiver == cid:
-                    refuse(cl, cl.handle, old)
+                    refuse(cl, cl.handle, old, r"did not expect '\w+' now")
             s.server.accept(cl.handle(req))
-            refuse(cl, cl.handle, req)  # the same request again
+            refuse(cl, cl.handle, req, r"did not expect '\w+' now")  # the same request again
             seen.append(req)
         requests = s.server.advance()
     check_result(s, s.server.result(), contributors=range(1, 5))
@@ -818,7 +840,7 @@ def test_client_refuses_unsafe_threshold_from_a_misconfigured_server():
     reqs = s.server.start()
     assert reqs[1]["threshold"] <= 7 / 2
     for c, r in reqs.items():
-        refuse(s.clients[c], s.clients[c].handle, r)
+        refuse(s.clients[c], s.clients[c].handle, r, "threshold 2 unsafe for a neighbourhood of 6")
 
 
 def test_client_refuses_a_neighbour_list_containing_itself():
@@ -846,14 +868,14 @@ def test_client_policy_limits_neighbours_and_length():
 
 def test_client_input_of_the_wrong_shape_is_a_local_error():
     s = make("secagg", 3, 8, inputs={1: np.zeros(7, np.uint32), 2: np.zeros(8, np.uint32), 3: np.zeros(8, np.uint32)})
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="ring vector has length 7, expected 8"):
         run_round(s.server, s.clients)
 
 
 @pytest.mark.parametrize("junk", [b"\x00\x01", None, {"kind": "advertise_request"}])
 def test_client_refuses_non_messages(junk):
     s = make("secagg", 3, 4)
-    with pytest.raises(ProtocolError):
+    with pytest.raises(ProtocolError, match="not a Message"):
         s.clients[1].handle(junk)
 
 
@@ -866,7 +888,10 @@ def test_client_refuses_low_order_peer_keys_without_changing_state(protocol):
     reqs = s.server.advance()
     keys = dict(reqs[1]["keys"])
     v0 = next(iter(keys))
-    refuse(s.clients[1], s.clients[1].handle, with_field(reqs[1], "keys", {**keys, v0: bytes(64)}))
+    # a low-order encryption key beside v0's genuine masking key (all-zero halves would be refused as repeated)
+    low_order = bytes(crypto.PUBLIC_KEY_BYTES) + keys[v0][crypto.PUBLIC_KEY_BYTES:]
+    refuse(s.clients[1], s.clients[1].handle, with_field(reqs[1], "keys", {**keys, v0: low_order}),
+           r"peer public key is invalid \(low order\)")
 
 
 # ---- what the server holds ------------------------------------------------------------------------

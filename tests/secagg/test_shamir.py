@@ -131,22 +131,22 @@ def test_lagrange_coefficients_sum_to_one_and_reuse_across_secrets():
     ],
 )
 def test_split_refuses_bad_parameters(kwargs):
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"threshold \d+ must be in \[1, \d+\]|share points must be distinct and non-zero"):
         split([1], **kwargs)
 
 
 @pytest.mark.parametrize("secret", [-1, PRIME, PRIME + 5])
 def test_split_refuses_secrets_outside_the_field(secret):
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="secret outside the field"):
         split([secret], xs=[1, 2], threshold=2)
 
 
 def test_combine_refuses_duplicate_points_and_ragged_rows():
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="share points must be distinct"):
         combine([1, 1], [[3, 4]])
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="each secret needs one share per point"):
         combine([1, 2], [[3]])
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="share points must be distinct"):
         lagrange_at_zero([4, 4])
 
 
@@ -160,7 +160,7 @@ def test_byte_encoding_round_trips(v):
 
 @pytest.mark.parametrize("bad", [b"", bytes(31), bytes(33), PRIME.to_bytes(32, "little"), b"\xff" * 32])
 def test_from_bytes_refuses_out_of_field_or_wrong_length(bad):
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="field elements are 32 bytes|field element out of range"):
         shamir.from_bytes(bad)
 
 

@@ -111,7 +111,7 @@ def test_bytes_sent_match_the_replies_and_stay_near_4_bytes_per_parameter(name):
 
 def test_abort_propagates_from_the_protocol():
     server, clients, _ = make("secagg", 4, 8)
-    with pytest.raises(AbortError) as e:
+    with pytest.raises(AbortError, match="round aborted at stage 'share'") as e:
         run_round(server, clients, drop_at={"share": {1, 2}})
     assert e.value.stage == "share"
 
@@ -144,7 +144,7 @@ def test_a_client_refusal_is_counted_and_the_round_goes_on_without_it():
 def test_when_every_client_refuses_the_round_aborts_naming_the_stage():
     server, clients, _ = make("secagg", 6, 8, threshold_fraction=0.2)  # every client finds t unsafe
     rejected: dict[str, int] = {}
-    with pytest.raises(AbortError) as e:
+    with pytest.raises(AbortError, match="round aborted at stage 'advertise': 0 clients left") as e:
         run_round(server, clients, rejected=rejected)
     assert e.value.stage == "advertise" and e.value.survivors == 0
     assert rejected == {"client": 6}

@@ -143,6 +143,7 @@ CLIENT = ["client", "--id", "1", "--connect", "tcp://127.0.0.1:5555", "--dim", "
      "raise it to at least 65"),
 ])
 def test_cli_refuses_bad_arguments_with_an_argparse_error(args, message, capsys) -> None:
+    # no message: argparse exits with status 2; the reason is asserted on stderr below
     with pytest.raises(SystemExit) as exit_:
         main(args)
     err = capsys.readouterr().err
@@ -154,6 +155,7 @@ def test_cli_defaults_to_secagg_plus_and_says_so(capsys) -> None:
     assert parser().parse_args(SERVER).protocol == "secagg+"
     assert parser().parse_args(CLIENT).protocol == "secagg+"
     for command in ("server", "client"):
+        # no message: --help exits with status 0; the help text is asserted below
         with pytest.raises(SystemExit) as exit_:
             main([command, "--help"])
         assert exit_.value.code == 0
@@ -226,7 +228,7 @@ def test_a_plain_client_of_a_secagg_plus_server_raises_naming_both_over_inproc()
             for t in threads:
                 t.start()
             assert driver.wait_for_clients(count=2, timeout=5.0) == {1, 2}
-            with pytest.raises(AbortError) as aborted:
+            with pytest.raises(AbortError, match="round aborted at stage 'advertise': 0 clients left, 2 required") as aborted:
                 driver.run_round(SecAggPlusServer(round_id=1, clients=[1, 2], length=8), stage_timeout=2.0)
             assert aborted.value.survivors == 0
             for t in threads:
@@ -277,7 +279,7 @@ def test_a_cli_client_with_another_dim_exits_2_naming_both_lengths(capsys) -> No
              "--hello-timeout", "10", "--idle-timeout", "10"])), daemon=True)
         t.start()
         assert driver.wait_for_clients(count=1, timeout=10.0) == {1}
-        with pytest.raises(AbortError):
+        with pytest.raises(AbortError, match="round aborted at stage 'collect': 0 clients left, 1 required"):
             driver.run_round(PlainServer(round_id=1, clients=[1], length=10), stage_timeout=5.0)
         t.join(15.0)
     assert out["code"] == 2

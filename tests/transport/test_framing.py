@@ -82,34 +82,37 @@ def test_big_endian_and_strided_arrays_are_sent_as_little_endian_values() -> Non
     assert out.dtype == np.dtype("<i8") and out.tolist() == x.tolist()
 
 
-@pytest.mark.parametrize("fields", [
-    {"x": np.zeros((2, 2), dtype=np.uint32)},       # not 1-D
-    {"x": np.zeros(3, dtype=bool)},                 # dtype not on the whitelist
-    {"x": np.zeros(3, dtype=np.complex64)},
-    {"x": 2**63},                                   # int beyond 64 bits
-    {"x": True},                                    # bool is not an int on the wire
-    {"x": (1, 2.0)},
-    {"x": {1: "text"}},
-    {"x": 1.5},
-    {"x": [1, 2]},
-    {"": 1},
-    {"n" * 65: 1},
+@pytest.mark.parametrize(("fields", "message"), [
+    ({"x": np.zeros((2, 2), dtype=np.uint32)}, "must be one-dimensional"),
+    ({"x": np.zeros(3, dtype=bool)}, "not one of the wire dtypes"),        # dtype not on the whitelist
+    ({"x": np.zeros(3, dtype=np.complex64)}, "not one of the wire dtypes"),
+    ({"x": 2**63}, "does not fit in 64 bits"),
+    ({"x": True}, "unsupported type bool"),                                # bool is not an int on the wire
+    ({"x": (1, 2.0)}, "must hold ints only"),
+    ({"x": {1: "text"}}, "must map ints to bytes"),
+    ({"x": 1.5}, "unsupported type float"),
+    ({"x": [1, 2]}, "unsupported type list"),
+    ({"": 1}, r"field name must be 1\.\.64 bytes"),
+    ({"n" * 65: 1}, r"field name must be 1\.\.64 bytes"),
 ])
-def test_encode_refuses_values_outside_the_wire_types(fields) -> None:
-    with pytest.raises((TypeError, ValueError)):
+def test_encode_refuses_values_outside_the_wire_types(fields, message) -> None:
+    with pytest.raises((TypeError, ValueError), match=message):
         encode(Message(kind="k", round=0, sender=1, receiver=0, fields=fields))
 
 
-@pytest.mark.parametrize("envelope", [
-    dict(kind="", round=0, sender=1, receiver=0),
-    dict(kind="k" * 65, round=0, sender=1, receiver=0),
-    dict(kind="caf\u00e9", round=0, sender=1, receiver=0),
-    dict(kind="k", round=-1, sender=1, receiver=0),
-    dict(kind="k", round=0, sender=-1, receiver=0),
-    dict(kind="k", round=0, sender=1, receiver=MAX_CLIENT_ID + 1),
+KIND = r"message kind must be 1\.\.64 printable ASCII characters"
+
+
+@pytest.mark.parametrize(("envelope", "message"), [
+    (dict(kind="", round=0, sender=1, receiver=0), KIND),
+    (dict(kind="k" * 65, round=0, sender=1, receiver=0), KIND),
+    (dict(kind="caf\u00e9", round=0, sender=1, receiver=0), KIND),
+    (dict(kind="k", round=-1, sender=1, receiver=0), "round must be a non-negative 64-bit int"),
+    (dict(kind="k", round=0, sender=-1, receiver=0), "sender must be a party id"),
+    (dict(kind="k", round=0, sender=1, receiver=MAX_CLIENT_ID + 1), "receiver must be a party id"),
 ])
-def test_encode_refuses_bad_envelopes(envelope) -> None:
-    with pytest.raises(ValueError):
+def test_encode_refuses_bad_envelopes(envelope, message) -> None:
+    with pytest.raises(ValueError, match=message):
         encode(Message(**envelope))
 
 
@@ -175,9 +178,27 @@ BAD = {
 }
 
 
+_MAGIC, _KIND, _NAME = "bad magic: not a framed message", "invalid or truncated kind", "invalid or truncated field name"
+REASON = {  # what each message's ProtocolError names
+    "empty": r"message has 0 frames", "empty header": "truncated header", "garbage": _MAGIC, "bad magic": _MAGIC,
+    "wrong version": "unsupported wire version 2", "flags set": "unknown header flags", "kind too long": _KIND,
+    "zero-length kind": _KIND, "more fields than table": "truncated field table",
+    "fewer fields than table": "trailing bytes after the field table",
+    "negative round": "round must be a non-negative",
+    "sender out of range": "sender must be a party id", "negative receiver": "receiver must be a party id",
+    "wrong dtype code": "unknown dtype code 99", "dtype size mismatch": "declares 16 x float64, frame has 64 bytes",
+    "array length mismatch": "declares 17 x uint32, frame has 64 bytes", "negative length": "has a negative length",
+    "unknown tag": "carries a dtype code but is not an array",
+    "int with dtype": "int field 'vector' carries a dtype code",
+    "bad name length": _NAME, "missing payload frame": "field 'key' has no payload frame",
+    "extra frame": "1 unexpected extra frames", "trailing header bytes": "trailing bytes after the field table",
+    "truncated header": _NAME, "truncated array frame": "declares 16 x uint32, frame has 63 bytes",
+}
+
+
 @pytest.mark.parametrize("name", sorted(BAD))
 def test_malformed_messages_raise_protocol_error(name: str) -> None:
-    with pytest.raises(ProtocolError):
+    with pytest.raises(ProtocolError, match=REASON[name]):
         decode(BAD[name])
 
 
@@ -189,11 +210,13 @@ def test_map_and_tuple_frames_are_checked() -> None:
     dup_keys = np.array([1, 1], "<i8").tobytes() + np.array([1, 2], "<u4").tobytes() + b"abb"
     wrong_lengths = np.array([1, 2], "<i8").tobytes() + np.array([1, 5], "<u4").tobytes() + b"abb"
     huge_count = shares  # declared count is in the header; make the frame too short for it
-    for bad in ([frames[0], frames[1], frames[2], dup_keys, frames[4]],
-                [frames[0], frames[1], frames[2], wrong_lengths, frames[4]],
-                [frames[0], frames[1], frames[2], huge_count[:20], frames[4]],
-                bad_ids):
-        with pytest.raises(ProtocolError):
+    for bad, message in (([frames[0], frames[1], frames[2], dup_keys, frames[4]], "map field 'shares' repeats a key"),
+                         ([frames[0], frames[1], frames[2], wrong_lengths, frames[4]],
+                          "value lengths do not match its frame size"),
+                         ([frames[0], frames[1], frames[2], huge_count[:20], frames[4]],
+                          "declares 2 items, frame is too short"),
+                         (bad_ids, "tuple field 'ids' declares 3 ints, frame has 23 bytes")):
+        with pytest.raises(ProtocolError, match=message):
             decode(bad)
 
 

@@ -25,6 +25,14 @@ D = 64
 TCP = "tcp://127.0.0.1:*"
 
 
+def _wait_for(condition, timeout: float = 60.0) -> None:
+    """Poll `condition` until it holds; fail after `timeout` seconds (generous: a loaded machine is slow)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"{condition.__name__} did not hold within {timeout} s"
+        time.sleep(0.01)
+
+
 def raw(frames: list) -> list[bytes]:
     return [bytes(memoryview(f).cast("B")) for f in frames]
 
@@ -120,10 +128,11 @@ def test_a_registered_clients_malformed_reply_drops_it_at_once(plain_clients, ra
 
         thread = threading.Thread(target=attack)
         thread.start()
-        report = driver.run_round(PlainServer(round_id=1, clients=[1, 2, 3], length=D), stage_timeout=30.0)
+        deadline = 60.0
+        report = driver.run_round(PlainServer(round_id=1, clients=[1, 2, 3], length=D), stage_timeout=deadline)
         thread.join(10)
         assert report.result.contributors == {1, 2} and report.result.faulty.keys() == {3}
-        assert report.stage_seconds["collect"] < 20.0  # not held until the deadline
+        assert report.stage_seconds["collect"] < deadline  # closed on the last reply, before its deadline fired
         assert np.array_equal(report.result.ring_sum, plain_sum([1, 2], 1, D))
 
 
@@ -154,9 +163,10 @@ def test_a_closed_connection_is_dropped_without_waiting_for_the_deadline(plain_c
         assert driver.wait_for_clients(count=2, timeout=20) == {1, 5}
         quitter.expect(session.WELCOME)
         quitter.close()  # crashes before the round: the TCP connection closes
-        report = driver.run_round(PlainServer(round_id=1, clients=[1, 5], length=D), stage_timeout=60.0)
+        deadline = 60.0
+        report = driver.run_round(PlainServer(round_id=1, clients=[1, 5], length=D), stage_timeout=deadline)
         assert report.dropped == {"collect": frozenset({5})}
-        assert report.stage_seconds["collect"] < 30.0  # ended by the disconnect, not by the 60 s deadline
+        assert report.stage_seconds["collect"] < deadline  # ended by the disconnect, before its deadline fired
         assert driver.clients == {1}
 
 
@@ -338,6 +348,7 @@ def test_a_message_that_never_ends_gets_its_connection_cut(raw_peer) -> None:
         frame = bytes([0x03]) + struct.pack(">Q", 1 << 20) + bytes(1 << 20)  # MORE | LONG: 1 MiB, never the last
         sent = 0
         with zmtp_connect(driver.endpoint) as sock:
+            # no message: the OS reports the cut connection (reset or broken pipe), not our code
             with pytest.raises(OSError):  # reset or broken pipe once cut
                 while sent < 1 << 30:
                     sock.sendall(frame)
@@ -357,7 +368,15 @@ def test_a_registered_client_may_queue_the_replies_it_owes_but_not_more(raw_peer
         reply = b"x" * (8 << 20)  # under collect's default limit: owed, so within its budget
         asked.send(Message(kind="ack", round=1, sender=1, receiver=0, fields={"blob": reply}))
         unasked.send(Message(kind="ack", round=1, sender=2, receiver=0, fields={"blob": reply}))
-        time.sleep(1.5)  # the driver is not reading: both replies wait in the queues, the watchdog sweeps
+        # the driver is not reading: wait until 1's reply (owed) has arrived whole and the watchdog has cut
+        # 2's connection (owed nothing) and libzmq has closed it; the driver learns both when it reads again
+        one, two = driver._by_id[1], driver._by_id[2]
+
+        def swept() -> bool:
+            return (bool(driver._guard._cuts) and server_module._bytes_received(two.fd, two.ino) is None
+                    and (server_module._bytes_received(one.fd, one.ino) or 0) >= len(reply))
+
+        _wait_for(swept)
         got = driver.collect("ack", round_id=1, timeout=5, expect=[1])
         assert set(got.replies) == {1} and got.replies[1]["blob"] == reply
         assert driver.clients == {1} and driver.rejected_total["overflow"] == 1  # 2 owed nothing: cut

@@ -62,5 +62,5 @@ def test_key_files_round_trip(tmp_path) -> None:
     assert set(server.client_keys) == {1, 2}
     assert server.client_keys[2] == client.public_key and client.server_key == server.public_key
     assert len(server.secret_key) == len(client.secret_key) == 40  # Z85 of 32 bytes
-    with pytest.raises(OSError):
+    with pytest.raises(OSError, match=r"client-3\.key_secret"):
         load_client_keys(tmp_path, 3)

@@ -138,13 +138,17 @@ def test_degenerate_shadow_sets_raise_clear_errors():
 def test_token_attack_is_frozen_and_validated():
     attack = TokenAttack(method="top_k", parameter=5, shadow_score=0.5, shape=(10, 2))
     assert attack.k == 5 and attack.to_dict()["k"] == 5
-    with pytest.raises(dataclasses.FrozenInstanceError):
+    with pytest.raises(dataclasses.FrozenInstanceError, match="cannot assign to field 'parameter'"):
         attack.parameter = 6
-    for bad in (("top_k", 2.5), ("top_k", 0), ("top_k", 11), ("two_sided", 0.0), ("support", -1.0), ("magic", 1)):
-        with pytest.raises(ValueError):
+    k_range = r"k must be an integer in 1\.\.V"
+    for bad, message in ((("top_k", 2.5), k_range), (("top_k", 0), k_range), (("top_k", 11), k_range),
+                         (("two_sided", 0.0), "z must be positive"),
+                         (("support", -1.0), "parameter must be finite and non-negative"),
+                         (("magic", 1), "unknown method 'magic'")):
+        with pytest.raises(ValueError, match=message):
             TokenAttack(method=bad[0], parameter=bad[1], shadow_score=0.0, shape=(10, 2))
     assert set(METHODS) >= {"support", "two_sided", "top_k", "bottom_k", "extreme_k"}
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match="positional argument"):
         TokenAttack("top_k", 5, 0.5, (10, 2))  # keyword-only
     with pytest.raises(ValueError, match="rows"):
         attack.recover(RowStats(norms=np.ones(9), rowmax=np.ones(9)))

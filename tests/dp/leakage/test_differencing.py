@@ -162,7 +162,7 @@ def test_input_validation():
                             attack=TokenAttack(method="two_sided", parameter=3.0, shadow_score=0.0, shape=(V, 2 * D)))
     with pytest.raises(ValueError, match="ridge"):
         fit_contributions([(1, 2)], ridge=-1.0)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"need 1 <= size <= len\(clients\)"):
         random_cohorts([1, 2, 3], size=4, rounds=1, rng=np.random.default_rng(0))
     cohorts = random_cohorts(range(10), size=3, rounds=5, rng=np.random.default_rng(7))
     assert cohorts == random_cohorts(range(10), size=3, rounds=5, rng=np.random.default_rng(7))

@@ -94,5 +94,5 @@ def test_attack_on_tokens_recovered_from_real_secure_sums(bag):
 def test_empty_inputs_and_validation():
     assert attribute_tokens({}, {}).owner == {}
     assert attribute_tokens({1: set()}, {1: [1, 2]}).owner == {}
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="tolerances must be >= 0"):
         attribute_tokens({1: {1}}, {1: [1]}, max_misses=-1)

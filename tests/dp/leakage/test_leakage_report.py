@@ -56,11 +56,11 @@ def test_infinite_epsilon_serialises():
 
 def test_frozen_and_validated():
     r = LeakageReport()
-    with pytest.raises(dataclasses.FrozenInstanceError):
+    with pytest.raises(dataclasses.FrozenInstanceError, match="cannot assign to field 'token_f1'"):
         r.token_f1 = 0.5
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"token_f1 must be in \[0, 1\]"):
         LeakageReport(token_f1=1.5)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="recoverable_clients must be >= 0"):
         LeakageReport(recoverable_clients=-1)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="epsilon must be >= 0"):
         LeakageReport(epsilon=-0.1)

@@ -82,7 +82,7 @@ def test_zlib_ratio_scores_discount_compressible_text():
     texts = ["a" * 200, "the quick brown fox jumps over the lazy dog, 7 times!"]
     scores = zlib_ratio_scores([1.0, 1.0], texts)
     assert scores[0] < scores[1]  # equal loss: the repetitive text is less surprising, so less member-like
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="one text per loss"):
         zlib_ratio_scores([1.0], texts)
 
 
@@ -113,7 +113,7 @@ def test_calibrated_loss_attack_picks_its_threshold_from_reference_data_only():
     shifted = calibrated_loss_attack(members, nonmembers, reference_losses=reference * 10)
     assert shifted["fpr"] > 0.3
     for bad in (dict(target_fpr=0.0), dict(target_fpr=1.0)):
-        with pytest.raises(ValueError):
+        with pytest.raises(ValueError, match=r"target_fpr must be in \(0, 1\)"):
             calibrated_loss_attack(members, nonmembers, reference_losses=reference, **bad)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="no reference losses"):
         calibrated_loss_attack(members, nonmembers, reference_losses=[])

@@ -112,11 +112,11 @@ def test_reconstruction_with_weighted_means():
 
 
 def test_validation():
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="a release needs at least one member"):
         recoverable_clients([[]])
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match="client ids are ints, got 1.5"):
         recoverable_clients([[1.5]])
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="method must be 'float' or 'exact'"):
         recoverable_clients([[1]], method="magic")
     with pytest.raises(ValueError, match="sums"):
         reconstruct([[1], [2]], np.zeros((3, 2)))

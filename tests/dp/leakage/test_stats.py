@@ -29,7 +29,7 @@ def test_single_value_has_no_interval_and_identical_values_a_zero_width_one():
 
 @pytest.mark.parametrize("bad", [[], [1.0, math.nan], [math.inf, 1.0]])
 def test_mean_ci_rejects_empty_and_non_finite_input(bad):
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="needs at least one value|NaN or infinity"):
         mean_ci(bad)
 
 
@@ -73,7 +73,7 @@ def test_advantage_over_chance_known_values():
 
 @pytest.mark.parametrize("f1, chance", [(1.5, 0.1), (-0.1, 0.1), (0.5, 1.2), (math.nan, 0.1), (0.5, math.inf)])
 def test_advantage_over_chance_rejects_numbers_outside_the_unit_interval(f1, chance):
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"(f1|chance) must be in \[0, 1\]"):
         advantage_over_chance(f1, chance)
 
 

@@ -32,7 +32,7 @@ def test_records_what_the_server_saw():
     assert tr.released(2, "sketch")[4].meta["sigma"] == 1.5
     assert tr.parts() == ["emb", "head"] and tr.parts(2) == ["emb"]
     assert tr.nbytes == (6 + 2 + 6 + 6 + 2) * 8
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="read-only"):
         rec.mean[0] = 1.0  # read-only
 
 
@@ -79,16 +79,16 @@ def test_only_named_parts_and_ranges_are_recorded(tmp_path):
 def test_max_bytes_fails_loudly_and_keeps_state():
     tr = Transcript(protocol="plain", max_bytes=100)
     tr.record_individual(1, 1, "p", np.ones(10))  # 80 bytes
-    with pytest.raises(TranscriptFull):
+    with pytest.raises(TranscriptFull, match="would exceed the transcript limit of 100 bytes"):
         tr.record_individual(1, 2, "p", np.ones(10))
     assert set(tr.individuals(1, "p")) == {1} and tr.nbytes == 80
 
 
 def test_validation():
     tr = Transcript(protocol="plain")
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="round must be a non-negative int"):
         tr.record_individual(True, 1, "p", np.ones(2))
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="client ids are ints"):
         tr.record_individual(1, "a", "p", np.ones(2))
     with pytest.raises(ValueError, match="NaN"):
         tr.record_individual(1, 1, "p", np.array([np.nan]))
@@ -101,11 +101,11 @@ def test_validation():
     tr.record_aggregate(1, "p", np.ones(2), contributors=[1], total_weight=1.0)
     with pytest.raises(ValueError, match="already"):
         tr.record_aggregate(1, "p", np.ones(2), contributors=[1], total_weight=1.0)
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match="not JSON serializable"):
         tr.record_released(1, "r", 1, np.ones(1), {"bad": object()})
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match="parts must be a sequence of names, not one string"):
         Transcript(protocol="plain", parts="emb")
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"invalid range \(5, 2\) for part 'emb'"):
         Transcript(protocol="plain", parts={"emb": (5, 2)})
 
 

@@ -75,16 +75,16 @@ def test_bad_inputs_are_refused():
         selective_kd_loss(student, _logp((1, 3, 5), 1), torch.tensor([[0, 1]]), threshold=None)
     with pytest.raises(ValueError, match="no target"):
         selective_kd_loss(student, student, torch.tensor([[-100, -100]]), threshold=None)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="a positive threshold"):
         DistillObjective(threshold=0.0)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="a positive threshold"):
         AdaFedSelectKD(threshold=-1.0)
 
 
 def test_the_papers_threshold_scales_with_the_maximum_entropy_of_the_vocabulary():
     assert scaled_threshold(50_265) == pytest.approx(5.0)
     assert scaled_threshold(30_522) == pytest.approx(4.77, abs=0.005)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="vocab_size must be at least 2"):
         scaled_threshold(1)
 
 

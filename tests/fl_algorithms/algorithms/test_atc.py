@@ -26,7 +26,7 @@ def test_neighbours_are_the_most_and_least_similar_sketches():
     near, far = neighbour_sets(sketches, k=3)
     assert near[1] == (2, 3, 4) and near[6] == (5, 7, 8)
     assert set(far[1]) <= {5, 6, 7, 8} and set(far[6]) <= {1, 2, 3, 4}
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="2 sketches cannot give each client 2 neighbours"):
         neighbour_sets({1: base, 2: base}, k=2)
 
 
@@ -62,10 +62,10 @@ def test_random_neighbour_wishes_never_expose_anyone(n, k, seed):
 
 
 def test_config_and_constructor_validation():
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"top_k >= min_size - 1 .*got top_k 2, min_size 5"):
         ATCConfig(top_k=2, min_size=5)          # C+ = top_k + 1 = 3 < 5: every group would be refused
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="need assign_rounds, clusters, top_k and local_epochs >= 1"):
         ATCConfig(assign_rounds=0)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="CONTRAST needs a DPSketcher"):
         ATC(ATCConfig())                        # CONTRAST needs the sketch mechanism
     assert ATC(ATCConfig(contrast=False)).releases == {}

@@ -56,7 +56,7 @@ def test_a_cluster_below_the_minimum_is_refused_and_retired():
 
 def test_validation():
     for bad in (dict(clusters=0), dict(min_size=1), dict(sketch_dim=0)):
-        with pytest.raises(ValueError):
+        with pytest.raises(ValueError, match="need clusters >= 1, sketch_dim >= 1, min_size >= 2"):
             SecureAssign(**bad)
     a, b = SecureAssign(sketch_dim=4, seed=3), SecureAssign(sketch_dim=4, seed=3)
     assert np.array_equal(a.projection(10), b.projection(10)) and a.projection(10).shape == (4, 10)

@@ -132,10 +132,12 @@ def test_server_sgdm_state_from_an_older_checkpoint_with_v_still_updates():
     np.testing.assert_array_equal(new["params.w"], [2.0, 3.0])
 
 
-@pytest.mark.parametrize("kwargs", [dict(server_optimizer="rmsprop"), dict(server_lr=0.0), dict(beta1=1.0),
-                                    dict(beta2=-0.1), dict(tau=0.0)])
-def test_rejects_bad_hyperparameters(kwargs):
-    with pytest.raises(ValueError):
+@pytest.mark.parametrize(("kwargs", "message"), [
+    (dict(server_optimizer="rmsprop"), "server_optimizer must be one of .*got 'rmsprop'"),
+    (dict(server_lr=0.0), "server_lr must be positive"), (dict(beta1=1.0), r"beta1 and beta2 must be in \[0, 1\)"),
+    (dict(beta2=-0.1), r"beta1 and beta2 must be in \[0, 1\)"), (dict(tau=0.0), "tau must be positive")])
+def test_rejects_bad_hyperparameters(kwargs, message):
+    with pytest.raises(ValueError, match=message):
         FedOpt(**kwargs)
 
 

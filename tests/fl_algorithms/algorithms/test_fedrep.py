@@ -94,7 +94,7 @@ def test_runs_under_secure_aggregation_and_keeps_personal_heads():
 
 
 def test_epochs_are_validated():
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="head_epochs and body_epochs must be at least 1"):
         FedRep(head_epochs=0)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="head_epochs and body_epochs must be at least 1"):
         FedRep(body_epochs=0)

@@ -73,9 +73,9 @@ def test_schedule():
     assert [s.task_of(r) for r in range(1, 10)] == [0, 0, 0, 1, 1, 1, 2, 2, 2] and s.rounds == 9
     assert [s.announced(r) for r in range(1, 10)] == [(0, 1), (), (), (2,), (), (), (), (), ()]
     assert s.is_last_round(6) and not s.is_last_round(5)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="need tasks >= 1 and rounds_per_task >= 2"):
         Schedule(tasks=3, rounds_per_task=1)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="rounds start at 1, got 0"):
         s.task_of(0)
 
 
@@ -86,7 +86,7 @@ def test_pack_unpack_is_exact_and_checks_size_first():
     task, back = unpack_adaptive(blob, shapes)
     assert task == 7 and all(torch.equal(back[n], adaptive[n]) for n in shapes)
     for bad in (blob[:-4], blob + b"\x00" * 4, b"XXXX" + blob[4:]):
-        with pytest.raises(ValueError):
+        with pytest.raises(ValueError, match="relayed adaptive has .* bytes, expected 176"):
             unpack_adaptive(bad, shapes)
     nan = dict(adaptive, conv3=torch.full((2, 3, 3), float("nan")))
     with pytest.raises(ValueError, match="not finite"):

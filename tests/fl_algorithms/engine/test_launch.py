@@ -46,7 +46,7 @@ def test_deployed_run_samples_the_simulations_cohorts_and_reaches_its_accuracy(t
 
 
 def test_a_client_that_cannot_start_stops_the_run_with_its_log(tmp_path):
-    with pytest.raises(LaunchError) as exc:
+    with pytest.raises(LaunchError, match="client 1 exited with code 2 before registering") as exc:
         run_on_loopback(task=build({}), task_spec="fl_algorithms.tasks.toy:no_such_task", options={}, config=CONFIG,
                         clients=2, log_dir=tmp_path, register_timeout=120)
     message = str(exc.value)
@@ -97,6 +97,7 @@ def test_run_on_loopback_gives_its_server_the_limits_and_refuses_ones_clients_ca
 
     monkeypatch.setattr(transport.server, "ServerDriver", no_driver)
     limits = FrameLimits(max_message_bytes=300 << 20, max_frames=128)
+    # no message: Stop is this test's own sentinel, raised without one
     with pytest.raises(Stop):
         run_on_loopback(task=build({}), task_spec="fl_algorithms.tasks.toy:build", options={}, config=CONFIG, clients=2,
                         log_dir=tmp_path, limits=limits)

@@ -54,7 +54,7 @@ def test_ray_gives_the_in_memory_run(make):
 
 
 def test_the_backend_is_checked():
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="backend is 'memory' or 'ray', got 'dask'"):
         RunConfig(backend="dask")
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="ray_workers must be at least 1"):
         RunConfig(backend="ray", ray_workers=0)

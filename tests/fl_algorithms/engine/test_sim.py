@@ -97,6 +97,7 @@ def test_resume_after_crash_continues_from_last_round(toy_trainers, tmp_path):
             raise Crash
 
     crashing = SimulationRunner(algorithm=FedAvg(), trainers=toy_trainers(4), config=cfg, on_round=crash_after_two)
+    # no message: Crash is this test's own sentinel, raised without one
     with pytest.raises(Crash):
         crashing.run(progress=False)
     resumed = SimulationRunner(algorithm=FedAvg(), trainers=toy_trainers(4), config=cfg)

@@ -126,6 +126,9 @@ def test_fedbn_keeps_the_norms_local_and_fedavg_ft_restores_the_client(setup):
 
 def test_plan_validation_and_record_roundtrip():
     assert ATCPlan.from_record(json.loads(json.dumps(PLAN.record()))) == PLAN
-    for bad in (dict(methods=("atc",)), dict(seeds=(0, 0)), dict(rounds=1), dict(sketch_epsilon=0)):
-        with pytest.raises(ValueError):
+    for bad, message in ((dict(methods=("atc",)), r"methods must be distinct values from .*got \('atc',\)"),
+                         (dict(seeds=(0, 0)), "seeds must be distinct non-negative integers"),
+                         (dict(rounds=1), "rounds must be at least 2"),
+                         (dict(sketch_epsilon=0), "need sketch_epsilon > 0")):
+        with pytest.raises(ValueError, match=message):
             ATCPlan(**{**dict(atc=ATCConfig(assign_rounds=2)), **bad})

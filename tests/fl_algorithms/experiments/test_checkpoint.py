@@ -227,12 +227,34 @@ DAMAGE = {
 }
 
 
+# what each damage's CheckpointError names
+_JSON, _NOT_OURS, _TENSORS = "state.json is not readable JSON", "is not a fedsecure-checkpoint document", \
+    "tensors.safetensors is not a readable safetensors file"
+_VERSION, _ABSENT, _UNKNOWN = r"format version .*, this code reads version 1", "no checkpoint at", "unknown node type"
+REASON = {
+    "truncated_json": _JSON, "empty_json": _JSON, "binary_json": _JSON, "deep_json": _JSON,
+    "json_list": _NOT_OURS, "other_format": _NOT_OURS, "no_state_field": _NOT_OURS,
+    "future_version": _VERSION, "string_version": _VERSION, "bool_version": _VERSION,
+    "unknown_node": _UNKNOWN, "two_tags": _UNKNOWN, "extra_field": r"unexpected fields \['dtype'\]",
+    "int_not_string": "holds a decimal or hex string", "bad_int": "bad integer", "huge_decimal": "bad integer",
+    "bad_float": "bad float", "bad_bool": "holds a boolean", "bad_bytes": "bad base64", "bad_list": "holds a list",
+    "bad_pair": r"not a \[key, value\] pair", "float_key": "is not a str or int", "dup_key": "appears twice",
+    "missing_tensor_key": "tensor 't9' is missing", "object_dtype": "holds Python objects",
+    "nonsense_dtype": "unknown numpy dtype", "wrong_shape": "do not hold a float64 array of shape",
+    "negative_shape": "not a list of non-negative ints", "scalar_with_shape": "bad 'scalar' field",
+    "raw_tensor_bad_dtype": "unknown torch dtype", "raw_tensor_quantized": "do not hold a torch.qint8 tensor",
+    "raw_tensor_short": "do not hold a torch.complex128 tensor", "garbage_tensors": _TENSORS,
+    "truncated_tensors": _TENSORS, "tensor_header_cut": _TENSORS, "pickle_as_tensors": _TENSORS,
+    "missing_tensors": _ABSENT, "missing_json": _ABSENT, "no_directory": _ABSENT,
+}
+
+
 @pytest.mark.parametrize("damage", sorted(DAMAGE))
 def test_damaged_checkpoints_raise_checkpoint_error(tmp_path, damage):
     path = save_state(tmp_path / "c", {"n": 1, "w": np.ones(3), "f": 2.5, "b": True, "y": b"\x00\x01",
                                        "l": [None], "z": torch.zeros(2, dtype=torch.complex128)})
     DAMAGE[damage](path)
-    with pytest.raises(CheckpointError):
+    with pytest.raises(CheckpointError, match=REASON[damage]):
         load_state(path)
 
 
@@ -302,6 +324,7 @@ def test_a_second_crash_after_a_crash_between_renames_keeps_the_old_copy(tmp_pat
         raise Crash
 
     monkeypatch.setattr(checkpoint.os, "replace", crash)
+    # no message: Crash is this test's own sentinel, raised without one
     with pytest.raises(Crash):
         save_state(path, {"round": 2})  # crash 2: before the new copy is renamed into place
     monkeypatch.undo()
@@ -322,7 +345,7 @@ def test_a_folder_that_is_not_a_checkpoint_is_never_replaced(tmp_path):
     with pytest.raises(FileExistsError, match="not a checkpoint"):
         save_state(tmp_path / "run", {"x": 1})
     (tmp_path / "file").write_text("mine")
-    with pytest.raises(FileExistsError):
+    with pytest.raises(FileExistsError, match="exists and is not a checkpoint: refusing to replace it"):
         save_state(tmp_path / "file", {"x": 1})
     assert (tmp_path / "run" / "notes.txt").read_text() == "mine" and (tmp_path / "file").read_text() == "mine"
     (tmp_path / "empty").mkdir()

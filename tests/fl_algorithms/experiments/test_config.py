@@ -9,7 +9,7 @@ def test_toml_round_trip_into_nested_frozen_configs(tmp_path):
     p.write_text('rounds = 7\nseed = 3\n[secure]\nprotocol = "secagg"\nclip = 2.0\n')
     cfg = load_toml(RunConfig, p)
     assert cfg.rounds == 7 and cfg.secure.protocol == "secagg" and cfg.secure.clip == 2.0
-    with pytest.raises(Exception):
+    with pytest.raises(Exception, match="cannot assign to field 'rounds'"):
         cfg.rounds = 3
 
 

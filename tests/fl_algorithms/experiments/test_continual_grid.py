@@ -42,8 +42,11 @@ def test_standardised_embeddings_have_unit_coordinate_std():
 
 def test_plan_validation_and_round_trip():
     assert ContinualPlan.from_record(PLAN.record()) == PLAN
-    for bad in (dict(methods=("fedprox",)), dict(seeds=(0, 0)), dict(rounds_per_task=1), dict(protocol="plain")):
-        with pytest.raises(ValueError):
+    for bad, message in ((dict(methods=("fedprox",)), r"methods must be distinct values from .*got \('fedprox',\)"),
+                         (dict(seeds=(0, 0)), "seeds must be distinct non-negative integers"),
+                         (dict(rounds_per_task=1), "need rounds_per_task >= 2"),
+                         (dict(protocol="plain"), r"protocol must be one of secagg, secagg\+, lightsecagg")):
+        with pytest.raises(ValueError, match=message):
             ContinualPlan(**bad)
     assert len(ContinualPlan().cells()) == 3 * len(METHODS)
 

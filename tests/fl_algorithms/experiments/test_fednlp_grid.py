@@ -184,8 +184,10 @@ def test_a_secure_fedavg_run_cut_off_from_its_twin_is_named_for_a_rerun_and_only
 
 
 def test_algorithm_settings_refuse_values_no_run_could_use():
-    for bad in (dict(fedavgm_lr=0.0), dict(fedavgm_lr=float("nan")), dict(adaptive_lr=-1e-2),
-                dict(fedavgm_momentum=1.0), dict(fedprox_mu=-0.1), dict(local_epochs=0)):
-        with pytest.raises(ValueError):
+    lrs, local = "server lrs must be positive", "need local_epochs >= 1, fedprox_mu >= 0 and 0 <= fedavgm_momentum < 1"
+    for bad, message in ((dict(fedavgm_lr=0.0), lrs), (dict(fedavgm_lr=float("nan")), lrs),
+                         (dict(adaptive_lr=-1e-2), lrs), (dict(fedavgm_momentum=1.0), local),
+                         (dict(fedprox_mu=-0.1), local), (dict(local_epochs=0), local)):
+        with pytest.raises(ValueError, match=message):
             AlgorithmSettings(**bad)
     assert AlgorithmSettings(fedavgm_lr=1.0, fedavgm_momentum=0.0).fedavgm_lr == 1.0

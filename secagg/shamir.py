@@ -71,19 +71,19 @@ def lagrange_at_zero(xs: Sequence[int]) -> list[int]:
         raise ValueError("share points must be distinct")
     total = math.prod(xs) % PRIME
     dens = [xj * math.prod(xm - xj for xm in xs if xm != xj) % PRIME for xj in xs]
-    return [total * inv % PRIME for inv in _batch_inverse(dens)]
+    return [total * inv % PRIME for inv in batch_inverse(dens)]
 
 
-def _batch_inverse(values: Sequence[int]) -> list[int]:
-    """Inverses of non-zero field elements with a single modular exponentiation."""
+def batch_inverse(values: Sequence[int], prime: int = PRIME) -> list[int]:
+    """Inverses of non-zero residues mod `prime` with one modular exponentiation (Montgomery's trick)."""
     prefix = [1]
     for v in values:
-        prefix.append(prefix[-1] * v % PRIME)
-    inv = pow(prefix[-1], -1, PRIME)
+        prefix.append(prefix[-1] * v % prime)
+    inv = pow(prefix[-1], -1, prime)
     out = [0] * len(values)
     for i in range(len(values) - 1, -1, -1):
-        out[i] = prefix[i] * inv % PRIME
-        inv = inv * values[i] % PRIME
+        out[i] = prefix[i] * inv % prime
+        inv = inv * values[i] % prime
     return out
 
 

@@ -4,6 +4,7 @@
     python examples/privacy_frontier.py             # 200 clients, cohorts 5/20/50, eps 1/2/4/8, 3 seeds (hours)
     python examples/privacy_frontier.py --model adapter   # MiniLM adapters (26k shared values; ~30 s a round on CPU)
     python examples/privacy_frontier.py --combine RUN_DIR RUN_DIR ...   # parts run in parallel, one report
+    python examples/privacy_frontier.py --quick --audit   # also audit the DDP claim with canary clients
 
 What is run, measured and accounted is in `fl_algorithms.experiments.frontier`. Outputs under
 results/privacy_frontier/<run>/: table.md and table.csv (mean and 95% Student-t interval over seeds,
@@ -12,6 +13,19 @@ every run), frontier.png (accuracy against the realistic attacker's advantage, e
 cost_vs_epsilon.png (each mechanism's cost over epsilon), ledger.json (every run's ledger with the
 configured mechanism).
 The last line: `frontier cohort=C sampler=S plain_adv=A ddp_eps8_adv=B plain_acc=P ddp_eps8_acc=Q ledger=PATH`.
+
+`--audit` (`dp.audit`, `fl_algorithms.experiments.frontier.audit_ddp`): after each (cohort, seed) run,
+the DDP setting with the largest epsilon is audited from the outside with canary clients (random
+unit updates, inserted with probability 1/2, sampled into Poisson cohorts like any client; cosine
+with each released model delta). The audit runs at the secure-sum level, not inside the frontier's
+training run: the same DDP plan configuration (target epsilon, noise floor n_min, ring, bits, clip,
+rounds, Poisson cohorts over the same population) through the project's DDP encoder and decoder,
+on synthetic client vectors of 256 values instead of the model's (the mechanism's privacy depends
+only on the clipped vectors). `claimed_eps` (the ledger's epsilon the setting targets: against the
+server, a client in every round), `empirical_eps` (Andrew et al.'s Gaussian fit) and
+`eps_lower_bound` (95% Clopper-Pearson) go into that setting's result in results.json (its leakage
+report), and `audit mechanism=ddp claimed_eps=8 empirical_eps=E eps_lower_bound=L canaries=K` is
+printed just before the last line.
 """
 from __future__ import annotations
 
@@ -27,7 +41,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from fl_algorithms.experiments.frontier import COHORT_TAIL, MECHANISMS, FrontierConfig, run_frontier
+from fl_algorithms.experiments.frontier import COHORT_TAIL, MECHANISMS, FrontierConfig, audit_ddp, run_frontier
 from fl_algorithms.experiments.frontier_report import (combine, csv_text, load_results, markdown, plot_cost,
                                                        plot_frontier, summarise)
 from fl_algorithms.training.dp_trainer import quiet_dp_libraries
@@ -38,6 +52,8 @@ from nlp_models.device import DEVICES, resolve_device
 
 DEFAULT_OUT = Path(__file__).resolve().parents[1] / "results" / "privacy_frontier"
 LEDGERS_FORMAT = "fedsecure-nlp/privacy-frontier-ledgers/v2"
+AUDIT_KEYS = ("claimed_eps", "empirical_eps", "eps_lower_bound")
+"""What `--audit` adds to the audited setting's result (its leakage report), beside the full "audit" entry."""
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -67,6 +83,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                    help="skip plaintext and SecAgg+: more epsilons for cells another run measured (then --combine both)")
     p.add_argument("--save-transcripts", action="store_true", help="export each run's server transcript (large)")
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--audit", action="store_true",
+                   help="audit the largest-epsilon DDP setting's claim with canary clients (dp.audit; about 10 s per run)")
     p.add_argument("--combine", nargs="+", type=Path, metavar="RUN_DIR", default=None,
                    help="report finished runs (made in parallel, e.g. one per cohort) as one: writes the tables, "
                         "plots and last line under --out/--run-name; runs nothing")
@@ -141,6 +159,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             _write_json(results_path, {"runs": runs})
 
         run_frontier(tasks[cfg.task], cfg, progress=progress, out_dir=out / tag, on_result=keep)
+        if args.audit and "ddp" in cfg.mechanisms:
+            found = audit_ddp(tasks[cfg.task], cfg)
+            cell["results"][found["setting"]]["audit"] = found
+            cell["results"][found["setting"]].update({k: found[k] for k in AUDIT_KEYS})
+            _write_json(results_path, {"runs": runs})
     return report(runs, out, sampler=args.sampler, seconds=time.perf_counter() - t0, ledgers=[ledger_path])
 
 
@@ -151,7 +174,11 @@ def report(runs: list[dict[str, Any]], out: Path, *, sampler: str, seconds: floa
     (out / "table.md").write_text(markdown(rows) + "\n")
     (out / "table.csv").write_text(csv_text(rows) + "\n")
     plot_path, cost_path = plot_frontier(rows, out / "frontier.png"), plot_cost(rows, out / "cost_vs_epsilon.png")
+    audits = [{"cohort": r["cohort"], "seed": r["seed"], **res["audit"]}
+              for r in runs for res in r["results"].values() if isinstance(res, dict) and "audit" in res]
     doc = {"runs": runs, "rows": rows, "seconds": seconds}
+    if audits:
+        doc["audit"] = [{k: a[k] for k in ("cohort", "seed", "setting", *AUDIT_KEYS, "canaries", "line")} for a in audits]
     if combined_from:
         doc["combined_from"] = [str(p) for p in combined_from]
     _write_json(out / "results.json", doc)
@@ -168,6 +195,8 @@ def report(runs: list[dict[str, Any]], out: Path, *, sampler: str, seconds: floa
     last = (f"frontier cohort={head} sampler={sampler} plain_adv={value('plain', 'realistic_advantage')} "
             f"{top}_adv={value(top, 'realistic_advantage')} plain_acc={value('plain', 'accuracy')} "
             f"{top}_acc={value(top, 'accuracy')} ledger={','.join(str(p) for p in ledgers)}")
+    for a in audits:
+        print(a["line"])
     print(last)
     return {"rows": rows, "runs": runs, "last_line": last, "seconds": seconds, "out": str(out)}
 

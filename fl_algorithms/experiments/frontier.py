@@ -425,5 +425,63 @@ def run_frontier(task: Any, cfg: FrontierConfig, *, progress: bool = True, out_d
     return results, runs
 
 
+# ---- auditing the DDP claim from the outside (dp.audit) ----------------------------------------------
+
+AUDIT_DIM = 256
+"""Values per synthetic client update in the frontier's audit (the model has 488k / 26k: see `audit_ddp`)."""
+
+
+@dataclass(frozen=True)
+class AuditPlan:
+    """How many canaries the frontier's audit spends: `trials` independent runs of `rounds` rounds, each
+    with a pool of `canaries_per_trial` canary clients inserted with probability 1/2 and
+    `held_out_per_trial` more never inserted."""
+
+    trials: int = 50
+    canaries_per_trial: int = 8
+    held_out_per_trial: int = 64
+    dim: int = AUDIT_DIM
+
+
+def audit_ddp(task: Any, cfg: FrontierConfig, *, epsilon: float | None = None, plan: AuditPlan = AuditPlan()) -> dict[str, Any]:
+    """Audit the frontier's DDP setting at `epsilon` (default: its largest) with canary clients (`dp.audit`).
+
+    At the secure-sum level, not inside the frontier's training run: the mechanism is the very
+    `DistributedDPConfig` that `secure_config` builds for the setting (target epsilon against the
+    server over `cfg.rounds` participations, noise floor n_min = the cohort's lower quantile, ring
+    for its upper quantile, `cfg.ddp_bits` bits, clip `cfg.clip`), run through the project's DDP
+    encoder and decoder for `cfg.rounds` rounds of Poisson cohorts at rate cohort / clients over a
+    population of `task`'s size, in which canary clients replace background clients. What differs
+    from the training run: client updates are synthetic vectors of `plan.dim` values (random
+    directions of norm C, as clipped updates of the real model are), because the mechanism's
+    privacy depends only on the clipped vectors' norms and the DDP plan for 256 values has the same
+    noise multiplier up to its rounding inflation (both recorded). Returns the audit's numbers, JSON-ready,
+    with `claimed_eps` the setting's target (the ledger's server epsilon) and its audit line."""
+    from dp.audit.federated import CanaryDesign, Cohorts, audit
+    from dp.audit.mechanisms import DistributedDP
+
+    ddp = [s for s in cfg.settings() if s.mechanism == "ddp" and (epsilon is None or s.epsilon == epsilon)]
+    if not ddp:
+        raise ValueError(f"no DDP setting{'' if epsilon is None else f' at eps={epsilon:g}'} in this frontier")
+    setting = max(ddp, key=lambda s: s.epsilon)
+    secure, params = secure_config(setting, task, cfg)
+    mechanism = DistributedDP(config=secure.distributed_dp, dim=plan.dim)
+    design = CanaryDesign(trials=plan.trials, canaries_per_trial=plan.canaries_per_trial, inclusion=0.5,
+                          held_out_per_trial=plan.held_out_per_trial, seed=cfg.seed)
+    cohorts = Cohorts(population=task.config.num_clients, sampling_rate=cfg.rate, rounds=cfg.rounds)
+    result = audit(mechanism, design=design, cohorts=cohorts, delta=cfg.delta, claimed_epsilon=setting.epsilon)
+    enc = mechanism.encoder.plan
+    out = result.to_dict()
+    out.update(setting=setting.name, claimed_eps=setting.epsilon, empirical_eps=out["empirical_epsilon"],
+               eps_lower_bound=out["epsilon_lower_bound"], line=result.line(mechanism="ddp", claimed=setting.epsilon),
+               claimed_observer="server", claimed_horizon=cfg.rounds,
+               outsider_eps=json_epsilon(enc.epsilon(observer="outsider", rounds=cfg.rounds)),
+               server_eps=json_epsilon(enc.epsilon(observer="server", rounds=cfg.rounds)),
+               audit_dim=plan.dim, noise_multiplier_at_audit_dim=enc.noise_multiplier,
+               level="secure-sum (synthetic client vectors, the setting's DDP config)",
+               sampler="poisson" if cfg.sampler == "poisson" else f"poisson (the run used '{cfg.sampler}')")
+    return out
+
+
 __all__ = ["MECHANISMS", "Setting", "FrontierConfig", "RunOutput", "secure_config", "run_setting", "shadow_updates",
-           "shadow_views", "measure", "run_frontier"]
+           "shadow_views", "measure", "run_frontier", "AUDIT_DIM", "AuditPlan", "audit_ddp"]

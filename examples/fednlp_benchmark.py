@@ -83,11 +83,11 @@ WHOLE_TASKS = whole_layer_tasks()
 DEFAULT_OUT = Path(__file__).resolve().parents[1] / "results" / "fednlp_grid"
 QUICK = dict(rounds=4, formulation=dict(clients=4, max_examples=320, min_client_examples=20, length_groups=4),
              # length_groups: each run of 4 training batches sorted by length (less padding: tagging's rounds
-             # 25% and QA's 13% shorter on a 2-core CPU; README). Tweets are short: more examples there.
+             # 25% and QA's 13% shorter on a 2-core CPU; docs/results/fednlp.md). Tweets are short: more examples there.
              # QA trains its top 2 encoder layers whole at lr 2e-3
              # (picked on validation F1 among 3e-4, 1e-3, 2e-3, 3e-3 over every question), as many cloze
              # questions as 10 minutes held on the faster 2-core host measured (960 of 1,231; an AVX2-only
-             # host takes 637 s, README); the adapter reader ends under the first-entity baseline here
+             # host takes 637 s, docs/results/fednlp.md); the adapter reader ends under the first-entity baseline here
              per_task={"tagging": dict(max_examples=800),
                        "qa": dict(max_examples=960, tune="layers", adapter_layers=2, lr=2e-3)})
 WHOLE_LR = 5e-5

@@ -12,7 +12,7 @@ ships no MLM head), and the output projection E is tied to the (frozen) word emb
 `cross_init='self'` starts each layer's cross-attention as a copy of the same layer's pre-trained
 self-attention instead of at random (Rothe et al.'s). A decoder token then attends over the article
 as it attended over its own sentence, so with `copy_bias` < 0 the copy mixture below copies salient
-words before any training. Measured, not adopted (README, FedNLP grid): at the quick budget it lifts
+words before any training. Measured, not adopted (docs/results/fednlp.md): at the quick budget it lifts
 ROUGE-L from 0.07 to 0.16, most of it the untrained start's 0.14; at the grid's scale training first
 unlearns the copying and ends under the random start. Defaults keep Rothe et al.'s start.
 

@@ -60,8 +60,8 @@ ring, with events 1 and 2 sharing the 2^-sigma budget (Google's open-source Hara
 for SecAgg+ splits sigma over the same two events). Their variant against a server that lies about
 dropouts to different clients needs more: fewer than 2t - (k + 1) corrupt neighbours (the server
 must collect t shares of b_u and t of s_sk_u, and each honest holder gives only one of the two);
-that is not checked here (the toolkit's threat model is an honest-but-curious server; see the
-README), beyond the majority rule, which is that condition with no colluders.
+that is not checked here (the toolkit's threat model is an honest-but-curious server; see
+docs/threat_model.md), beyond the majority rule, which is that condition with no colluders.
 """
 from __future__ import annotations
 

@@ -38,7 +38,7 @@ Either way the folder holds:
 Secret files are created with mode 0600 and never overwritten; keys come from the OS CSPRNG
 (libsodium / OpenSSL).
 
-What it buys (the threat model in the README): the server admits a connection only from a
+What it buys (the threat model, docs/threat_model.md): the server admits a connection only from a
 CurveZMQ key on the roster, and a hello only for the id that key is enrolled as, at the
 handshake, before any payload is decoded; clients pin the server's key, so nobody else can pose
 as the server; clients sign their per-round keys and check every peer's signature against the

@@ -35,7 +35,7 @@ everyone. The secure layer's guard checks every sum again at release.
 What the server learns: per-cluster means and member counts (ASSIGN), one noisy sketch per client
 (epsilon in the ledger), and per-group means over guarded groups of >= `min_size` clients.
 
-SIMPLIFICATIONS relative to the paper (stated in the README): k-means with private assignments
+SIMPLIFICATIONS relative to the paper (stated in docs/simplifications.md): k-means with private assignments
 replaces agglomerative clustering of raw updates; neighbours come from one DP sketch of the client's
 data embedding (after ASSIGN) rather than from each round's raw model updates; the negative is the
 mean over the K farthest clients (one group sum) where the paper sums over every other client

@@ -92,7 +92,7 @@ def _interval(row: Mapping[str, Any], key: str) -> str:
 
 
 def markdown(rows: Sequence[Mapping[str, Any]]) -> str:
-    """The README table: one line per row; the cost column is plaintext minus the setting, paired by seed."""
+    """The results table (docs/results/privacy_frontier.md): one line per row; the cost column is plaintext minus the setting, paired by seed."""
     head = ("| cohort | setting | acc | cost vs plain (pts, 95% CI) | realistic adv | oracle adv | MIA adv | MIA AUC | "
             "TPR@1% | TPR@0.1% | eps server | eps outsider | unit | seeds |")
     lines = [head, "|" + "---|" * 14]

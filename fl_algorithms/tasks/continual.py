@@ -3,7 +3,7 @@
 The reference (RaiPranav/FCL-FedSeIT, ``--gen-num-tasks 15 --num-pick-tasks 5 --split-option
 non_iid``) cuts Reuters-8 / TMN / TREC label sets into a pool of tasks and gives each of 3 clients its
 own random sequence of 5. Those corpora and GloVe are not available offline; the pool here
-(`POOL`, stated in the README) is ten binary tasks from the shipped corpora:
+(`POOL`, stated in docs/results/fedseit.md) is ten binary tasks from the shipped corpora:
 
 * five BBC topic pairs (each topic in two pairs), as the reference's label subsets of one corpus;
 * Rotten Tomatoes polarity (rotten / fresh) and subjectivity (plot summary / review);
@@ -196,7 +196,7 @@ def encode(tokenizer, texts: Sequence[str], labels: np.ndarray, *, max_length: i
 
 
 def task_statistics(tasks: Mapping[int, Sequence[TaskData]]) -> list[dict]:
-    """One row per (client, position): task, train/test sizes and the positive share (for the README)."""
+    """One row per (client, position): task, train/test sizes and the positive share (for the results page)."""
     return [{"client": client, "position": position, "task": task.name, "train": len(task.train_texts),
              "test": len(task.test_texts), "positive_share": float(np.mean(task.train_labels))}
             for client, sequence in sorted(tasks.items()) for position, task in enumerate(sequence)]

@@ -3,7 +3,7 @@
 ATC (Assign-Then-Contrast) trains 18 clients over six datasets and three formulations with the
 layout 1 / 3 / 3 / 2 / 5 / 4 (IMDB, AGNews, SQuAD, NewsQA, CNN/DM, MSQG; FederatedScope
 ``hetero_data_name``, ``num_of_client_for_data``). The offline stand-ins here, in the same order and
-counts (`LAYOUT`, stated in the README):
+counts (`LAYOUT`, stated in docs/results/atc.md):
 
     rt_sentiment   classification  1   Rotten Tomatoes rotten / fresh           (IMDB)
     bbc_topic      classification  3   BBC News, 5 topics                        (AGNews)
@@ -159,7 +159,7 @@ def public_texts(count: int = 16, *, seed: int = 0) -> tuple[str, ...]:
 
 
 def layout_table(clients: Mapping[int, HeteroClient]) -> list[dict[str, Any]]:
-    """One row per client: dataset, formulation and split sizes (for the README and the example)."""
+    """One row per client: dataset, formulation and split sizes (for the results page and the example)."""
     return [{"client": c.client_id, "dataset": c.dataset, "formulation": c.formulation, "train": len(c.train),
              "validation": len(c.validation), "test": len(c.test)} for c in clients.values()]
 

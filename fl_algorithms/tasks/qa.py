@@ -15,7 +15,7 @@ SIMPLIFICATIONS (against FedNLP's QA runs):
   trained, the layers below computed once per example (`nlp_models.frozen_prefix`); with
   `tune='layers'` the top `adapter_layers` layers train whole instead (6: all but the embeddings, FedNLP's
   setting; a centralised pilot of that reader clears the first-entity baseline, the adapter reader barely
-  does: README; the quick grid trains the top 2 whole), but for the biases the span softmax ignores (every
+  does: docs/results/fednlp.md; the quick grid trains the top 2 whole), but for the biases the span softmax ignores (every
   key bias and the top LayerNorm's bias: zero gradient, see `build_span_extractor`). That cache feeds
   all-zero token_type_ids (question and passage are told apart by [SEP] only); this matches how the
   sentence-transformers MiniLM was trained, which never used segment B.

@@ -118,7 +118,7 @@ class HeadlineClients(FormulationClients):
     `cross_init='self'` with `copy_bias=-3` (cross-attention started as self-attention, the copy gate
     mostly copying) doubles the quick grid's ROUGE-L (0.073 -> 0.161) but an untrained model already
     scores 0.143 that way, and at the grid's scale (20 rounds, all articles) it ended under the random
-    start (README): so the default stays Rothe et al.'s random cross-attention and an unbiased gate.
+    start (docs/results/fednlp.md): so the default stays Rothe et al.'s random cross-attention and an unbiased gate.
     """
 
     task = "seq2seq"

@@ -2,7 +2,7 @@
 stand-ins.
 
 The paper adapts a pre-trained summariser (BART) to meeting domains with adapters in its top decoder
-layers, everything else frozen. Here (stand-ins, stated in the README):
+layers, everything else frozen. Here (stand-ins, stated in docs/results/adafedselectkd.md):
 
 * the summariser is the BERT2BERT generator of `nlp_models.seq2seq` (frozen MiniLM encoder, 2-layer
   decoder warm-started from MiniLM, pointer-generator copy mixture), *pre-trained* on headline

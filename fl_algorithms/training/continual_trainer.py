@@ -8,7 +8,7 @@ tasks' theta for the drift term), `set_shared` / `get_shared` for B, `train`, `a
 `evaluate`, which scores every task seen so far (continual learning's accuracy matrix).
 
 Optimiser: Adam (the reference's), lr 1e-3 rather than its 1e-4: with the few local epochs of a CPU
-run, 1e-4 leaves the randomly initialised CNN near chance (stated in the README).
+run, 1e-4 leaves the randomly initialised CNN near chance (stated in docs/results/fedseit.md).
 """
 from __future__ import annotations
 

@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from secagg.graph import is_connected
 from secagg.messages import Message, ProtocolError
 from secagg.protocols.base import WrappedClient, accusation_matching
 from secagg.ring import Ring
@@ -231,7 +232,7 @@ def settle(*, graph: Mapping[int, frozenset[int]], alive: Iterable[int], accusat
         why, opens = f"{len(kept)} survivors, {threat.survivors} required", False
     elif threat.partners is not None and not all(len(graph[c] & kept) >= threat.partners for c in kept):
         why, opens = "a survivor short of live partners", False
-    elif threat.sparse and len(components(graph, kept)) > 1:
+    elif threat.sparse and not is_connected(graph, kept):
         why, opens = "survivors' masking graph disconnected", False
     elif threat.sparse and isolable(graph, kept, colluders=threat.colluders, group=threat.group):
         why, opens = f"{threat.colluders} colluders could cut out fewer than {threat.group} honest survivors", False

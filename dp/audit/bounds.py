@@ -216,12 +216,19 @@ def one_run_epsilon(*, canaries: int, guesses: int, correct: int, delta: float,
 
     if guesses == 0 or excess(0.0) > 0:
         return 0.0
+    return _crossing(excess, at_cap=_EPS_CAP, xtol=1e-6)
+
+
+def _crossing(f, *, at_cap: float, xtol: float) -> float:
+    """The epsilon in (0, hi] where f changes sign from its sign at 0, hi doubled from 1 until it does
+    (`at_cap` if it has not by _EPS_CAP): the one root search both bounds need."""
+    positive_at_zero = f(0.0) > 0
     hi = 1.0
-    while excess(hi) <= 0:
+    while (f(hi) > 0) == positive_at_zero:
         if hi >= _EPS_CAP:
-            return _EPS_CAP
+            return at_cap
         hi *= 2
-    return float(optimize.brentq(excess, 0.0, hi, xtol=1e-6))
+    return float(optimize.brentq(f, 0.0, hi, xtol=xtol))
 
 
 @dataclass(frozen=True)
@@ -323,12 +330,7 @@ def gaussian_pair_epsilon(*, mean_in: float, std_in: float, mean_out: float, std
 
     if excess(0.0) <= 0:
         return 0.0
-    hi = 1.0
-    while excess(hi) > 0:
-        if hi >= _EPS_CAP:
-            return math.inf
-        hi *= 2
-    return float(optimize.brentq(excess, 0.0, hi, xtol=1e-7))
+    return _crossing(excess, at_cap=math.inf, xtol=1e-7)
 
 
 @dataclass(frozen=True)

@@ -485,6 +485,7 @@ class SecureAggregator:
         ring = self.encoder.ring
         if ring_sum.shape != (layout.length,):
             raise ValueError(f"ring sum of shape {ring_sum.shape}, expected ({layout.length},)")
+        self.refuse_forgeable_counts(layout)
         out, counts, start = {}, {}, 0
         for name, n, k in layout.parts:
             if k == 0:
@@ -494,7 +495,6 @@ class SecureAggregator:
                                            error_bound=self.encoder.mean_error_bound(n_clients=count,
                                                                                      total_weight=dec.total_weight))
                 continue
-            self.refuse_forgeable_counts(layout)
             blocks = ring_sum[start: start + k * (n + 2)].reshape(k, n + 2)
             start += k * (n + 2)
             members = [int(m) for m in ring.to_signed(blocks[:, n + 1])]

@@ -389,7 +389,7 @@ class SecAggPlusServer(ServerProtocol):
         are corrected where the redundancy allows and their senders recorded as faulty; a secret that
         cannot be rebuilt correctly aborts the round rather than open a wrong sum."""
         by_holders: dict[tuple[int, ...], list[int]] = {}
-        for u in owners:
+        for u in sorted(owners):  # deterministic: an abort names the lowest client it cannot unmask
             holders = sorted((self.graph[u] | {u}) & responders)
             holders = [h for h in holders if u in replies[h][field]]
             if len(holders) < self.threshold:

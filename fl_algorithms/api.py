@@ -23,6 +23,7 @@ holding group means, total weights and Released values.
 """
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -50,13 +51,17 @@ class Masked:
 
     def __init__(self, vector: np.ndarray, *, weight: float, clip: float | None = None,
                  cluster: int | None = None, clusters: int | None = None) -> None:
-        """`cluster`/`clusters` make this a cluster-indexed part: the secure sum adds it into block
+        """`clip`: this part's own per-coordinate range, at most the run's `SecureAggregationConfig.clip`
+        (the secure layer clips to it and counts what it clipped; a wider one is refused at encoding).
+        `cluster`/`clusters` make this a cluster-indexed part: the secure sum adds it into block
         `cluster` of `clusters` blocks, so the server learns per-cluster sums, never the assignment."""
         v = np.ascontiguousarray(vector, dtype=np.float64).ravel()
         if not np.all(np.isfinite(v)):
             raise ValueError("masked vector contains NaN or infinity")
         if not weight > 0:
             raise ValueError("aggregation weight must be positive")
+        if clip is not None and not (isinstance(clip, (int, float)) and math.isfinite(clip) and clip > 0):
+            raise ValueError(f"clip must be a positive number (a per-coordinate range within the run's), got {clip!r}")
         if (cluster is None) != (clusters is None):
             raise ValueError("give both cluster and clusters, or neither")
         if clusters is not None and not (type(clusters) is int and type(cluster) is int and 0 <= cluster < clusters):

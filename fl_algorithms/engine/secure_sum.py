@@ -424,7 +424,7 @@ class SecureAggregator:
         if self.ddp:
             if any(k for _, _, k in layout.parts):
                 raise ValueError("cluster-indexed parts under distributed DP are not supported yet")
-            x = np.concatenate([upload.masked[name].unwrap(_SECURE_LAYER) for name, _, _ in layout.parts]) \
+            x = np.concatenate([self._part_values(upload, name)[0] for name, _, _ in layout.parts]) \
                 if layout.parts else np.zeros(0)
             rng = None
             if seed is not None:
@@ -443,8 +443,9 @@ class SecureAggregator:
                 clipped += report.clipped
                 pieces.append(vec)
                 continue
-            vec, report = self.encoder.encode(part.unwrap(_SECURE_LAYER), weight=part.weight, rounding_key=key)
-            clipped += report.clipped
+            values, own = self._part_values(upload, name)
+            vec, report = self.encoder.encode(values, weight=part.weight, rounding_key=key)
+            clipped += report.clipped + own
             if k == 0:
                 pieces.append(vec)
             else:  # cluster-indexed: the client's block [w, w x, 1], zeros (exact) everywhere else
@@ -455,11 +456,26 @@ class SecureAggregator:
         vector = np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.uint32)
         return EncodedInput(layout=layout, vector=vector, clipped=clipped)
 
+    def _part_values(self, upload: Upload, name: str) -> tuple[np.ndarray, int]:
+        """Part `name`'s values under its own `Masked(clip=)` (coordinates clipped to +-clip, and how many
+        were), which may only tighten the run's fixed-point range `clip`: a wider one is refused, never
+        silently narrowed to the run's."""
+        part = upload.masked[name]
+        x = part.unwrap(_SECURE_LAYER)
+        if part.clip is None:
+            return x, 0
+        if part.clip > self.config.clip:
+            raise ValueError(f"part {name!r} asks for clip {part.clip:g}, above this run's secure clip "
+                             f"{self.config.clip:g} (the fixed-point range every sum is encoded in): raise "
+                             f"SecureAggregationConfig.clip or give the part a clip at most {self.config.clip:g}")
+        clipped = np.clip(x, -part.clip, part.clip)
+        return clipped, int(np.count_nonzero(clipped != x))
+
     def _central_clip(self, upload: Upload, layout: Layout) -> dict[str, np.ndarray]:
         """Central DP, client side: all of this sum's parts together clipped to L2 norm C, split back."""
         if any(k for _, _, k in layout.parts):
             raise ValueError("cluster-indexed parts under central DP are not supported")
-        x = np.concatenate([upload.masked[name].unwrap(_SECURE_LAYER) for name, _, _ in layout.parts]) \
+        x = np.concatenate([self._part_values(upload, name)[0] for name, _, _ in layout.parts]) \
             if layout.parts else np.zeros(0)
         from dp.central import clip_l2
 

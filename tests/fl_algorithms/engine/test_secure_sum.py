@@ -8,7 +8,7 @@ from dp.ledger import Ledger, LedgerConfig, Observer, PrivacyUnit
 from dp.released import Released
 from fl_algorithms.algorithms.group_fedavg import GroupFedAvg
 from fl_algorithms.api import Masked, Upload
-from fl_algorithms.engine.secure_sum import Layout, SecureAggregationConfig, SecureAggregator
+from fl_algorithms.engine.secure_sum import Layout, SecureAggregationConfig, SecureAggregator, SecureRoundStats
 from fl_algorithms.engine.sim import RunConfig, SimulationRunner
 from fl_algorithms.tasks.toy import toy_trainer
 from secagg.disclosure_guard import DisclosureError
@@ -320,3 +320,21 @@ def test_in_the_engine_a_refused_release_fails_that_sum_only():
     assert "min_release_group=5" in rec.failed["small"] and "DisclosureError" in rec.failed["small"]
     assert all(np.array_equal(sim.state[k], v) for k, v in initial.items() if k.startswith("small/"))
     assert any(not np.array_equal(sim.state[k], v) for k, v in initial.items() if k.startswith("big/"))
+
+
+def test_a_parts_own_clip_is_honoured_and_counted_and_a_wider_one_is_refused():
+    """`Masked(clip=)` tightens the run's fixed-point range for that part (clipped, counted), never silently
+    widens it: a part asking for more than `SecureAggregationConfig.clip` is refused at encoding."""
+    ups = {c: Upload(masked={"a": Masked(np.array([6.0, 0.2, -6.0, 0.1]), weight=1.0, clip=0.5),
+                             "b": Masked(np.array([0.3, -0.3]), weight=1.0)}) for c in range(1, 6)}
+    agg, stats = _exact(clip=1.0), SecureRoundStats()
+    view = agg.aggregate(round=1, uploads=ups, stats=stats)
+    np.testing.assert_allclose(view.groups["a"].mean, [0.5, 0.2, -0.5, 0.1], atol=1e-6)  # +-6 clipped to +-0.5
+    np.testing.assert_allclose(view.groups["b"].mean, [0.3, -0.3], atol=1e-6)
+    assert stats.clipped == 5 * 2  # two values of each client's part 'a'
+    wide = {c: Upload(masked={"a": Masked(np.zeros(3), weight=1.0, clip=1000)}) for c in range(1, 6)}
+    with pytest.raises(ValueError, match=r"part 'a' asks for clip 1000, above this run's secure clip 1"):
+        _exact(clip=1.0).aggregate(round=1, uploads=wide)
+    for bad in (0, -1.0, float("nan"), "1"):
+        with pytest.raises(ValueError, match="clip must be a positive number"):
+            Masked(np.zeros(2), weight=1.0, clip=bad)

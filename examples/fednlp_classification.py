@@ -15,7 +15,7 @@ Options every example shares: --algorithms fedavg,fedprox,fedopt  --protocol sec
 `python -m fl_algorithms.deploy_cli client` process, all over tcp on loopback; each client builds its
 own shard and prefix cache, see fl_algorithms.tasks.fednlp).
 
-Prints a table (method, final and best accuracy, rounds, bytes uploaded per client per round, share
+Prints a table (method, final test accuracy, the last and best round of the validation curve, rounds, bytes uploaded per client per round, share
 of round time spent in secure aggregation), saves results/fednlp/<run>/curve.png and results.json,
 writes per-round metrics as they happen (metrics.jsonl/.csv, TensorBoard when installed) and
 config.toml (both with the declared training protocol of every method), prints that protocol at the
@@ -39,9 +39,10 @@ Setup and choices (and where they depart from FedNLP):
   Label skew: the per-class Dirichlet partition with alpha = 0.5 (FedNLP used alpha = 1 for 20News
   over 100 clients; with only 5 topics and few clients, 0.5 gives each client a clearly skewed but
   not single-topic mix). Each client splits its own documents 60/20/20 (train/val/test, stratified).
-- Accuracy: the mean over clients of each client's accuracy on its own test split under the global
-  model (every client, every round). The pooled accuracy over all clients' test examples (= a
-  global test set) is in results.json too. "best" is the best round of that test curve.
+- Accuracy: the mean over clients of each client's accuracy on its own test split under the last
+  round's global model. The pooled accuracy over all clients' test examples (= a global test set) is
+  in results.json too. Every round evaluates every client's validation split (the curve; its best round
+  is reported beside the last) and only the last round the test split, so no choice looks at test.
 - Clients (the declared training protocol, docs/protocols.md; `--training-protocol`): FedNLP's by
   default, as its public trainer (training/tc_transformer_trainer.py, build_optimizer) runs it: SGD
   for FedAvg and FedProx, AdamW for FedOPT's clients (FedNLP Sec. 2.2), one client lr for all, a fresh
@@ -156,12 +157,17 @@ class Plan:
     """Where --runtime sim's clients run: 'memory' (this process) or 'ray' (Ray actors)."""
     ray_address: str | None = None
     backbone: str = "minilm"
+    curve: str = "validation"
+    """The split evaluated every round ('validation': test only in the last round, so that no choice looks
+    at test scores; 'test': every round, as runs saved before 2026-11-29 did)."""
     sampler: str = "seeded"
     """'seeded' (simulation: every method of a seed sees the same cohorts; no DP here, so nothing is
     amplified), or 'fixed_size' / 'poisson' from the OS CSPRNG ('fixed_size' is the deploy default:
     a deployment refuses seeded cohorts, so its cohorts differ from the simulation's)."""
 
     def __post_init__(self) -> None:
+        if self.curve not in ("validation", "test"):
+            raise ValueError(f"curve must be 'validation' or 'test', got {self.curve!r}")
         if self.sampler not in ("seeded", "fixed_size", "poisson"):
             raise ValueError(f"--sampler is seeded, fixed_size or poisson, got {self.sampler!r}")
         if self.runtime == "deploy" and self.sampler == "seeded":
@@ -204,7 +210,8 @@ def parse_settings(argv: Sequence[str] | None = None) -> tuple[argparse.Namespac
                 parser.error(f"--resume {args.resume}: {error}")
             # a run saved before --sampler existed continues with Poisson cohorts (the engine's default when
             # it was saved; still older runs had seeded ones, which a deployment would refuse)
-            saved_plan = {"sampler": "poisson", **saved["plan"]}
+            # and one saved before 2026-11-29 evaluated the test split every round
+            saved_plan = {"sampler": "poisson", "curve": "test", **saved["plan"]}
             # a run saved before protocols were declared trained AdamW kept across rounds, its FedOPT server Adam
             saved_settings = {"training_protocol": "kept-adamw", "fedopt_server": "adam", **saved["settings"]}
             settings, plan = Settings(**saved_settings), Plan(**{k: tuple(v) if isinstance(v, list) else v
@@ -245,6 +252,7 @@ def run_method(method: str, clients: FedNLPClients, plan: Plan, run: RunDirector
     where = f"seed-{settings.seed}/{method}"
     config = RunConfig(rounds=settings.rounds, clients_per_round=settings.clients_per_round, seed=settings.seed,
                        sampler=plan.sampler, secure=secure_config(settings, protocol=protocol, max_weight=max(sizes)),
+                       curve_split=None if plan.curve == "test" else plan.curve,
                        checkpoint_dir=str(run.path / "checkpoints" / where), backend=plan.backend,
                        ray_address=plan.ray_address)
     task = Task(algorithm=make_algorithm(name, settings), make_trainer=clients.trainer_factory(name),
@@ -296,26 +304,30 @@ def run_seed(clients: FedNLPClients, plan: Plan, run: RunDirectory, *, resume: b
     return out
 
 
+def curve_metric(history: Sequence[RoundRecord]) -> str:
+    """'validation_accuracy' when the run evaluated validation every round, else 'accuracy' (test)."""
+    return "validation_accuracy" if "validation_accuracy" in next(iter(history[0].metrics.values())) else "accuracy"
+
+
 def curve(history: Sequence[RoundRecord]) -> list[float]:
-    """Mean over clients of their test accuracy, per round."""
-    return [r.mean("accuracy") for r in history]
+    """Mean over clients of their accuracy on the curve's split (validation; test in older runs), per round."""
+    metric = curve_metric(history)
+    return [r.mean(metric) for r in history]
 
 
-def pooled_curve(history: Sequence[RoundRecord]) -> list[float]:
-    """Accuracy over the union of the clients' test splits (a global test set), per round."""
-    out = []
-    for r in history:
-        n = sum(m["examples"] for m in r.metrics.values())
-        out.append(sum(m["accuracy"] * m["examples"] for m in r.metrics.values()) / max(n, 1))
-    return out
+def pooled_accuracy(record: RoundRecord) -> float:
+    """Test accuracy over the union of the clients' test splits (a global test set) in one round."""
+    n = sum(m["examples"] for m in record.metrics.values())
+    return sum(m["accuracy"] * m["examples"] for m in record.metrics.values()) / max(n, 1)
 
 
 def method_summary(history: Sequence[RoundRecord]) -> dict[str, float]:
     acc = curve(history)
     uploads = [b for r in history for b in r.bytes_uploaded.values()]
     seconds = sum(r.seconds for r in history)
-    return {"final_accuracy": acc[-1], "best_accuracy": max(acc), "best_round": int(np.argmax(acc)) + 1,
-            "final_pooled_accuracy": pooled_curve(history)[-1], "rounds": len(history),
+    return {"final_accuracy": history[-1].mean("accuracy"), "final_validation_accuracy": acc[-1],
+            "best_curve_accuracy": max(acc), "best_round": int(np.argmax(acc)) + 1,
+            "final_pooled_accuracy": pooled_accuracy(history[-1]), "rounds": len(history),
             "bytes_uploaded_per_client_round": float(np.mean(uploads)) if uploads else 0.0,
             "secure_time_share": sum(r.secure_seconds for r in history) / seconds if seconds > 0 else 0.0,
             "clipped_values": int(sum(r.clipped for r in history)), "seconds": seconds}
@@ -353,26 +365,29 @@ def secure_vs_plain(runs: Mapping[str, Any], settings: Settings, plan: Plan) -> 
 
 # ---- report ------------------------------------------------------------------------------------
 
-def plot_curves(path: Path, curves: Mapping[str, Sequence[float]], protocol: str, title: str) -> Path:
+def plot_curves(path: Path, curves: Mapping[str, Sequence[float]], protocol: str, title: str, *,
+                split: str) -> Path:
     fig, ax = pyplot().subplots(figsize=(6.4, 4.2))
     styles = {"fedavg": "-o", "fedprox": "-s", "fedopt": "-^", "fedadam": "-d", PLAIN_TWIN: ":x"}
     for method, values in curves.items():
         label = LABELS[method] + (" (plaintext sum)" if method == PLAIN_TWIN else f" ({protocol})")
         ax.plot(range(1, len(values) + 1), values, styles[method], label=label, markersize=4)
     ax.set_xlabel("round")
-    ax.set_ylabel("mean client test accuracy")
+    ax.set_ylabel(f"mean client {split} accuracy")
     ax.set_title(title, fontsize=9)
     return save_figure(fig, path)
 
 
 def format_table(summaries: Mapping[str, Mapping[str, Any]], protocol: str) -> str:
-    head = f"{'method':<15} {'aggregation':<11} {'final acc':>9} {'± std':>7} {'best acc':>9} {'rounds':>6} " \
+    head = f"{'method':<15} {'aggregation':<11} {'test acc':>9} {'± std':>7} {'curve acc':>9} {'best@round':>10} " \
+           f"{'rounds':>6} " \
            f"{'bytes up/client/round':>21} {'secagg time share':>17}"
     lines = [head, "-" * len(head)]
     for method, s in summaries.items():
         agg = "plain" if method == PLAIN_TWIN else protocol
         lines.append(f"{LABELS[method]:<15} {agg:<11} {s['final_accuracy']:>9.4f} {s['final_accuracy_std']:>7.4f} "
-                     f"{s['best_accuracy']:>9.4f} {s['rounds']:>6d} {s['bytes_uploaded_per_client_round']:>21,.0f} "
+                     f"{s['final_validation_accuracy']:>9.4f} {s['best_curve_accuracy']:>5.4f}@{s['best_round']:<4d} "
+                     f"{s['rounds']:>6d} {s['bytes_uploaded_per_client_round']:>21,.0f} "
                      f"{100 * s['secure_time_share']:>16.1f}%")
     return "\n".join(lines)
 
@@ -395,8 +410,9 @@ def print_report(summary: Mapping[str, Any], settings: Settings, plan: Plan, *, 
           + (f"; FedAdam server lr {settings.server_lr:g}, tau 1e-3" if "fedadam" in plan.algorithms else ""))
     print("\n".join(protocol_lines({m: TrainingProtocol.from_dict(d)
                                     for m, d in summary["training_protocol"].items()})))
-    print("accuracy: mean over clients of their own test-split accuracy under the global model "
-          "(pooled over all test examples in results.json); ± std over seeds\n")
+    print("accuracy: mean over clients of their own test-split accuracy under the last round's global model "
+          "(pooled over all test examples in results.json); ± std over seeds; the curve (every round) and its "
+          f"best round on the {plan.curve} split\n")
     print(format_table(summary["methods"], plan.protocol))
     clipped = sum(s["clipped_values"] for s in summary["methods"].values())
     if "secure_vs_plain_max_abs_diff" in summary:
@@ -464,12 +480,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     source = "BBC News" if settings.data is None else Path(settings.data).name
     title = (f"{source}, {len(dataset)} docs, {settings.clients} clients, Dir({settings.alpha}) label skew, "
              f"{cohort} clients/round")
-    curve_path = plot_curves(run.path / "curve.png", curves, plan.protocol, title)
+    curve_path = plot_curves(run.path / "curve.png", curves, plan.protocol, title, split=plan.curve)
     summary: dict[str, Any] = {
         "methods": {m: over_seeds([method_summary(s["histories"][m]) for s in seeds]) for m in plan.methods},
         "curves": curves,
-        "pooled_curves": {m: list(np.mean([pooled_curve(s["histories"][m]) for s in seeds], axis=0))
-                          for m in plan.methods},
+        "curve_split": "test" if plan.curve == "test" else "validation",
         "shared_parameters": first["n_shared"], "prefix_split": clients.split,
         "documents": len(dataset), "client_train_sizes": first["sizes"],
         "client_label_counts": clients.corpus.partition.label_counts(clients.corpus.labels,

@@ -124,6 +124,13 @@ def _write_json(path: Path, doc: Any) -> None:
     os.replace(tmp, path)
 
 
+def training_protocol(model: str, task: Any):
+    """The clients' declared training protocol (`TrainingProtocol`) of `model`'s trainers on `task`."""
+    from fl_algorithms.training import adapter_sentiment_trainer, bag_trainer
+
+    return (bag_trainer if model == "bag" else adapter_sentiment_trainer).training_protocol(task)
+
+
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     ensure_offline()
     args = parse_args(argv)
@@ -148,8 +155,12 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             tasks = {cfg.task: load_bag_task(cfg.task) if args.model == "bag"
                      else load_adapter_task(cfg.task, progress=progress, device=args.device)}
         tag = f"cohort{cfg.cohort}-seed{cfg.seed}"
+        protocol = training_protocol(args.model, tasks[cfg.task])
+        if not runs:
+            print(f"training protocol: {protocol.describe()} (DP-SGD settings: Opacus's optimiser, per-example "
+                  f"clipping)", flush=True)
         cell = {"model": args.model, "cohort": cfg.cohort, "seed": cfg.seed, "config": repr(cfg), "results": {},
-                "task": tasks[cfg.task].summary()}
+                "task": tasks[cfg.task].summary(), "training_protocol": protocol.to_dict()}
         runs.append(cell)
 
         def keep(name, run, result, tag=tag, cell=cell):  # written as each setting ends: a crash or a kill

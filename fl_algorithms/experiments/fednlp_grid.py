@@ -168,7 +168,7 @@ class GridPlan:
 
     def protocol_for(self, algorithm: str, settings: FormulationSettings) -> TrainingProtocol:
         """The declared protocol of `algorithm`'s clients at the task's client lr (`settings.lr`)."""
-        return preset(self.training_protocol).for_algorithm(algorithm, lr=settings.lr,
+        return preset(self.training_protocol).for_algorithm(algorithm, lr=settings.lr, sgd_lr=settings.sgd_lr,
                                                            local_epochs=self.algorithm.local_epochs)
 
     def settings(self, task: str, *, partition: str, seed: int) -> FormulationSettings:

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from fl_algorithms.engine.sim import RoundRecord
+from fl_algorithms.experiments.rundir import provenance
 
 
 def _jsonable(obj: Any) -> Any:
@@ -29,7 +30,8 @@ def write_results(path: str | Path, *, config: Any, runs: Mapping[str, Sequence[
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     doc = {"config": _jsonable(config), "summary": _jsonable(summary),
-           "runs": {name: [_jsonable(r) for r in recs] for name, recs in runs.items()}}
+           "runs": {name: [_jsonable(r) for r in recs] for name, recs in runs.items()},
+           "provenance": provenance()}
     tmp = path.with_suffix(path.suffix + ".tmp")
     tmp.write_text(json.dumps(doc, indent=1))
     os.replace(tmp, path)

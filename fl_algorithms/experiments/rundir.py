@@ -19,9 +19,14 @@ from __future__ import annotations
 import csv
 import dataclasses
 import enum
+import datetime
 import io
 import json
 import os
+import platform
+import shlex
+import subprocess
+import sys
 import time
 import tomllib
 from collections.abc import Mapping
@@ -143,6 +148,38 @@ def _union_header(rows: list[dict[str, Any]]) -> list[str]:
 def _round_of(record: Mapping[str, Any]) -> int | None:
     value = record.get("round")
     return None if value is None else int(value)
+
+
+def describe_device() -> str:
+    """This machine in words, for a result's record: the CPU and its cores, and a visible GPU's name."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as info:
+            cpu = next((line.split(":", 1)[1].strip() for line in info if line.startswith("model name")), cpu)
+    except OSError:
+        pass
+    out = f"{os.cpu_count()}-core CPU ({cpu})"
+    torch = sys.modules.get("torch")  # only when the run imported it: never import torch for this
+    if torch is not None and torch.cuda.is_available():
+        out += f", GPU {torch.cuda.get_device_name(0)}"
+    return out
+
+
+def provenance() -> dict[str, Any]:
+    """Where a result came from: the command line, the device, the UTC date and the commit (None outside git)."""
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5,
+                                cwd=Path(__file__).resolve().parent).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        commit = None
+    script = sys.argv[0] if sys.argv and sys.argv[0] else "python"
+    try:
+        script = os.path.relpath(script)
+    except ValueError:
+        pass
+    command = " ".join(shlex.quote(a) for a in ["python", script, *sys.argv[1:]])
+    return {"command": command, "device": describe_device(),
+            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"), "commit": commit}
 
 
 class RunDirectory:
@@ -314,7 +351,9 @@ class RunDirectory:
 
     # ---- results and the rest of the layout ----------------------------------------------------
     def write_results(self, doc: Mapping[str, Any]) -> Path:
-        """`results.json`, written atomically (an interrupted write leaves the previous file)."""
+        """`results.json`, written atomically (an interrupted write leaves the previous file), with the
+        run's `provenance` (command, device, date, commit) unless `doc` brings its own."""
+        doc = {**doc, "provenance": doc.get("provenance") or provenance()}
         _write_atomically(self.path / RESULTS, json.dumps(_plain(doc), indent=1) + "\n")
         return self.path / RESULTS
 

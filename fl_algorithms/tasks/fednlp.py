@@ -69,6 +69,9 @@ class FedNLPSettings:
     bottleneck: int = 16
     batch_size: int = 16
     client_lr: float = 1e-2
+    sgd_lr: float | None = None
+    """The lr of the clients a protocol runs with SGD (FedNLP's FedAvg and FedProx); None: `client_lr`, as
+    FedNLP's scripts pass one lr to every algorithm. Chosen on validation in examples/fednlp_classification.py."""
     fedprox_mu: float = 0.01
     server_lr: float = 1e-2
     """FedAdam's server lr (chosen on validation for server Adam, see examples/fednlp_classification.py);
@@ -107,6 +110,7 @@ class FedNLPSettings:
             (self.adapter_layers >= 1, "--adapter-layers must be at least 1"),
             (self.bottleneck >= 1 and self.batch_size >= 1, "--bottleneck and --batch-size must be positive"),
             (self.client_lr > 0 and self.fedprox_mu >= 0, "need --client-lr > 0 and --fedprox-mu >= 0"),
+            (self.sgd_lr is None or (math.isfinite(self.sgd_lr) and self.sgd_lr > 0), "--sgd-lr must be positive"),
             (self.server_lr > 0 and self.fedavgm_lr > 0, "--server-lr and --fedavgm-lr must be positive"),
             (0 <= self.fedavgm_momentum < 1, "--fedavgm-momentum must be in [0, 1)"),
             (self.fedopt_server in FEDOPT_SERVERS, f"--fedopt-server must be one of {', '.join(FEDOPT_SERVERS)}"),
@@ -264,7 +268,8 @@ class FedNLPClients:
         if method not in METHODS:
             raise ValueError(f"unknown method {method!r}; choose from {', '.join(METHODS)}")
         s = self.settings
-        return preset(s.training_protocol).for_algorithm(method, lr=s.client_lr, local_epochs=s.local_epochs)
+        return preset(s.training_protocol).for_algorithm(method, lr=s.client_lr, local_epochs=s.local_epochs,
+                                                         sgd_lr=s.sgd_lr)
 
     def make_trainer(self, client_id: int, *, protocol: TrainingProtocol | None = None) -> SeededTorchTrainer:
         """A fresh client (new adapters, head and optimiser) over its cached documents, training under

@@ -128,6 +128,9 @@ class FormulationSettings:
     bottleneck: int = 16
     batch_size: int = 16
     lr: float = 1e-3
+    sgd_lr: float | None = None
+    """The lr of clients a training protocol runs with SGD (FedNLP's FedAvg and FedProx); None: `lr`, as
+    FedNLP's scripts pass one lr to every algorithm (`fl_algorithms.training.protocol.fednlp_protocol`)."""
     seed: int = 0
     tune: str = "adapters"
     """'adapters' (adapters in the top `adapter_layers` layers train) or 'layers' (those layers train whole)."""
@@ -147,6 +150,7 @@ class FormulationSettings:
             (self.adapter_layers >= 1 and self.bottleneck >= 1 and self.batch_size >= 1,
              "adapter_layers, bottleneck and batch_size must be positive"),
             (self.lr > 0, "lr must be positive"),
+            (self.sgd_lr is None or self.sgd_lr > 0, "sgd_lr must be positive"),
             (self.tune in TUNE, f"tune must be one of {', '.join(TUNE)}, got {self.tune!r}"),
             (self.seed >= 0, "seed must be non-negative"),
             (self.length_groups >= 0, "length_groups must be non-negative"),

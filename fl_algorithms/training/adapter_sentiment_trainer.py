@@ -19,6 +19,7 @@ import torch
 from dp.ledger import Ledger
 from dp.opacus_client import DPSGDConfig, OpacusClient
 from fl_algorithms.training.dp_trainer import DPTorchTrainer, calibrated_dpsgd_configs_for
+from fl_algorithms.training.protocol import TrainingProtocol, fresh_protocol
 from fl_algorithms.training.trainer import OptimizerConfig, SeededTorchTrainer, unflatten_
 from nlp_models.adapter_sentiment import (AdapterClient, AdapterTask, mean_loss, metrics, per_example_loss,
                                           shadow_clients, shared_parts)
@@ -29,6 +30,12 @@ EVAL_BATCH = 128
 
 def optimizer_config(task: AdapterTask) -> OptimizerConfig:
     return OptimizerConfig(name=task.config.optimizer, lr=task.config.lr)
+
+
+def training_protocol(task: AdapterTask) -> TrainingProtocol:
+    """The clients' declared protocol outside DP-SGD: the task's optimiser, fresh each round (the federated
+    norm; for the default plain SGD, which holds no state, the same computation as before)."""
+    return fresh_protocol(optimizer_config(task), experiment="the privacy frontier")
 
 
 def _eval_batches(split: CachedSplit) -> list[CachedBatch]:
@@ -48,7 +55,7 @@ def sentiment_trainer(task: AdapterTask, *, client_id: int, data: AdapterClient 
         client_id=client_id, seed=cfg.seed if seed is None else seed, model=model, shared=shared_parts(model),
         train_batches=lambda: train.batches(cfg.batch_size, order=torch.randperm(len(train))),
         eval_batches=evals, num_examples=len(train), loss_fn=mean_loss, metric_fn=metrics,
-        optimizer=optimizer_config(task))
+        optimizer=optimizer_config(task), protocol=training_protocol(task))
     trainer.set_shared(task.initial)
     return trainer
 
@@ -86,7 +93,8 @@ def build_dp_trainers(task: AdapterTask, *, dp_config: DPSGDConfig | Mapping[int
             dp_client=OpacusClient(client_id=c, config=config, ledger=ledger),
             train_dataset=data.train.dataset(), per_example_loss=per_example_loss, collate_fn=None,
             model=model, shared=shared_parts(model), train_batches=lambda: [], eval_batches=evals,
-            num_examples=len(data.train), loss_fn=mean_loss, metric_fn=metrics, optimizer=optimizer_config(task))
+            num_examples=len(data.train), loss_fn=mean_loss, metric_fn=metrics, optimizer=optimizer_config(task),
+            protocol=training_protocol(task))
         trainer.set_shared(task.initial)
         out[c] = trainer
     return out

@@ -14,12 +14,19 @@ import torch
 from dp.ledger import Ledger
 from dp.opacus_client import DPSGDConfig, OpacusClient
 from fl_algorithms.training.dp_trainer import DPTorchTrainer, calibrated_dpsgd_configs_for
+from fl_algorithms.training.protocol import TrainingProtocol, fresh_protocol
 from fl_algorithms.training.trainer import OptimizerConfig, SeededTorchTrainer, unflatten_
 from nlp_models.bag_of_tokens import (SHARED_PARTS, BagClient, BagTask, ExampleDataset, Examples, collate, mean_loss,
                                       metrics, per_example_loss)
 
 EVAL_BATCH = 256
 SHADOW_ID_BASE = 1_000_000
+
+
+def training_protocol(task: BagTask) -> TrainingProtocol:
+    """The clients' declared protocol outside DP-SGD: plain SGD at the task's lr, fresh each round (the
+    federated norm; SGD without momentum holds no state, so this is what every earlier run computed)."""
+    return fresh_protocol(OptimizerConfig(name="sgd", lr=task.config.lr), experiment="the privacy frontier")
 
 
 def bag_trainer(task: BagTask, *, client_id: int, data: BagClient | None = None) -> SeededTorchTrainer:
@@ -31,7 +38,8 @@ def bag_trainer(task: BagTask, *, client_id: int, data: BagClient | None = None)
         client_id=client_id, seed=cfg.seed, model=task.new_model(), shared=SHARED_PARTS,
         train_batches=lambda: train.batches(bs, order=torch.randperm(len(train)).tolist()),
         eval_batches={"test": lambda: test.batches(EVAL_BATCH)}, num_examples=len(train),
-        loss_fn=mean_loss, metric_fn=metrics, optimizer=OptimizerConfig(name="sgd", lr=cfg.lr))
+        loss_fn=mean_loss, metric_fn=metrics, optimizer=OptimizerConfig(name="sgd", lr=cfg.lr),
+        protocol=training_protocol(task))
     trainer.set_shared(task.initial)
     return trainer
 
@@ -86,7 +94,8 @@ def build_dp_trainers(task: BagTask, *, dp_config: DPSGDConfig | Mapping[int, DP
             train_dataset=ExampleDataset(data.train), per_example_loss=per_example_loss, collate_fn=collate,
             model=task.new_model(), shared=SHARED_PARTS, train_batches=lambda: [],
             eval_batches={"test": lambda t=test: t.batches(EVAL_BATCH)}, num_examples=len(data.train),
-            loss_fn=mean_loss, metric_fn=metrics, optimizer=OptimizerConfig(name="sgd", lr=task.config.lr))
+            loss_fn=mean_loss, metric_fn=metrics, optimizer=OptimizerConfig(name="sgd", lr=task.config.lr),
+            protocol=training_protocol(task))
         trainer.set_shared(task.initial)
         out[c] = trainer
     return out

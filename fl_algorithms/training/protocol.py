@@ -242,13 +242,20 @@ def _local(local_epochs: int) -> str:
             "experiments'; another count is the experiment's stated choice)")
 
 
-def fednlp_protocol(algorithm: str, *, lr: float, local_epochs: int = 1) -> TrainingProtocol:
+def fednlp_protocol(algorithm: str, *, lr: float, local_epochs: int = 1,
+                    sgd_lr: float | None = None) -> TrainingProtocol:
     """FedNLP's protocol for `algorithm`: SGD (no momentum, no weight decay) for every algorithm but
     'fedopt', whose clients run AdamW (eps 1e-8, no weight decay); either built afresh with a linear
-    warmup (6% of the round's steps) and decay every round, gradients clipped to norm 1.0. One client lr
-    for every algorithm, as FedNLP's scripts pass one --lr."""
+    warmup (6% of the round's steps) and decay every round, gradients clipped to norm 1.0. `lr` is
+    AdamW's; `sgd_lr` SGD's (None: the same `lr` for both, as FedNLP's scripts pass one --lr; an
+    experiment that chose each optimiser's lr on validation passes both, as FedNLP's paper reports
+    per-method 'selected hyper-parameters')."""
     adamw = algorithm == "fedopt"
-    optimizer = OptimizerConfig(name="adamw" if adamw else "sgd", lr=lr)
+    optimizer = OptimizerConfig(name="adamw" if adamw else "sgd", lr=lr if adamw or sgd_lr is None else sgd_lr)
+    one_lr = ("one client lr for every algorithm (its run_text_classification.sh --lr)" if sgd_lr is None else
+              f"each optimiser's lr chosen on validation (SGD {sgd_lr:g}, AdamW {lr:g}): FedNLP Sec. 4 leaves 'the "
+              f"selected hyper-parameters' to its supplementary material, while its public scripts pass one --lr; "
+              f"an lr chosen for AdamW leaves SGD's adapters near their initialisation in a few local steps")
     which = ("FedOPT's ClientOpt is AdamW (FedNLP Sec. 2.2, App. F.3: 'we set the ClientOpt to be AdamW')" if adamw
              else "SGD: FedNLP Sec. 2.2 ('The original FedAvg algorithm implicitly sets SERVEROPT and CLIENTOPT to "
                   "be SGD') and App. F.3 ('assuming both client and server use the SGD optimizer'); FedProx adds "
@@ -259,7 +266,7 @@ def fednlp_protocol(algorithm: str, *, lr: float, local_epochs: int = 1) -> Trai
                         "calls build_optimizer)",
         schedule="linear", warmup_fraction=0.06, max_grad_norm=1.0, local_epochs=local_epochs,
         cite={"optimizer": f"{which}; {FEDNLP_TRAINER}: AdamW(lr, eps=1e-8) if fl_algorithm == 'FedOPT' else "
-                           f"SGD(lr); one client lr for every algorithm (its run_text_classification.sh --lr)",
+                           f"SGD(lr); {one_lr}",
               "lifetime": f"{FEDNLP_TRAINER}, called by every train_model (FedNLP Sec. 2.2, Algorithm 1: "
                           f"ClientOpt runs each round's local steps from x^(t))",
               "schedule": f"{FEDNLP_TRAINER}: get_linear_schedule_with_warmup over the round's steps "
@@ -270,11 +277,12 @@ def fednlp_protocol(algorithm: str, *, lr: float, local_epochs: int = 1) -> Trai
               "local_work": _local(local_epochs), **COMMON_CITES})
 
 
-def federated_norm_protocol(algorithm: str, *, lr: float, local_epochs: int = 1) -> TrainingProtocol:
+def federated_norm_protocol(algorithm: str, *, lr: float, local_epochs: int = 1,
+                            sgd_lr: float | None = None) -> TrainingProtocol:
     """A fresh AdamW each round at a constant lr, no clipping, for every algorithm: the federated norm,
     and the all-AdamW control row beside FedNLP's protocol. (`algorithm` is accepted for a uniform
     preset signature; the protocol is the same for every algorithm.)"""
-    del algorithm
+    del algorithm, sgd_lr  # the same AdamW for every algorithm
     return TrainingProtocol(
         name="federated-norm", optimizer=OptimizerConfig(name="adamw", lr=lr), lifetime=FRESH,
         lifetime_reason="the federated norm: client optimiser state is not part of the federated state (FedNLP "
@@ -313,10 +321,32 @@ def kept_protocol(optimizer: OptimizerConfig, *, name: str | None = None, local_
         local_epochs=local_epochs)
 
 
-def kept_adamw_protocol(algorithm: str, *, lr: float, local_epochs: int = 1) -> TrainingProtocol:
+def fresh_protocol(optimizer: OptimizerConfig, *, name: str = "federated-norm", local_epochs: int = 1,
+                   experiment: str = "this experiment") -> TrainingProtocol:
+    """`optimizer` built afresh at every local run, constant lr, no clipping: the federated norm, for the
+    experiments that reproduce no paper's training (the privacy frontier and the like). For plain SGD
+    (no momentum, no weight decay) it is the same computation as a kept optimiser, which holds no state."""
+    return TrainingProtocol(
+        name=name, optimizer=optimizer, lifetime=FRESH,
+        lifetime_reason="the federated norm: client optimiser state is not part of the federated state (Reddi et "
+                        "al. 2021, Algorithm 2: ClientOpt restarts from x^(t) each round)",
+        cite={"optimizer": f"{optimizer.describe()}: {experiment}'s own choice (it reproduces no paper's training)",
+              "lifetime": "the federated norm (Reddi et al. 2021, Algorithm 2)",
+              "schedule": "constant lr: no paper to follow; the fewest moving parts",
+              "warmup": "none (a constant lr)",
+              "clipping": "none in the optimiser (DP mechanisms clip what they need themselves)",
+              "local_work": f"{local_epochs} local epoch(s) per round: {experiment}'s setting",
+              "evaluation": "the global model after aggregation, on each client's test split",
+              "selection": "the last round (no model selection)",
+              "precision": "fp32"},
+        local_epochs=local_epochs)
+
+
+def kept_adamw_protocol(algorithm: str, *, lr: float, local_epochs: int = 1,
+                        sgd_lr: float | None = None) -> TrainingProtocol:
     """AdamW kept across rounds for every algorithm: what the FedNLP examples ran before (named, so that
     those results can be reproduced)."""
-    del algorithm
+    del algorithm, sgd_lr  # the same AdamW for every algorithm
     return kept_protocol(OptimizerConfig(name="adamw", lr=lr), name="kept-adamw", local_epochs=local_epochs)
 
 
@@ -328,8 +358,11 @@ class Preset:
     summary: str
     build: Callable[..., TrainingProtocol]
 
-    def for_algorithm(self, algorithm: str, *, lr: float, local_epochs: int = 1) -> TrainingProtocol:
-        return self.build(algorithm, lr=lr, local_epochs=local_epochs)
+    def for_algorithm(self, algorithm: str, *, lr: float, local_epochs: int = 1,
+                      sgd_lr: float | None = None) -> TrainingProtocol:
+        """The protocol of `algorithm` at the experiment's client `lr` (and `sgd_lr` for a preset's SGD
+        clients, where it has any; the all-AdamW presets ignore it)."""
+        return self.build(algorithm, lr=lr, local_epochs=local_epochs, sgd_lr=sgd_lr)
 
 
 FEDNLP = Preset(name="fednlp", build=fednlp_protocol,
@@ -351,5 +384,5 @@ def preset(name: str) -> Preset:
 
 __all__ = ["OPTIMIZERS", "FRESH", "KEPT", "LIFETIMES", "SCHEDULES", "EVALUATION_POINTS", "SELECTIONS", "PRECISIONS",
            "CITED", "OptimizerConfig", "TrainingProtocol", "fednlp_protocol", "federated_norm_protocol",
-           "kept_protocol", "kept_adamw_protocol", "Preset", "FEDNLP", "FEDERATED_NORM", "KEPT_ADAMW", "PRESETS",
+           "kept_protocol", "kept_adamw_protocol", "fresh_protocol", "Preset", "FEDNLP", "FEDERATED_NORM", "KEPT_ADAMW", "PRESETS",
            "preset"]

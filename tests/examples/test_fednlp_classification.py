@@ -45,7 +45,8 @@ def test_main_end_to_end_prints_the_line_and_saves_plot_and_results(tmp_path, ca
     assert set(saved["runs"]) == set(ALL)
     for method, s in summary["methods"].items():
         assert s["rounds"] == 2 and len(saved["runs"][method]) == 2
-        assert 0.0 <= s["final_accuracy"] <= s["best_accuracy"] <= 1.0
+        assert 0.0 <= s["final_accuracy"] <= 1.0 and 0.0 <= s["final_validation_accuracy"] <= s["best_curve_accuracy"] <= 1.0
+        assert 1 <= s["best_round"] <= 2
         assert s["bytes_uploaded_per_client_round"] > 0
         assert 0.0 <= s["secure_time_share"] < 1.0
         assert s["clipped_values"] == 0

@@ -69,6 +69,9 @@ def test_plaintext_leaks_to_the_realistic_attacker_and_dp_hides_it(sweep):
     for r in rows.values():  # the oracle is an upper bound of the calibrated attacker's token recovery
         assert r["oracle_advantage"] >= r["realistic_advantage"] - 0.05 or r["setting"] != "plain"
     for run in summary["runs"]:
+        # the clients' declared training protocol (the federated norm: SGD built afresh each round)
+        assert run["training_protocol"]["lifetime"] == "fresh each round"
+        assert run["training_protocol"]["optimizer"]["name"] == "sgd"
         res = run["results"]
         assert res["plain"]["tokens"]["server_view"] == "individual"
         assert res["secagg"]["tokens"]["server_view"] == "aggregate" and "individual" not in res["secagg"]["tokens"]

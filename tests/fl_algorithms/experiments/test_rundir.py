@@ -245,8 +245,15 @@ def test_results_are_written_atomically_as_json(tmp_path):
     run = RunDirectory.create(tmp_path)
     path = run.write_results({"summary": {"acc": 0.7, "cfg": Inner()}, "ids": (1, 2), "w": np.arange(2)})
     assert path == run.path / "results.json"
-    assert json.loads(path.read_text()) == {"summary": {"acc": 0.7, "cfg": {"lr": 0.1, "clip": None}},
-                                            "ids": [1, 2], "w": [0, 1]}
+    saved = json.loads(path.read_text())
+    made = saved.pop("provenance")  # where the result came from: command, device, UTC date, commit
+    assert saved == {"summary": {"acc": 0.7, "cfg": {"lr": 0.1, "clip": None}}, "ids": [1, 2], "w": [0, 1]}
+    assert made["command"].startswith("python ") and "CPU" in made["device"]
+    assert re.fullmatch(r"\d{4}-\d\d-\d\d", made["date"])
+    given = {"command": "python x.py", "device": "d", "date": "2026-01-01", "commit": None}
+    run.write_results({"provenance": given})  # a document bringing its own keeps it
+    assert json.loads(path.read_text())["provenance"] == given
+    run.write_results({"summary": {"acc": 0.7, "cfg": Inner()}, "ids": (1, 2), "w": np.arange(2)})
     with pytest.raises(TypeError, match="not JSON serializable"):
         run.write_results({"bad": b"x"})
     assert json.loads(path.read_text())["ids"] == [1, 2]  # the failed write left the previous file

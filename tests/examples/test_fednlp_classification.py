@@ -20,7 +20,7 @@ fednlp = importlib.import_module("fednlp_classification")
 
 LAST_LINE = re.compile(r"^fedavg_acc=\d\.\d{4} fedprox_acc=\d\.\d{4} fedopt_acc=\d\.\d{4} "
                        r"secure_vs_plain_max_abs_diff=\d\.\d{3}e[+-]\d\d protocol=fednlp$")
-TINY = ["--backbone", "tiny", "--max-docs", "60", "--clients", "3", "--min-client-docs", "10", "--rounds", "2", "--max-length", "32",
+TINY = ["--backbone", "tiny", "--sgd-lr", "0.3", "--max-docs", "60", "--clients", "3", "--min-client-docs", "10", "--rounds", "2", "--max-length", "32",
         "--min-release-group", "3",
         "--adapter-layers", "1", "--batch-size", "8", "--threads", "1", "--no-progress"]
 
@@ -269,7 +269,7 @@ def test_the_protocol_is_printed_first_and_another_preset_is_chosen_by_name(tmp_
     out = fednlp.main(TINY + ["--rounds", "1", "--algorithms", "fedavg,fedopt", "--training-protocol", "kept-adamw",
                               "--out", str(tmp_path), "--run-name", "kept"])
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].startswith("training protocol (fedavg): protocol=kept-adamw optimizer=adamw(lr=0.01)")
+    assert lines[0].startswith("training protocol (fedavg): protocol=kept-adamw optimizer=adamw(lr=0.03)")
     assert "kept-across-rounds" in lines[0] and lines[1].startswith("training protocol (fedopt):")
     assert lines[-1].endswith(" protocol=kept-adamw") and lines[-1] == out["last_line"]
     assert {p["lifetime"] for p in out["summary"]["training_protocol"].values()} == {"kept across rounds"}
@@ -286,4 +286,8 @@ def test_a_run_saved_before_protocols_resumes_as_it_ran(tmp_path):
     config.write_text(text.replace('training_protocol = "fednlp"\n', "").replace('fedopt_server = "sgdm"\n', ""))
     _, settings, _ = fednlp.parse_settings(["--resume", str(tmp_path / "old")])
     assert settings.training_protocol == "kept-adamw" and settings.fedopt_server == "adam"
-    assert fednlp.make_algorithm("fedopt", settings).server_optimizer == "adam"
+    assert settings.client_lr == 0.03 and settings.sgd_lr == 0.3  # its config named both: kept
+    text = config.read_text()
+    config.write_text(text.replace("client_lr = 0.03\n", "").replace("sgd_lr = 0.3\n", ""))
+    _, older, _ = fednlp.parse_settings(["--resume", str(tmp_path / "old")])
+    assert older.client_lr == 0.01 and older.sgd_lr is None  # before 2026-11-29: one lr, 1e-2 by default    assert fednlp.make_algorithm("fedopt", settings).server_optimizer == "adam"

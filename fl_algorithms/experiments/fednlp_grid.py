@@ -59,7 +59,10 @@ TASK_DEFAULTS: dict[str, dict[str, Any]] = {
     # {3e-3, 1e-2} at 128 tokens: validation F1 0.311 / 0.415); seq2seq from a centralised pilot of
     # the decoder (3e-4). QA reads 128 tokens: at 64 the passage is so short that its first entity
     # is the answer half the time (first-entity F1 0.61 against 0.46 at 128).
-    "classification": dict(lr=1e-2, max_length=64),
+    # SGD's lr (FedAvg and FedProx under the 'fednlp' protocol): classification's 3.0 is the one chosen on
+    # validation for examples/fednlp_classification.py (same corpus, backbone and adapters; 2026-11-29); the
+    # other tasks' SGD clients still run at the task's lr, as FedNLP's scripts pass one lr (not selected yet).
+    "classification": dict(lr=1e-2, sgd_lr=3.0, max_length=64),
     "tagging": dict(lr=1e-2, max_length=64),
     "qa": dict(lr=1e-2, max_length=128),
     "seq2seq": dict(lr=3e-4, max_length=64),
@@ -143,6 +146,9 @@ class GridPlan:
     """FormulationSettings fields for one task (over `formulation`), e.g. a larger corpus cap where
     a task's examples are short and cheap."""
     algorithm: AlgorithmSettings = AlgorithmSettings()
+    selected_sgd_lrs: bool = True
+    """Whether SGD clients use the per-task SGD lrs of `TASK_DEFAULTS` (chosen on validation; False: the
+    task's one lr, as grids saved before 2026-11-29 ran)."""
     training_protocol: str = "fednlp"
     """The clients' training protocol, a preset name ('fednlp', 'federated-norm', 'kept-adamw'), built per
     algorithm at each task's client lr (`protocol_for`)."""
@@ -172,7 +178,10 @@ class GridPlan:
                                                            local_epochs=self.algorithm.local_epochs)
 
     def settings(self, task: str, *, partition: str, seed: int) -> FormulationSettings:
-        return FormulationSettings(**{**TASK_DEFAULTS[task], **self.formulation, **self.per_task.get(task, {}),
+        defaults = dict(TASK_DEFAULTS[task])
+        if not self.selected_sgd_lrs:
+            defaults.pop("sgd_lr", None)  # a grid saved before 2026-11-29 ran its SGD clients at the task's lr
+        return FormulationSettings(**{**defaults, **self.formulation, **self.per_task.get(task, {}),
                                       "partition": partition, "seed": seed})
 
     def widened(self, **lists: Sequence[Any]) -> "GridPlan":
@@ -504,6 +513,7 @@ def plan_from_record(raw: Mapping[str, Any]) -> GridPlan:
     fields = {k: tuple(v) if isinstance(v, list) else v for k, v in raw.items() if k != "algorithm"}
     fields.setdefault("per_task", {})  # plans saved before per-task settings existed
     fields.setdefault("training_protocol", "kept-adamw")  # plans saved before protocols were declared ran that
+    fields.setdefault("selected_sgd_lrs", False)  # and before 2026-11-29 every client ran at the task's one lr
     return GridPlan(**fields, algorithm=AlgorithmSettings(**raw["algorithm"]))
 
 

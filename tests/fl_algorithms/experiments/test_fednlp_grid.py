@@ -191,3 +191,18 @@ def test_algorithm_settings_refuse_values_no_run_could_use():
         with pytest.raises(ValueError, match=message):
             AlgorithmSettings(**bad)
     assert AlgorithmSettings(fedavgm_lr=1.0, fedavgm_momentum=0.0).fedavgm_lr == 1.0
+
+
+def test_sgd_clients_use_the_lr_chosen_for_sgd_and_older_grids_keep_their_one_lr():
+    plan = GridPlan(tasks=("classification", "tagging"))
+    cls = plan.settings("classification", partition="iid", seed=0)
+    assert (cls.lr, cls.sgd_lr) == (1e-2, 3.0)
+    assert plan.protocol_for("fedavg", cls).optimizer.lr == 3.0 and plan.protocol_for("fedavg", cls).optimizer.name == "sgd"
+    assert plan.protocol_for("fedopt", cls).optimizer.lr == 1e-2  # AdamW keeps the task's lr
+    tag = plan.settings("tagging", partition="iid", seed=0)
+    assert tag.sgd_lr is None and plan.protocol_for("fedavg", tag).optimizer.lr == tag.lr  # not selected: one lr
+    record = plan_record(plan)
+    del record["selected_sgd_lrs"]  # a grid saved before 2026-11-29
+    old = plan_from_record(record)
+    assert old.settings("classification", partition="iid", seed=0).sgd_lr is None
+    assert old.protocol_for("fedavg", old.settings("classification", partition="iid", seed=0)).optimizer.lr == 1e-2

@@ -408,7 +408,8 @@ def print_report(summary: Mapping[str, Any], settings: Settings, plan: Plan, *, 
           f"parameters, as per-round deltas")
     fedopt = (f"FedOPT client AdamW, server SGD lr {settings.fedavgm_lr:g} momentum {settings.fedavgm_momentum:g}"
               if settings.fedopt_server == "sgdm" else f"FedOPT server Adam lr {settings.server_lr:g}, tau 1e-3")
-    print(f"clients: training protocol {settings.training_protocol}, lr {settings.client_lr:g}, "
+    sgd = "" if settings.sgd_lr is None else f", SGD lr {settings.sgd_lr:g}"
+    print(f"clients: training protocol {settings.training_protocol}, lr {settings.client_lr:g}{sgd}, "
           f"{settings.local_epochs} local epoch(s), batch {settings.batch_size}; FedProx mu {settings.fedprox_mu:g}; "
           f"{fedopt}"
           + (f"; FedAdam server lr {settings.server_lr:g}, tau 1e-3" if "fedadam" in plan.algorithms else ""))

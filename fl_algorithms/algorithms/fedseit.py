@@ -14,8 +14,10 @@ each) with the decomposed CNN of `nlp_models.decomposed_cnn`, theta_t = B ⊙ si
 
 Candidates for (c, t) are the tasks any client has announced and started, the client's own earlier tasks
 included and its current and future tasks excluded (the reference's `get_top_adapts`). `selection`
-'random' draws the K candidates uniformly (the SIT ablation); FedWeIT takes every other client's current
-task's A from the previous round (its knowledge base); 'none' is FedAvg on B alone.
+'random' draws the K candidates uniformly (the SIT ablation); 'all' is FedSeIT without SIT: every
+candidate enters, unranked, with equal initial alphas (no descriptor is released: nothing is scored;
+the candidates are the tasks every client has started, by the public schedule); FedWeIT takes every
+other client's current task's A from the previous round (its knowledge base); 'none' is FedAvg on B alone.
 
 What leaves a client, and in which form (the reference sends all of it in the clear):
 * B: a Masked delta, summed securely; the server sees only the weighted mean.
@@ -51,7 +53,7 @@ from fl_algorithms.training.continual_trainer import BASE_PART
 from dp.centroids import DescriptorRefused, DPCentroids, rectified_linear_score
 from secagg.crypto import DecryptionError
 
-SELECTIONS = ("sit", "random", "all_current", "none")
+SELECTIONS = ("sit", "random", "all", "all_current", "none")
 SIT_THRESHOLD = 0.7
 """The reference's rectified-linear scorer threshold (``--et-threshold`` default)."""
 _MAGIC = b"FSA1"
@@ -126,8 +128,15 @@ def _rows(array: np.ndarray | None, width: int) -> list[list[float]]:
     return [] if array is None or array.size == 0 else np.asarray(array, dtype=np.float64).reshape(-1, width).tolist()
 
 
+def max_candidates(schedule: Schedule, clients: int) -> int:
+    """The most foreign tasks 'all' (FedSeIT without SIT) hands one client for one task: for task t >= 1
+    the other clients' tasks 0..t-1 and the client's own, clients x t; for task 0 the other clients'
+    first tasks. The foreign slots its model needs."""
+    return max(clients - 1, clients * (schedule.tasks - 1), 1)
+
+
 class FederatedContinual(FedAvg):
-    """FedAvg of B plus a foreign-knowledge `selection` ('sit', 'random', 'all_current', 'none')."""
+    """FedAvg of B plus a foreign-knowledge `selection` ('sit', 'random', 'all', 'all_current', 'none')."""
 
     name = "fedseit"
 
@@ -191,13 +200,18 @@ class FederatedContinual(FedAvg):
             for owner in clients:
                 if self.consents(owner):
                     requests[str(owner)] = [[c, task] for c in clients if c != owner]
-        elif self.selection in ("sit", "random") and r + 2 <= self.schedule.rounds:
+        elif self.selection in ("sit", "random", "all") and r + 2 <= self.schedule.rounds:
             target = self.schedule.task_of(r + 2)
+            pool: Mapping[str, np.ndarray | None] = descriptors
+            if self.selection == "all":   # no descriptors: every client's started tasks, by the public schedule
+                members = sorted(set(state.get("members", [])) | set(view.contributors))
+                new["members"] = members
+                pool = {f"{c}:{u}": None for c in members for u in range(self.schedule.task_of(r + 1) + 1)}
             for client in sorted(view.contributors):
                 mine = selection.setdefault(str(client), {})
-                if str(target) in mine or f"{client}:{target}" not in descriptors:
+                if str(target) in mine or (self.selection != "all" and f"{client}:{target}" not in descriptors):
                     continue
-                chosen = self.select(client=client, task=target, descriptors=descriptors,
+                chosen = self.select(client=client, task=target, descriptors=pool,
                                      started=self.schedule.task_of(r + 1), round=r)
                 mine[str(target)] = chosen
                 for owner, task, _ in chosen:
@@ -211,9 +225,10 @@ class FederatedContinual(FedAvg):
         centres, counts = self.descriptor.unpack(payload)
         return np.where((counts >= 1.0)[:, None], centres, 0.0)
 
-    def select(self, *, client: int, task: int, descriptors: Mapping[str, np.ndarray], started: int,
+    def select(self, *, client: int, task: int, descriptors: Mapping[str, np.ndarray | None], started: int,
                round: int) -> list[list[float]]:
-        """Top-K foreign tasks for (client, task) as [owner, task, initial alpha] rows."""
+        """Top-K foreign tasks for (client, task) as [owner, task, initial alpha] rows ('all': every
+        candidate, alpha 1/n, as the random ablation's; `descriptors` then only names the tasks)."""
         candidates = []
         for key in sorted(descriptors, key=lambda k: tuple(int(x) for x in k.split(":"))):
             owner, other = (int(x) for x in key.split(":"))
@@ -222,6 +237,8 @@ class FederatedContinual(FedAvg):
             candidates.append((owner, other))
         if not candidates:
             return []
+        if self.selection == "all":
+            return [[o, u, 1.0 / len(candidates)] for o, u in candidates]
         if self.selection == "random":
             rng = np.random.default_rng([self.seed, round, client, task])
             picked = [candidates[i] for i in sorted(rng.choice(len(candidates), min(self.top_k, len(candidates)),
@@ -245,6 +262,7 @@ class FederatedContinual(FedAvg):
         model = trainer.model
         shapes = {n: tuple(model.base[n].shape) for n in model.kernel_names}
         received, rejected = {}, 0
+        inbox_bytes = sum(len(relay.ciphertext) for relay in broadcast.inbox or ())
         if broadcast.inbox:
             channel = self._channel(client)
             for relay in broadcast.inbox:
@@ -272,7 +290,8 @@ class FederatedContinual(FedAvg):
             if keys and [list(k) for k in keys] != previous and (previous is None or len(keys) > len(previous)):
                 trainer.set_foreign(task, tensors, alphas=alphas)
                 state["foreign_keys"] = {**state.get("foreign_keys", {}), str(task): [list(k) for k in keys]}
-        return state, {"relays_received": float(len(received)), "relays_rejected": float(rejected)}
+        return state, {"relays_received": float(len(received)), "relays_rejected": float(rejected),
+                       "relay_bytes_received": float(inbox_bytes)}
 
     def client_update(self, *, broadcast, client: ClientContext) -> tuple[Upload, Mapping[str, Any]]:
         trainer, r = client.trainer, client.round
@@ -297,12 +316,17 @@ class FederatedContinual(FedAvg):
             sealed = tuple(channel.seal(receiver=int(receiver), round=r,
                                         plaintext=pack_adaptive(int(u), trainer.adaptive(int(u)), names))
                            for receiver, u in requests)
+        if self.selection != "none":   # what this client uploads besides B: relayed adaptives, descriptors
+            metrics["relay_bytes_sent"] = float(sum(len(m.ciphertext) for m in sealed))
+            metrics["relay_bytes_descriptors"] = float(sum(np.asarray(getattr(x, "payload", ())).nbytes
+                                                          for x in released.values()))
         return Upload(masked={BASE_PART: Masked(delta, weight=trainer.num_examples)}, released=released,
                       sealed=sealed, metrics=metrics), state
 
 
 class FedSeIT(FederatedContinual):
-    """FedSeIT: SIT top-K foreign tasks (or random ones, the ablation), one convolution per foreign A."""
+    """FedSeIT: SIT top-K foreign tasks (or random ones, the ablation; or every candidate, 'all': FedSeIT
+    without SIT), one convolution per foreign A."""
 
     name = "fedseit"
 
@@ -351,4 +375,5 @@ class LocalContinual(FedAvg):
 
 
 __all__ = ["SELECTIONS", "SIT_THRESHOLD", "Schedule", "descriptor_part", "pack_adaptive", "unpack_adaptive",
+           "max_candidates",
            "FederatedContinual", "FedSeIT", "FedWeIT", "ContinualFedAvg", "LocalContinual"]

@@ -1,9 +1,11 @@
-"""examples/fedseit_continual.py end to end on the tiny random BERT: the fcl line, the tables, resuming
-without rerunning finished cells, and bad arguments refused before any work."""
+"""examples/fedseit_continual.py end to end on the tiny random BERT: the fcl line, the tables, the declared
+training protocol in the header, config.toml and results.json, resuming without rerunning finished
+cells, and bad arguments refused before any work."""
 import importlib
 import json
 import re
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -20,7 +22,8 @@ from dp.centroids import CentroidConfig  # noqa: E402
 from fl_algorithms.tasks.continual import ContinualSettings  # noqa: E402
 
 LINE = re.compile(r"^fcl fedseit_acc=(\d\.\d{4}) fedweit_acc=(\d\.\d{4}) fedavg_acc=(\d\.\d{4}) local_acc=(\d\.\d{4}) "
-                  r"fedseit_forgetting=(-?\d\.\d{4}) fedweit_forgetting=(-?\d\.\d{4}) descriptor_epsilon=(\d+\.\d{4})$")
+                  r"fedseit_forgetting=(-?\d\.\d{4}) fedweit_forgetting=(-?\d\.\d{4}) descriptor_epsilon=(\d+\.\d{4})"
+                  r" fedseit_all_acc=(\d\.\d{4}|nan) fedseit_all_forgetting=(-?\d\.\d{4}|nan)$")
 
 
 def _small_quick(monkeypatch) -> None:
@@ -34,9 +37,22 @@ def _small_quick(monkeypatch) -> None:
 def test_quick_run_ends_with_the_fcl_line_and_resumes(tmp_path, capsys, monkeypatch):
     _small_quick(monkeypatch)
     out = example.main(["--quick", "--backbone", "tiny", "--no-progress", "--out", str(tmp_path), "--run-name", "q"])
-    last = capsys.readouterr().out.strip().splitlines()[-1]
+    printed = capsys.readouterr().out.strip().splitlines()
+    last = printed[-1]
     match = LINE.match(last)
     assert match, last
+    assert match.group(8) == "nan"                                   # --quick has no FedSeIT without SIT
+    # the declared protocol: in the header (one line per method), config.toml and results.json
+    header = [x for x in printed if x.startswith("training protocol (")]
+    assert [x.split(")")[0].removeprefix("training protocol (") for x in header] == list(example.QUICK["methods"])
+    assert all("optimizer=adam(lr=0.001) fresh-each-round schedule=constant clip=none epochs=1" in x for x in header)
+    config = tomllib.loads((out["run"] / "config.toml").read_text())
+    assert set(config["training_protocol"]) == set(example.QUICK["methods"])
+    assert config["training_protocol"]["fedseit_k3"]["optimizer"]["name"] == "adam"
+    results = json.loads((out["run"] / "results.json").read_text())
+    assert results["config"]["training_protocol"]["local"]["evaluation"] == "personal model"
+    assert results["summary"]["training_protocol"] == results["config"]["training_protocol"]
+    assert results["summary"]["cells"]["fedseit_k3"]["0"]["upload_bytes_per_round"] > 0
     rows = [json.loads(x) for x in (out["run"] / "cells.jsonl").read_text().splitlines()]
     assert [r["method"] for r in rows] == ["fedseit_k3", "fedweit", "fedavg_b", "local"]
     assert float(match.group(1)) == pytest.approx(rows[0]["accuracy"], abs=5e-5)

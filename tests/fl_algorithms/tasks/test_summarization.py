@@ -86,6 +86,23 @@ def test_the_pretrained_generator_is_cached_and_reloaded(clients, monkeypatch):
     assert dataclasses.replace(TINY, setting="iid_balanced", lr=1.0).pretraining_key("tiny") == TINY.pretraining_key("tiny")
 
 
+def test_pretrain_seed_shares_one_generator_across_seeds(clients, monkeypatch):
+    # seed 3 borrowing seed 0's generator reads seed 0's cache file; its own data still follows seed 3
+    assert TINY.seed == 0 and TINY.generator_seed == 0
+    borrowed = dataclasses.replace(TINY, seed=3, pretrain_seed=0)
+    assert borrowed.pretraining_key("tiny") == TINY.pretraining_key("tiny")
+    assert dataclasses.replace(TINY, seed=3).pretraining_key("tiny") != TINY.pretraining_key("tiny")
+    assert dataclasses.replace(TINY, pretrain_seed=1).pretraining_key("tiny") != TINY.pretraining_key("tiny")
+    clients.pretrained  # noqa: B018 - seed 0's generator is in the cache
+    monkeypatch.setattr(SummaryClients, "_pretrain", lambda self: pytest.fail("pre-trained again"))
+    other = SummaryClients(borrowed, backbone="tiny", cache_dir=clients.cache_dir)
+    assert all(torch.equal(other.pretrained["decoder"][k], clients.pretrained["decoder"][k])
+               for k in clients.pretrained["decoder"])
+    assert other.splits[0].train.tolist() != clients.splits[0].train.tolist()
+    with pytest.raises(ValueError, match="pretrain_seed must be None or >= 0"):
+        dataclasses.replace(TINY, pretrain_seed=-1)
+
+
 def test_each_client_encodes_only_its_own_rows(clients):
     for k, split in enumerate(clients.splits, start=1):
         data = clients.client_data(k)

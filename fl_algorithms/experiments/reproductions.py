@@ -116,14 +116,14 @@ CLAIMS: tuple[Claim, ...] = (
           source="Table 2, lambda_2 = 1.0: FedSeIT with SIT (K = 3) minus FedWeIT, mean over its five datasets "
                  "(+11.4, +4.1, +5.4, +3.4, +2.1)",
           claim="FedSeIT with SIT (K = 3) above FedWeIT in final task-averaged accuracy",
-          kind="greater", paper_value=5.28, metric="task-averaged test accuracy x 100", ours="fedseit_sit3",
+          kind="greater", paper_value=5.28, metric="task-averaged test accuracy x 100", ours="fedseit_k3",
           theirs="fedweit"),
     Claim(id="fedseit-sit-matches-all", paper=FEDSEIT, experiment="fedseit",
           source="Table 2, lambda_2 = 1.0: SIT (K = 3) minus without SIT, mean over five datasets (0, +0.1, 0, "
                  "+0.1, +0.1); Sec. 5 (2): 'similar ... while ... reducing the number of parameters'",
           claim="SIT with K = 3 matches FedSeIT without selection (every foreign task) (within 1 point)",
           kind="match", margin=1.0, paper_value=0.06, metric="task-averaged test accuracy x 100",
-          ours="fedseit_sit3", theirs="fedseit_all"),
+          ours="fedseit_k3", theirs="fedseit_all"),
     Claim(id="selectkd-over-adafedavg", paper=SELECTKD, experiment="adafedselectkd",
           source="Sec. V-A: 'improving the ROUGE score by approximately 1.2 points'; Table III (BART-large), "
                  "ROUGE-L mean over the three clients: 22.90 against 21.78",
@@ -186,7 +186,24 @@ def _fednlp_classification(results: Mapping[str, Any]) -> dict[str, dict[int, fl
             for m, entry in summary["methods"].items()}
 
 
-EXTRACTORS: dict[str, Extractor] = {"fednlp_classification": _fednlp_classification}
+def _fedseit(results: Mapping[str, Any]) -> dict[str, dict[int, float]]:
+    """examples/fedseit_continual.py: final task-averaged accuracy per method and seed (summary.cells)."""
+    return {m: {int(seed): 100 * float(cell["accuracy"]) for seed, cell in by_seed.items()}
+            for m, by_seed in results["summary"]["cells"].items()}
+
+
+def _adafedselectkd(results: Mapping[str, Any]) -> dict[str, dict[int, float]]:
+    """examples/adafedselectkd.py: test ROUGE-L in the non-IID setting per method and seed, at the round its
+    declared protocol selects (`best_rougeL`: each client's best validation round; else the last round)."""
+    out = {}
+    for method, by_seed in results["summary"]["per_seed"].get("non_iid", {}).items():
+        out[method] = {int(seed): 100 * float(cell["best_rougeL"] if cell.get("selection") == "best validation round"
+                                              else cell["rougeL"]) for seed, cell in by_seed.items()}
+    return out
+
+
+EXTRACTORS: dict[str, Extractor] = {"fednlp_classification": _fednlp_classification, "fedseit": _fedseit,
+                                    "adafedselectkd": _adafedselectkd}
 """Per experiment, its extractor; `detect` names the experiment of a run directory."""
 
 
@@ -197,6 +214,8 @@ def detect(results: Mapping[str, Any]) -> str:
     summary = results.get("summary", {})
     if "accuracy_definition" in summary and "methods" in summary:
         return "fednlp_classification"
+    if isinstance(summary.get("cells"), Mapping) and any(m.startswith(("fedseit", "fedweit")) for m in summary["cells"]):
+        return "fedseit"
     raise ValueError("cannot tell which experiment wrote this results.json (no 'experiment' key)")
 
 
@@ -225,7 +244,8 @@ def measurement(claim: Claim, scores: Mapping[str, Mapping[int, float]], protoco
             **provenance}
 
 
-def collect(run_dirs: Sequence[Path], ledger: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
+def collect(run_dirs: Sequence[Path], ledger: Mapping[str, Any], *,
+            command: str | None = None) -> tuple[dict[str, Any], list[str]]:
     """The ledger with every claim the runs measure replaced by their measurement (notes kept). Runs of one
     experiment are pooled by seed (e.g. seeds 0-4 in one run directory and 5-7 in another); a seed measured
     twice, or one method trained under two different protocols, is refused."""
@@ -257,6 +277,8 @@ def collect(run_dirs: Sequence[Path], ledger: Mapping[str, Any]) -> tuple[dict[s
         runs = into["provenance"]
         provenance = {key: "; ".join(dict.fromkeys(str(r[key]) for r in runs if r.get(key))) or None
                       for key in ("command", "device", "date", "run")}
+        if command:  # the runs' own command lines were continuations (--resume): the caller names the first
+            provenance["command"] = command
         for claim in (c for c in CLAIMS if c.experiment == experiment):
             entry = measurement(claim, into["scores"], into["protocols"], provenance=provenance)
             if entry is not None:
@@ -311,11 +333,13 @@ def render(ledger: Mapping[str, Any]) -> str:
         "per-seed paired differences (same seed: same split, same initial model) with its 95% Student-t interval. "
         "Verdict: **reproduced** when the interval lies on the paper's side of 0 (for a 'match' claim: inside "
         "the stated margin), **refuted** when it lies wholly on the other side (outside the margin), "
-        "**underpowered** otherwise; one seed gives no interval. Our settings are stand-ins at CPU scale "
+        "**underpowered** otherwise; one seed gives no interval. 'Seeds to decide' (a 'greater' claim) is the number "
+        "of seeds at which the interval would exclude 0, on whichever side, if the measured mean and spread held. "
+        "Our settings are stand-ins at CPU scale "
         "(offline corpora and a frozen MiniLM, [simplifications.md](simplifications.md)); each run's declared "
         "training protocol is in [protocols.md](protocols.md) and in its records.",
         "",
-        "| # | paper | claim | paper | ours [95% CI] | seeds | verdict | seeds needed | protocol | device, date |",
+        "| # | paper | claim | paper | ours [95% CI] | seeds | verdict | seeds to decide | protocol | device, date |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for i, r in enumerate(table, start=1):
@@ -357,6 +381,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--collect", nargs="+", metavar="RUN_DIR", type=Path,
                         help="read these run directories' results.json into the ledger, then render the page")
+    parser.add_argument("--command", metavar="TEXT",
+                        help="with --collect: the command that made the runs, when their records name a --resume")
     parser.add_argument("--check", action="store_true",
                         help="fail when docs/reproductions.md is not the ledger's rendering; print the summary line")
     parser.add_argument("--ledger", type=Path, default=LEDGER, help=f"the ledger (default {LEDGER.relative_to(ROOT)})")
@@ -365,7 +391,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         ledger = load_ledger(args.ledger)
         if args.collect:
-            ledger, found = collect(args.collect, ledger)
+            ledger, found = collect(args.collect, ledger, command=args.command)
             if not found:
                 parser.error("the run directories measure none of the claims")
             args.ledger.write_text(json.dumps(ledger, indent=1, sort_keys=True) + "\n")

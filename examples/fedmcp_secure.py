@@ -7,6 +7,7 @@
     python examples/fedmcp_secure.py --resume results/fedmcp/<run>   # finish an interrupted run
     python examples/fedmcp_secure.py --full --seeds 0,1,2 --workers 9  # each seed x method a process, 9 at a time
     python examples/fedmcp_secure.py --combine results/fedmcp/seed0 results/fedmcp/seed1 ...  # parts run elsewhere, one report
+    python examples/fedmcp_secure.py --training-protocol fedmcp-fresh --precision fp32  # a fresh Adam each round, fp32
 
 Options every example shares: --algorithms fedmcp,fedavg_peft,local,fedrep (alias --methods; add
 fedavg_full or --with-full-ft, fedlr, moon, ditto, and the ablations fedmcp_no_cl, fedmcp_no_bl)  --protocol secagg+ (any secure protocol of `python -m fl_algorithms
@@ -24,6 +25,20 @@ Local, FedAvg (PEFT: both adapters aggregated), FedRep, FedMCP with SecAgg+, and
 plaintext to show what secure aggregation costs in accuracy (``secure_vs_plain_diff``).
 FedAvg (Full FT) trains and uploads all 22.7 M parameters per client per round: it is left out of
 the default run (its estimated cost is printed) and runs with ``--with-full-ft``.
+
+Training protocol (`--training-protocol`, docs/protocols.md; every field cited to the paper's section in
+`fl_algorithms.training.adapter_trainer.fedmcp_protocol`): Adam at lr 5e-4, constant, no clipping, one local
+epoch per round, last round, for every method of the run (Sec. V-C). The paper leaves the optimiser's
+lifetime open: ``fedmcp`` (default, as every run before) keeps each client's Adam across rounds,
+``fedmcp-fresh`` builds it afresh at every local run. ``--precision fp32|bf16`` sets the encoder's
+autocast (default auto: bf16 where the device multiplies bf16 natively, as earlier runs did; the paper's
+V100 has no bf16). The run header prints each method's protocol; config.toml and results.json record it
+(``training_protocol``, and ``protocol`` per method in results.json). A run saved before protocols were
+declared resumes with the kept Adam it ran.
+
+Two evaluation points: the table's accuracy is measured after aggregation (the round's averaged global
+adapter under the client's own private adapter and heads); a second table gives each client's model as
+its own last local run left it (before aggregation). The paper does not say which Table I reports.
 
 Simplifications, with reasons:
 * Adapters sit in the top ``--adapter-layers`` layers (default 2 of 6), not in every layer as in the
@@ -57,7 +72,9 @@ them), metrics.jsonl/.csv (one line per method, seed and round, written as each 
 results.json, accuracy.png, per-method checkpoints and, under deploy, each client's log in logs/.
 The last two printed lines are ``ablation full=.. no_cl=.. no_bl=.. min_test_per_client=N`` (FedMCP's
 Table II: w/o L_c is mu = 0, w/o L_b is gamma = 0; n/a unless --algorithms includes fedmcp_no_cl and
-fedmcp_no_bl) and ``avg_acc fedmcp=.. fedavg_peft=.. local=.. fedrep=.. secure_vs_plain_diff=..``.
+fedmcp_no_bl) and ``avg_acc fedmcp=.. fedavg_peft=.. local=.. fedrep=.. secure_vs_plain_diff=..`` followed by
+the before-aggregation accuracies ``fedmcp_local_eval=.. fedavg_peft_local_eval=.. ...`` of the methods where
+the two points can differ (not Local or Ditto).
 """
 from __future__ import annotations
 
@@ -74,15 +91,18 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from fl_algorithms.experiments.cli import check_run_location, comma_list
+from fl_algorithms.experiments.cli import check_run_location, comma_list, protocol_lines
 from fl_algorithms.experiments.fedmcp_grid import (PLAIN_TWIN, RUNTIMES, TABLE_ORDER, TITLES, MethodRun, Plan,
                                                    ablation_line, cache_clients, combine_plans, combined_runs,
-                                                   final_line, format_paired, format_table, full_ft_estimate,
-                                                   paired_differences, percent_columns, plot_curves, read_saved,
-                                                   run_method, run_parts, summarise, timing_report)
+                                                   final_line, format_paired, format_point_differences,
+                                                   format_point_table, format_table, full_ft_estimate,
+                                                   paired_differences, percent_columns, plot_curves,
+                                                   point_differences, read_saved, run_method, run_parts,
+                                                   saved_protocols, summarise, timing_report)
 from fl_algorithms.experiments.rundir import RunDirectory
 from fl_algorithms.tasks.fedmcp import (BACKBONES, DEFAULT_METHODS, FULL_PRESET, METHODS, FedMCPClients, FedMCPSettings,
                                         check_method)
+from fl_algorithms.training.adapter_trainer import FEDMCP_PROTOCOLS
 from fl_algorithms.training.dp_trainer import quiet_dp_libraries
 from nlp_models._offline import ensure_offline
 from nlp_models.classifiers import make_head
@@ -134,8 +154,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, help="torch intra-op threads (default: 2 if the machine is idle, else 1)")
     p.add_argument("--backbone-dropout", action="store_true", default=None,
                    help="keep dropout in the frozen adapted layers")
-    p.add_argument("--precision", choices=("auto", "bf16", "fp32"),
-                   help="bf16 autocast in the encoder layers (auto: where the device multiplies bf16 natively)")
+    p.add_argument("--precision", choices=("fp32", "bf16", "auto"),
+                   help="the declared protocol's precision: fp32, or bf16 autocast in the encoder layers (default "
+                        "auto: bf16 where the device multiplies bf16 natively, as runs before; fp32 elsewhere)")
+    p.add_argument("--training-protocol", choices=tuple(FEDMCP_PROTOCOLS),
+                   help="the clients' declared training protocol (docs/protocols.md): fedmcp (default) = the "
+                        "paper's Adam (lr 5e-4) kept across rounds, as every run before; fedmcp-fresh = a fresh "
+                        "Adam at every local run (the paper does not say which)")
     p.add_argument("--out", help=f"parent directory of run directories (default {DEFAULT_OUT})")
     p.add_argument("--run-name", help="run directory name (default: a timestamp)")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR with its saved settings")
@@ -231,15 +256,17 @@ def choose_threads(threads: int | None) -> int:
 
 # ---------------------------------------------------------------- main
 
-def open_run(args: argparse.Namespace, settings: FedMCPSettings, plan: Plan) -> RunDirectory:
-    """The resumed run directory, or a fresh one holding config.toml."""
+def open_run(args: argparse.Namespace, settings: FedMCPSettings, plan: Plan, *,
+             protocols: dict[str, dict[str, Any]]) -> RunDirectory:
+    """The resumed run directory, or a fresh one holding config.toml (settings, plan and each method's
+    declared training protocol)."""
     if args.resume:
         return RunDirectory.open(Path(args.resume))
     try:
         run = RunDirectory.create(Path(args.out) if args.out else DEFAULT_OUT, name=args.run_name)
     except FileExistsError as error:
         raise SystemExit(f"error: {error}") from None
-    run.write_config({"settings": settings, "plan": plan})
+    run.write_config({"settings": settings, "plan": plan, "training_protocol": protocols})
     return run
 
 
@@ -251,10 +278,14 @@ def print_report(document: dict[str, Any], settings: FedMCPSettings, plan: Plan,
           f"{' (FedMCP also in plaintext)' if PLAIN_TWIN in document['methods'] else ''}; Comm. relative to "
           f"uploading the {document['backbone_params'] / 1e6:.1f} M backbone parameters")
     print(document["table"])
+    if document["table_before_aggregation"]:
+        print()
+        print(document["table_before_aggregation"])
     if document["left_out"]:
         print(f"not run (add with --algorithms): {', '.join(TITLES[m] for m in document['left_out'])}")
-    if document["paired_text"]:
-        print(document["paired_text"])
+    for key in ("paired_text", "paired_before_aggregation_text", "point_differences_text"):
+        if document[key]:
+            print(document[key])
     if settings.dp:
         print("epsilon: example-level, per client, at delta "
               f"{settings.dp_delta:g} (Opacus RDP accountant kept across rounds; as each client last reported it)")
@@ -284,9 +315,15 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         clients.info  # noqa: B018 - loads every corpus, or raises
     except ValueError as error:
         raise SystemExit(f"error: {error}") from None
-    run = open_run(args, settings, plan)
+    protocols = clients.protocols(plan.run_list())
+    protocol_docs = {m: p.to_dict() for m, p in protocols.items()}
+    run = open_run(args, settings, plan, protocols=protocol_docs)
     print(f"run directory: {run.path}  (runtime {plan.runtime}, device {clients.device.type}, torch threads {threads}, "
           f"load {os.getloadavg()[0]:.1f}, {'bf16 autocast' if settings.bf16_on(clients.device) else 'fp32'} encoder)")
+    if args.resume and "training_protocol" not in run.read_config().get("settings", {}):
+        print("this run was saved before training protocols were declared: it resumes with the kept Adam it ran "
+              "(--training-protocol fedmcp)")
+    print("\n".join(protocol_lines({m: p for m, p in protocols.items() if m != PLAIN_TWIN})), flush=True)
     depth = backbone.config.num_hidden_layers
     sizes = ", ".join(f"{c.title} {c.sizes['train']}/{c.sizes['validation']}/{c.sizes['test']}" for c in clients.info)
     print(f"clients (train/val/test): {sizes}; adapters in the top {settings.adapter_layers} of {depth} layers")
@@ -305,10 +342,12 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     plan_runs = [] if parallel else [(seed, method) for seed in plan.seeds for method in plan.run_list()]
     if args.workers > 1:
         parts = run_parts(run, settings, plan, script=Path(__file__).resolve(), workers=args.workers, device=clients.device.type, threads=threads,
-                          progress=progress, deterministic=args.deterministic)
+                          progress=progress, deterministic=args.deterministic, protocols=protocol_docs)
         runs = combined_runs(parts, plan, run, logged)
+        protocol_docs.update(saved_protocols(parts))
     elif args.combine:
         runs = combined_runs([Path(p) for p in args.combine], plan, run, logged)
+        protocol_docs.update(saved_protocols([Path(p) for p in args.combine]))  # as the parts ran
         print(f"combined {len(args.combine)} parts: seeds {list(plan.seeds)}, methods {plan.run_list()}")
     outer = tqdm(plan_runs, desc="methods", disable=not progress, leave=False)
     prefix_seconds = 0.0
@@ -325,6 +364,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                                                                   mlp_hidden=settings.head_hidden, seed=0).parameters())
                                  for c in clients.info]))
     summary = summarise(runs, clients.info, dp=settings.dp)
+    for method, row in summary.items():
+        row["protocol"] = protocol_docs[method]
     percent_columns(summary, backbone_params=backbone_params, head_params=head_params)
     full_note = None
     if "fedavg_full" not in summary:
@@ -333,17 +374,26 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     table = format_table(summary, clients.info, seeds=len(plan.seeds), dp=settings.dp, full_ft_note=full_note)
     line = final_line(summary)
     paired = paired_differences(summary)
+    paired_before = paired_differences(summary, point="before_aggregation")
+    points = point_differences(summary)
     wall = time.perf_counter() - wall_start
     timing = timing_report(summary, prefix_seconds, wall, runtime=plan.runtime)
     document = {"methods": summary, "table": table, "final_line": line, "full_ft": full_note,
                 "paired": paired, "paired_text": format_paired(paired, summary),
+                "table_before_aggregation": format_point_table(summary, clients.info, seeds=len(plan.seeds)),
+                "paired_before_aggregation": paired_before,
+                "paired_before_aggregation_text": format_paired(paired_before, summary, point="before_aggregation"),
+                "point_differences": points, "point_differences_text": format_point_differences(points, summary),
+                "training_protocol": settings.training_protocol,
                 "left_out": [m for m in TABLE_ORDER if m in METHODS and m not in summary],
                 "ablation_line": ablation_line(summary, clients.info),
                 "prefix_cache_seconds": prefix_seconds, "wall_seconds": wall,
                 "clients": {c.key: {"title": c.title, "labels": c.num_labels, **c.sizes} for c in clients.info},
                 "backbone_params": backbone_params, "timing": timing, "seeds": list(plan.seeds),
                 "runtime": plan.runtime, "device": clients.device.type, "deterministic": args.deterministic}
-    run.write_results({"config": {"settings": settings, "plan": plan}, "summary": document,
+    run.write_results({"experiment": "fedmcp",
+                       "config": {"settings": settings, "plan": plan, "training_protocol": protocol_docs},
+                       "summary": document,
                        "runs": {f"{m}/seed{r.seed}": r.history for m, rs in runs.items() for r in rs}})
     plot_curves(summary, run.path / "accuracy.png")
     run.close()

@@ -3,6 +3,12 @@ seed in the simulation or a deployment, the summary over seeds (per-client and a
 paired differences, costs), the table, plot and result lines, and runs made in parts (``run_parts``:
 each seed x method its own process; ``combined_runs``: parts reported as one).
 
+Two evaluation points (issue 55): ``accuracy`` after aggregation (the round's averaged shared parts under the
+client's own private parts and heads: the table's main number, as before) and ``accuracy_before_aggregation``
+(the model as the client's own last local run left it), each per client, averaged, per seed and paired by
+seed (`POINTS`). They coincide by construction for Local (nothing is aggregated) and Ditto (it evaluates
+the personal model its last local run trained), whose ``_local_eval`` keys the last line therefore omits.
+
 ``examples/fedmcp_secure.py`` is the command line over it; ``fl_algorithms.tasks.fedmcp`` builds the
 clients and ``fl_algorithms.training.adapter_trainer`` trains them.
 """
@@ -27,6 +33,7 @@ from fl_algorithms.experiments.parallel import run_pool
 from fl_algorithms.experiments.rundir import RunDirectory
 from fl_algorithms.experiments.tables import paired_difference, pyplot, save_figure
 from fl_algorithms.tasks.fedmcp import DEFAULT_METHODS, METHODS, ClientInfo, FedMCPClients, FedMCPSettings
+from fl_algorithms.training.adapter_trainer import BEFORE_AGGREGATION
 from secagg.protocols import registry
 
 PLAIN_TWIN = "fedmcp_plain"
@@ -39,6 +46,12 @@ TABLE_ORDER = ("fedavg_full", "local", "fedavg_peft", "fedlr", "fedrep", "moon",
                "fedmcp_no_bl", PLAIN_TWIN)
 RUNTIMES = ("sim", "deploy")
 TASK_SPEC = "fl_algorithms.tasks.fedmcp:build"
+POINTS = {"after_aggregation": "accuracy", "before_aggregation": BEFORE_AGGREGATION}
+"""Evaluation point -> the clients' metric: after the server's aggregation (the table's main number), and
+before it (each client's model as its own last local run left it)."""
+SAME_POINT = ("local", "ditto")
+"""Methods whose two evaluation points coincide by construction (Local aggregates nothing; Ditto evaluates the
+personal model its last local run trained)."""
 
 
 @dataclass(frozen=True)
@@ -149,13 +162,26 @@ def combined_runs(parts: Sequence[Path], plan: Plan, run: RunDirectory,
     return runs
 
 
+def saved_protocols(parts: Sequence[Path]) -> dict[str, dict[str, Any]]:
+    """Each method's declared training protocol as its part recorded it (results.json), where one did."""
+    out: dict[str, dict[str, Any]] = {}
+    for path in parts:
+        try:
+            methods = json.loads((path / "results.json").read_text())["summary"]["methods"]
+        except (OSError, KeyError, ValueError):
+            continue
+        out.update({m: row["protocol"] for m, row in methods.items() if "protocol" in row})
+    return out
+
+
 # FedMCP and its twin (4 passes per step, plus the plaintext rerun) first, then the costlier baselines
 PART_ORDER = ("fedmcp", "fedavg_full", "fedmcp_no_cl", "fedmcp_no_bl", "moon", "ditto", "fedrep", "fedavg_peft",
               "fedlr", "local")
 
 
 def run_parts(run: RunDirectory, settings: FedMCPSettings, plan: Plan, *, script: str | Path, workers: int, device: str,
-              threads: int, progress: bool, deterministic: bool = False) -> list[Path]:
+              threads: int, progress: bool, deterministic: bool = False,
+              protocols: dict[str, Any] | None = None) -> list[Path]:
     """--workers: each seed x method its own run directory under run/parts (FedMCP with its plaintext twin),
     run as `script --resume PART` processes, `workers` at a time; finished parts (results.json) are not rerun
     and unfinished ones continue from their checkpoints. Returns every part's directory."""
@@ -168,7 +194,10 @@ def run_parts(run: RunDirectory, settings: FedMCPSettings, plan: Plan, *, script
                 part = Plan(algorithms=(method,), protocol=plan.protocol, seeds=(seed,), runtime=plan.runtime,
                             plain_check=plan.plain_check and method == "fedmcp")
                 path.mkdir(parents=True, exist_ok=True)  # (or left without its config by an interrupted start)
-                RunDirectory(path).write_config({"settings": settings, "plan": part})
+                config: dict[str, Any] = {"settings": settings, "plan": part}
+                if protocols is not None:  # each method's declared training protocol (as TrainingProtocol.to_dict)
+                    config["training_protocol"] = {m: protocols[m] for m in part.run_list() if m in protocols}
+                RunDirectory(path).write_config(config)
             parts.append(path)
     todo = [p for p in parts if not (p / "results.json").is_file()]
     commands = [[sys.executable, str(script), "--resume", str(p), "--device", device,
@@ -276,16 +305,43 @@ def _mean_std(values: Sequence[float]) -> tuple[float, float]:
     return float(arr.mean()), float(arr.std(ddof=1)) if len(arr) > 1 else 0.0
 
 
+def _point(seed_runs: Sequence[MethodRun], clients: Sequence[ClientInfo], metric: str) -> dict[str, Any] | None:
+    """One evaluation point's last-round test accuracy (%) over seeds: per client (mean, std, by seed),
+    average (mean, std) and average by seed; None where some client of some seed did not report `metric`."""
+    last = [r.history[-1].metrics for r in seed_runs]
+    if not all(metric in m.get(c.client_id, {}) for m in last for c in clients):
+        return None
+    by_client = {c.key: {str(r.seed): 100 * m[c.client_id][metric] for r, m in zip(seed_runs, last)} for c in clients}
+    averages = {str(r.seed): 100 * float(np.mean([m[c.client_id][metric] for c in clients]))
+                for r, m in zip(seed_runs, last)}
+    return {"per_client": {k: dict(zip(("mean", "std"), _mean_std(list(v.values())))) for k, v in by_client.items()},
+            "per_client_by_seed": by_client,
+            "average": dict(zip(("mean", "std"), _mean_std(list(averages.values())))),
+            "average_by_seed": averages}
+
+
+def _grad_ratio(seed_runs: Sequence[MethodRun]) -> dict[str, list[float]]:
+    """FedMCP's logged ratio of the gradient norms of mu L_c and L_a on the global adapter, per round: the
+    median, min and max over clients and seeds (empty for methods that do not log it)."""
+    rounds = len(seed_runs[0].history)
+    values = [[v for r in seed_runs if t < len(r.history) for m in r.history[t].metrics.values()
+               if np.isfinite(v := m.get("grad_ratio_mu_c_to_a", float("nan")))] for t in range(rounds)]
+    if not any(values):
+        return {}
+    return {stat: [float(fn(v)) if v else float("nan") for v in values]
+            for stat, fn in (("median", np.median), ("min", np.min), ("max", np.max))}
+
+
 def summarise(runs: dict[str, list[MethodRun]], clients: Sequence[ClientInfo], *, dp: bool) -> dict[str, Any]:
-    """Per method, over its seeds: per-client and average accuracy (mean, std), curve, costs, epsilon, timers."""
+    """Per method, over its seeds: per-client and average accuracy (mean, std) after aggregation (the top-level
+    keys, as before) and at each evaluation point (`points`: `POINTS`), curve, costs, epsilon, timers."""
     methods: dict[str, Any] = {}
     for method, seed_runs in runs.items():
-        per_client = {c.key: _mean_std([100 * r.history[-1].metrics[c.client_id]["accuracy"] for r in seed_runs])
-                      for c in clients}
-        averages = [100 * float(np.mean([r.history[-1].metrics[c.client_id]["accuracy"] for c in clients]))
-                    for r in seed_runs]
-        by_seed = {str(r.seed): a for r, a in zip(seed_runs, averages)}
+        points = {name: p for name, metric in POINTS.items() if (p := _point(seed_runs, clients, metric)) is not None}
+        after = points["after_aggregation"]
         curve = np.mean([[100 * rec.mean("validation_accuracy") for rec in r.history] for r in seed_runs], axis=0)
+        curve_before = (np.mean([[100 * rec.mean(f"validation_{BEFORE_AGGREGATION}") for rec in r.history]
+                                 for r in seed_runs], axis=0) if "before_aggregation" in points else [])
         first = seed_runs[0]
         seconds = sum(rec.seconds for r in seed_runs for rec in r.history)
         secure = sum(rec.secure_seconds for r in seed_runs for rec in r.history)
@@ -296,10 +352,13 @@ def summarise(runs: dict[str, list[MethodRun]], clients: Sequence[ClientInfo], *
                 timer[key] += value
         methods[method] = {
             "title": TITLES[method],
-            "per_client": {k: {"mean": m, "std": s} for k, (m, s) in per_client.items()},
-            "average": dict(zip(("mean", "std"), _mean_std(averages))),
-            "average_by_seed": by_seed,
+            "per_client": after["per_client"],
+            "average": after["average"],
+            "average_by_seed": after["average_by_seed"],
+            "points": points,
             "curve": [float(v) for v in curve],
+            "curve_before_aggregation": [float(v) for v in curve_before],
+            "grad_ratio_mu_c_to_a": _grad_ratio(seed_runs),
             "trainable_params": first.trainable,
             "shared_params": first.shared,
             "bytes_uploaded_per_round": float(np.mean(uploaded)) if first.shared else 0.0,
@@ -379,29 +438,80 @@ def format_table(summary: dict[str, Any], clients: Sequence[ClientInfo], *, seed
     return "\n".join(lines)
 
 
-def paired_differences(summary: dict[str, Any], *, level: float = 0.95) -> dict[str, dict[str, float]]:
-    """FedMCP minus each other method in average accuracy, paired by seed (same split, same initial
-    adapters): the mean difference and its Student-t interval over the common seeds (nan with one seed)."""
-    if "fedmcp" not in summary:
+def format_point_table(summary: dict[str, Any], clients: Sequence[ClientInfo], *, seeds: int,
+                       point: str = "before_aggregation") -> str:
+    """Per-client and average test accuracy of every method at evaluation `point` (`POINTS`); '' if none has it."""
+    rows = [["Method"] + [c.title for c in clients] + ["Avg."]]
+    for method in TABLE_ORDER:
+        stats = summary.get(method, {}).get("points", {}).get(point)
+        if stats is None:
+            continue
+        same = " (= after agg.)" if method in SAME_POINT and point != "after_aggregation" else ""
+        rows.append([summary[method]["title"] + same]
+                    + [f"{stats['per_client'][c.key]['mean']:.2f}" + (f"±{stats['per_client'][c.key]['std']:.2f}"
+                                                                        if seeds > 1 else "") for c in clients]
+                    + [f"{stats['average']['mean']:.2f}" + (f"±{stats['average']['std']:.2f}" if seeds > 1 else "")])
+    if len(rows) == 1:
+        return ""
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(v.ljust(w) if i == 0 else v.rjust(w) for i, (v, w) in enumerate(zip(r, widths))) for r in rows]
+    lines.insert(1, "-" * len(lines[0]))
+    what = {"before_aggregation": "before aggregation: each client's model as its own last local run left it "
+                                  "(its just-trained shared parts, private parts and heads)",
+            "after_aggregation": "after aggregation"}[point]
+    return f"Test accuracy (%) {what}\n" + "\n".join(lines)
+
+
+def paired_differences(summary: dict[str, Any], *, level: float = 0.95,
+                       point: str = "after_aggregation") -> dict[str, dict[str, float]]:
+    """FedMCP minus each other method in average accuracy at evaluation `point` (`POINTS`; both methods at the
+    same point), paired by seed (same split, same initial adapters): the mean difference and its Student-t
+    interval over the common seeds (nan with one seed)."""
+    if point not in summary.get("fedmcp", {}).get("points", {}):
         return {}
-    ours = summary["fedmcp"]["average_by_seed"]
+    ours = summary["fedmcp"]["points"][point]["average_by_seed"]
     out = {}
     for method in (m for m in TABLE_ORDER if m in summary and m != "fedmcp"):
-        d = paired_difference(ours, summary[method]["average_by_seed"], level=level)
+        theirs = summary[method].get("points", {}).get(point)
+        d = None if theirs is None else paired_difference(ours, theirs["average_by_seed"], level=level)
         if d is not None:
             out[method] = d
     return out
 
 
-def format_paired(paired: dict[str, dict[str, float]], summary: dict[str, Any]) -> str:
-    if not paired:
-        return ""
+def point_differences(summary: dict[str, Any], *, level: float = 0.95) -> dict[str, dict[str, float]]:
+    """Per method: accuracy before minus after aggregation, paired by seed, where the two can differ."""
+    out = {}
+    for method in (m for m in TABLE_ORDER if m in summary and m not in SAME_POINT):
+        points = summary[method].get("points", {})
+        if "before_aggregation" in points:
+            out[method] = paired_difference(points["before_aggregation"]["average_by_seed"],
+                                            points["after_aggregation"]["average_by_seed"], level=level)
+    return out
+
+
+def _cells(paired: dict[str, dict[str, float]], summary: dict[str, Any]) -> tuple[str, int]:
     cells = []
     for method, d in paired.items():
         interval = "n/a with one seed" if np.isnan(d["low"]) else f"[{d['low']:+.2f}, {d['high']:+.2f}]"
         cells.append(f"{summary[method]['title']} {d['mean']:+.2f} {interval}")
-    n = max(d["seeds"] for d in paired.values())
-    return f"FedMCP minus each method, average accuracy paired by seed (95% t-interval, {n} seeds): " + "; ".join(cells)
+    return "; ".join(cells), max(d["seeds"] for d in paired.values())
+
+
+def format_paired(paired: dict[str, dict[str, float]], summary: dict[str, Any], *,
+                  point: str = "after_aggregation") -> str:
+    if not paired:
+        return ""
+    cells, n = _cells(paired, summary)
+    where = "" if point == "after_aggregation" else ", both before aggregation"
+    return f"FedMCP minus each method{where}, average accuracy paired by seed (95% t-interval, {n} seeds): {cells}"
+
+
+def format_point_differences(differences: dict[str, dict[str, float]], summary: dict[str, Any]) -> str:
+    if not differences:
+        return ""
+    cells, n = _cells(differences, summary)
+    return f"before minus after aggregation, average accuracy paired by seed (95% t-interval, {n} seeds): {cells}"
 
 
 def ablation_line(summary: dict[str, Any], clients: Sequence[ClientInfo]) -> str:
@@ -420,7 +530,12 @@ def final_line(summary: dict[str, Any]) -> str:
     diff = "n/a"
     if "fedmcp" in summary and "fedmcp_plain" in summary:
         diff = f"{summary['fedmcp']['average']['mean'] - summary['fedmcp_plain']['average']['mean']:+.2f}"
-    return "avg_acc " + " ".join(parts) + f" secure_vs_plain_diff={diff}"
+    # the second evaluation point, after the line's earlier keys: before aggregation, where it can differ
+    before = [f"{method}_local_eval={summary[method]['points']['before_aggregation']['average']['mean']:.2f}"
+              for method in ("fedmcp", "fedavg_peft", "local", "fedrep", "fedavg_full", "fedlr", "moon", "ditto")
+              if method in summary and method not in SAME_POINT
+              and "before_aggregation" in summary[method].get("points", {})]
+    return "avg_acc " + " ".join(parts) + f" secure_vs_plain_diff={diff}" + "".join(f" {b}" for b in before)
 
 
 def plot_curves(summary: dict[str, Any], path: Path) -> Path:
@@ -481,7 +596,8 @@ def cache_clients(clients: FedMCPClients, *, seed: int, progress: bool) -> float
     return time.perf_counter() - start
 
 
-__all__ = ["PART_ORDER", "PLAIN_TWIN", "RUNTIMES", "TABLE_ORDER", "TASK_SPEC", "TITLES", "MethodRun", "Plan",
-           "ablation_line", "cache_clients", "combine_plans", "combined_runs", "final_line", "format_paired",
-           "format_table", "full_ft_estimate", "last_epsilon", "paired_differences", "percent_columns", "plot_curves",
-           "read_saved", "run_method", "run_parts", "summarise", "timing_report"]
+__all__ = ["PART_ORDER", "PLAIN_TWIN", "POINTS", "RUNTIMES", "SAME_POINT", "TABLE_ORDER", "TASK_SPEC", "TITLES",
+           "MethodRun", "Plan", "ablation_line", "cache_clients", "combine_plans", "combined_runs", "final_line",
+           "format_paired", "format_point_differences", "format_point_table", "format_table", "full_ft_estimate",
+           "last_epsilon", "paired_differences", "percent_columns", "plot_curves", "point_differences", "read_saved",
+           "run_method", "run_parts", "saved_protocols", "summarise", "timing_report"]

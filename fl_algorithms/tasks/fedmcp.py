@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import copy
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from functools import cached_property
 from typing import Any
@@ -38,9 +38,10 @@ from fl_algorithms.algorithms.local import Local
 from fl_algorithms.algorithms.moon import MOON
 from fl_algorithms.api import Algorithm
 from fl_algorithms.experiments.task import Task, check_options, int_option, settings_option
-from fl_algorithms.training.adapter_trainer import (BASELINE_MODEL, FEDMCP_MODEL, LOCAL_MODEL, LORA_MODEL,
-                                                    MOON_MODEL, AdapterTrainer, FullFineTuneTrainer, MethodModel,
-                                                    TrainConfig)
+from fl_algorithms.training.adapter_trainer import (BASELINE_MODEL, FEDMCP_MODEL, FEDMCP_PROTOCOLS, LOCAL_MODEL,
+                                                    LORA_MODEL, MOON_MODEL, AdapterTrainer, FullFineTuneTrainer,
+                                                    MethodModel, TrainConfig, fedmcp_protocol)
+from fl_algorithms.training.protocol import TrainingProtocol
 from nlp_models.backbone import BACKBONES, load_named_backbone  # noqa: F401  (re-exported)
 from nlp_models.cpu import fast_bf16
 from nlp_models.data.cross_task import CLIENT_TASKS, ClientData, build_client_data, split_clients
@@ -98,7 +99,12 @@ class FedMCPSettings:
     backbone_dropout: bool = False
     """Dropout in the frozen adapted layers (default off: it cost a quarter of each CPU step)."""
     precision: str = "auto"
-    """'bf16' autocast in the encoder layers, 'fp32', or 'auto' (bf16 where the CPU has AMX/AVX512-BF16)."""
+    """'bf16' autocast in the encoder layers, 'fp32', or 'auto' (bf16 where the device multiplies bf16 natively:
+    a CPU with AMX/AVX512-BF16, a GPU from Ampere on). The declared protocol records what it resolved to."""
+    training_protocol: str = "fedmcp"
+    """FedMCP's declared protocol (`fl_algorithms.training.adapter_trainer.FEDMCP_PROTOCOLS`): 'fedmcp' keeps
+    each client's Adam across rounds (as every run before protocols were declared, so a run saved without
+    this field resumes as it ran), 'fedmcp-fresh' builds it afresh at every local run."""
     backbone: str = "minilm"
     """'minilm' (all-MiniLM-L6-v2) or 'tiny' (a seeded random 3-layer BERT, hidden 32: tests and smoke runs)."""
 
@@ -120,6 +126,8 @@ class FedMCPSettings:
             (self.ditto_lambda >= 0, "--ditto-lambda must be non-negative"),
             (self.dp_noise > 0 and self.dp_clip > 0 and 0 < self.dp_delta < 1, "bad --dp-noise/--dp-clip/--dp-delta"),
             (self.precision in ("auto", "bf16", "fp32"), "--precision must be auto, bf16 or fp32"),
+            (self.training_protocol in FEDMCP_PROTOCOLS,
+             f"--training-protocol must be one of {', '.join(FEDMCP_PROTOCOLS)}, got {self.training_protocol!r}"),
             (self.backbone in BACKBONES, f"--backbone must be one of {', '.join(BACKBONES)}"),
         ]
         for ok, message in checks:
@@ -135,7 +143,13 @@ class FedMCPSettings:
         """Whether the encoder layers run under bfloat16 autocast on `device`."""
         return self.precision == "bf16" or (self.precision == "auto" and fast_bf16(device))
 
-    def train_config(self, *, device: torch.device | str = "cpu") -> TrainConfig:
+    def protocol(self, method: str = "fedmcp", *, device: torch.device | str = "cpu") -> TrainingProtocol:
+        """The declared training protocol of `method`'s clients on `device` (its precision resolved there)."""
+        return fedmcp_protocol(self.training_protocol, method=method, lr=self.lr,
+                               precision="bf16" if self.bf16_on(device) else "fp32",
+                               fedrep_head_epochs=self.fedrep_head_epochs, dp=self.dp)
+
+    def train_config(self, *, device: torch.device | str = "cpu", method: str = "fedmcp") -> TrainConfig:
         dp = None
         if self.dp:
             from dp.opacus_client import DPSGDConfig
@@ -143,7 +157,7 @@ class FedMCPSettings:
             dp = DPSGDConfig(noise_multiplier=self.dp_noise, max_grad_norm=self.dp_clip, batch_size=self.batch_size,
                              delta=self.dp_delta)
         return TrainConfig(batch_size=self.batch_size, lr=self.lr, dp=dp, dp_delta=self.dp_delta, bf16=self.bf16_on(device),
-                           backbone_dropout=self.backbone_dropout)
+                           backbone_dropout=self.backbone_dropout, protocol=self.protocol(method, device=device))
 
 
 FULL_PRESET = {"rounds": 25, "train_cap": None, "max_length": 128, "adapter_layers": 6, "batch_size": 64}
@@ -285,7 +299,7 @@ class FedMCPClients:
 
     # ---- clients --------------------------------------------------------------------------------
     def _trainer(self, data: ClientData, *, method: str, seed: int, full_backbone: torch.nn.Module | None = None):
-        config = self.settings.train_config(device=self.device)
+        config = self.settings.train_config(device=self.device, method=method)
         if method == "fedavg_full":
             backbone = full_backbone if full_backbone is not None else self.trainable_backbone()
             return FullFineTuneTrainer(data=data, backbone=backbone, head_hidden=self.settings.head_hidden,
@@ -345,6 +359,11 @@ class FedMCPClients:
         probes = [self._trainer(self._probe(i), method=method, seed=seed, full_backbone=full) for i in self.info]
         return ParameterCounts(trainable=float(np.mean([t.trainable_count() for t in probes])),
                                shared=int(probes[0].shared_count()))
+
+    def protocols(self, methods: Sequence[str]) -> dict[str, TrainingProtocol]:
+        """The declared training protocol of each method's clients on this device (FedMCP's plaintext twin
+        trains as FedMCP)."""
+        return {m: self.settings.protocol("fedmcp" if m == "fedmcp_plain" else m, device=self.device) for m in methods}
 
     def task(self, method: str, *, seed: int) -> Task:
         check_method(method, self.settings)

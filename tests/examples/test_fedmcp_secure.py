@@ -20,7 +20,8 @@ fedmcp_secure = importlib.import_module("fedmcp_secure")
 fedmcp_task = importlib.import_module("fl_algorithms.tasks.fedmcp")
 
 FINAL = re.compile(r"^avg_acc fedmcp=\d+\.\d\d fedavg_peft=\d+\.\d\d local=\d+\.\d\d fedrep=\d+\.\d\d "
-                   r"secure_vs_plain_diff=[+-]\d+\.\d\d$")
+                   r"secure_vs_plain_diff=[+-]\d+\.\d\d fedmcp_local_eval=\d+\.\d\d fedavg_peft_local_eval=\d+\.\d\d "
+                   r"fedrep_local_eval=\d+\.\d\d$")
 ABLATION = re.compile(r"^ablation full=(\d+\.\d\d|n/a) no_cl=(\d+\.\d\d|n/a) no_bl=(\d+\.\d\d|n/a) "
                       r"min_test_per_client=(\d+)$")
 TINY = ["--backbone", "tiny", "--train-cap", "18", "--test-cap", "12", "--rounds", "2", "--adapter-layers", "1", "--batch-size", "8",
@@ -263,7 +264,9 @@ def test_the_other_table_i_baselines_run_through_secure_aggregation(tmp_path, ca
                                           "--out", str(tmp_path)])
     lines = capsys.readouterr().out.strip().splitlines()
     methods = document["methods"]
-    assert re.search(r" fedlr=\d+\.\d\d moon=\d+\.\d\d ditto=\d+\.\d\d secure_vs_plain_diff=n/a$", lines[-1]), lines[-1]
+    assert re.search(r" fedlr=\d+\.\d\d moon=\d+\.\d\d ditto=\d+\.\d\d secure_vs_plain_diff=n/a "
+                     r"fedavg_peft_local_eval=\d+\.\d\d fedlr_local_eval=\d+\.\d\d moon_local_eval=\d+\.\d\d$",
+                     lines[-1]), lines[-1]  # Ditto evaluates its personal model: one point, no _local_eval
     assert any(line.startswith("not run (add with --algorithms): ") and "FedMCP w/o L_c" in line for line in lines)
     for method in ("fedlr", "moon", "ditto"):
         assert methods[method]["bytes_uploaded_per_round"] > 0 and 0 < methods[method]["secure_share"] < 1
@@ -339,3 +342,92 @@ def test_workers_run_each_seed_and_method_as_a_process_and_report_them_as_one(tm
     with pytest.raises(SystemExit):
         fedmcp_secure.parse_settings(["--workers", "2", "--runtime", "deploy"])
     assert "--workers is for the simulation" in capsys.readouterr().err
+
+
+# ---- the declared training protocol and both evaluation points (issue 55 item 3) ---------------------
+def test_the_declared_protocol_is_printed_and_recorded_and_both_evaluation_points_reported(tmp_path, capsys):
+    import tomllib
+
+    from fl_algorithms.training.adapter_trainer import BEFORE_AGGREGATION, fedmcp_protocol
+    from fl_algorithms.training.protocol import FRESH
+
+    argv = TINY + ["--algorithms", "fedmcp,local", "--training-protocol", "fedmcp-fresh", "--precision", "fp32",
+                   "--seeds", "0,1", "--out", str(tmp_path), "--run-name", "fresh"]
+    document = fedmcp_secure.main(argv)
+    lines = capsys.readouterr().out.strip().splitlines()
+    expected = {m: fedmcp_protocol("fedmcp-fresh", method=m, precision="fp32") for m in ("fedmcp", "local")}
+    for method, protocol in expected.items():  # one header line per algorithm (not the plaintext twin)
+        assert f"training protocol ({method}): {protocol.describe()}" in lines
+    assert not any(line.startswith("training protocol (fedmcp_plain)") for line in lines)
+    run = tmp_path / "fresh"
+    config = tomllib.loads((run / "config.toml").read_text())
+    assert config["settings"]["training_protocol"] == "fedmcp-fresh" and config["settings"]["precision"] == "fp32"
+    assert config["training_protocol"]["fedmcp"]["lifetime"] == FRESH
+    assert config["training_protocol"]["fedmcp"]["cite"] == expected["fedmcp"].cite
+    saved = json.loads((run / "results.json").read_text())
+    methods = saved["summary"]["methods"]
+    assert saved["experiment"] == "fedmcp"
+    for method in ("fedmcp", "local"):
+        assert methods[method]["protocol"] == expected[method].to_dict()
+        assert saved["config"]["training_protocol"][method] == expected[method].to_dict()
+    assert methods["fedmcp_plain"]["protocol"] == expected["fedmcp"].to_dict()
+    # both evaluation points, per client and averaged, per seed; Local's coincide
+    for method in ("fedmcp", "local"):
+        points = methods[method]["points"]
+        assert set(points) == {"after_aggregation", "before_aggregation"}
+        assert points["after_aggregation"]["average_by_seed"] == methods[method]["average_by_seed"]
+        for seed, history in ((s, saved["runs"][f"{method}/seed{s}"]) for s in (0, 1)):
+            last = history[-1]["metrics"]
+            assert points["before_aggregation"]["average_by_seed"][str(seed)] == pytest.approx(
+                100 * np.mean([m[BEFORE_AGGREGATION] for m in last.values()]))
+            assert all(f"validation_{BEFORE_AGGREGATION}" in m for r in history for m in r["metrics"].values())
+    local = methods["local"]["points"]
+    assert local["before_aggregation"]["per_client_by_seed"] == local["after_aggregation"]["per_client_by_seed"]
+    assert "Test accuracy (%) before aggregation" in document["table_before_aggregation"]
+    assert "Local (= after agg.)" in document["table_before_aggregation"]
+    assert document["paired_before_aggregation"]["local"]["seeds"] == 2
+    assert set(document["point_differences"]) == {"fedmcp", "fedmcp_plain"}
+    assert any(line.startswith("FedMCP minus each method, both before aggregation") for line in lines)
+    # the last line: the usual keys in the usual order, then the before-aggregation point where it can differ
+    before = methods["fedmcp"]["points"]["before_aggregation"]["average"]["mean"]
+    assert re.match(r"^avg_acc fedmcp=\d+\.\d\d local=\d+\.\d\d secure_vs_plain_diff=[+-]\d+\.\d\d "
+                    r"fedmcp_local_eval=\d+\.\d\d$", lines[-1]), lines[-1]
+    assert lines[-1].endswith(f" fedmcp_local_eval={before:.2f}") and lines[-1] == document["final_line"]
+    # FedMCP's gradient ratio mu L_c : L_a per round, for comparing protocols
+    assert len(methods["fedmcp"]["grad_ratio_mu_c_to_a"]["median"]) == 2
+    assert methods["local"]["grad_ratio_mu_c_to_a"] == {}
+
+
+def test_a_run_saved_before_protocols_were_declared_resumes_with_the_kept_adam_it_ran(tmp_path, capsys):
+    import tomllib
+
+    import tomli_w
+
+    from fl_algorithms.training.protocol import KEPT
+
+    fedmcp_secure.main(TINY + ["--algorithms", "local", "--rounds", "1", "--out", str(tmp_path), "--run-name", "old"])
+    capsys.readouterr()
+    run = tmp_path / "old"
+    config = tomllib.loads((run / "config.toml").read_text())
+    del config["settings"]["training_protocol"], config["training_protocol"]  # as saved before 2026-11-29
+    (run / "config.toml").write_text(tomli_w.dumps(config))
+    (run / "results.json").unlink()
+    _, settings, _ = fedmcp_secure.parse_settings(["--resume", str(run)])
+    assert settings.training_protocol == "fedmcp"
+    document = fedmcp_secure.main(["--resume", str(run), "--no-progress", "--threads", "1"])
+    assert "saved before training protocols were declared" in capsys.readouterr().out
+    assert document["methods"]["local"]["protocol"]["lifetime"] == KEPT
+    with pytest.raises(SystemExit, match="^2$"):  # argparse's usage error
+        fedmcp_secure.parse_settings(["--resume", str(run), "--training-protocol", "fedmcp-fresh"])
+    assert "differ from them: {'training_protocol': 'fedmcp-fresh'}" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--training-protocol", "adamw"], "argument --training-protocol: invalid choice: 'adamw'"),
+    (["--training-protocol", "kept-adamw"], "invalid choice: 'kept-adamw'"),
+    (["--precision", "fp16"], "argument --precision: invalid choice: 'fp16'"),
+])
+def test_bad_protocol_flags_are_clear_usage_errors(argv, message, capsys):
+    with pytest.raises(SystemExit, match="^2$"):  # argparse's usage error
+        fedmcp_secure.parse_settings(argv)
+    assert message in capsys.readouterr().err

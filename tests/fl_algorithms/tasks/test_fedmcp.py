@@ -142,3 +142,35 @@ def test_baselines_map_to_their_algorithms_and_dp_refuses_what_it_cannot_bound()
     fedmcp.check_method("moon", dp)  # MOON's l_con is per example: DP-SGD can clip it
     with pytest.raises(ValueError, match="moon-tau"):
         FedMCPSettings(moon_tau=0.0)
+
+
+# ---- the declared training protocol (issue 55 item 3) -----------------------------------------------
+def test_settings_declare_fedmcps_protocol_per_method_with_its_lifetime_and_precision():
+    from fl_algorithms.training.adapter_trainer import fedmcp_protocol
+    from fl_algorithms.training.protocol import FRESH, KEPT
+
+    kept = FedMCPSettings(backbone="tiny", precision="fp32")
+    assert kept.training_protocol == "fedmcp"  # the default: Adam kept across rounds, as every run before
+    assert kept.protocol("fedmcp") == fedmcp_protocol("fedmcp", precision="fp32")
+    assert kept.protocol("local").lifetime == KEPT
+    assert kept.train_config(method="fedrep").protocol == fedmcp_protocol("fedmcp", method="fedrep", precision="fp32")
+    fresh = FedMCPSettings(backbone="tiny", precision="bf16", training_protocol="fedmcp-fresh", lr=1e-3)
+    protocol = fresh.protocol("fedmcp")
+    assert (protocol.name, protocol.lifetime, protocol.precision, protocol.optimizer.lr) == ("fedmcp-fresh", FRESH,
+                                                                                            "bf16", 1e-3)
+    assert fresh.train_config().protocol == protocol and fresh.train_config().bf16
+    clients = FedMCPClients(fresh)
+    protocols = clients.protocols(["fedmcp", "fedmcp_plain", "local"])
+    assert protocols["fedmcp_plain"] == protocols["fedmcp"] and protocols["local"].lifetime == FRESH
+    with pytest.raises(ValueError, match="--training-protocol must be one of fedmcp, fedmcp-fresh, got 'fresh'"):
+        FedMCPSettings(training_protocol="fresh")
+
+
+def test_a_second_process_builds_clients_under_the_same_protocol(clients):
+    fresh = FedMCPClients(FedMCPSettings(**{**SETTINGS.__dict__, "training_protocol": "fedmcp-fresh"}))
+    task = build(fresh.options("fedmcp", seed=0))
+    assert task.make_trainer(1).protocol == fresh.make_trainer(1, method="fedmcp", seed=0).protocol
+    assert task.make_trainer(1).protocol.fresh
+    assert not clients.make_trainer(1, method="fedmcp", seed=0).protocol.fresh
+    with pytest.raises(ValueError, match="--training-protocol must be one of"):
+        build({"settings": json.dumps({"training_protocol": "adamw"})})

@@ -249,3 +249,120 @@ def test_the_adapter_clients_honour_the_protocols_optimiser_lifetime_and_schedul
     assert trainer.state_dict()["optimizer"] is None and kept.state_dict()["optimizer"] is not None
     with pytest.raises(ValueError, match="is not the config's lr"):
         TrainConfig(lr=1e-3, protocol=fresh)
+
+
+# ---- FedMCP's declared protocol and its two evaluation points (issue 55 item 3) ---------------------
+def _fedmcp_client(tiny_client, protocol):
+    backbone, client = tiny_client
+    return AdapterTrainer(data=client, backbone=backbone, spec=FEDMCP_MODEL, bottleneck=4, head_hidden=8,
+                          config=TrainConfig(batch_size=4, protocol=protocol), seed=0)
+
+
+def test_fedmcp_protocol_declares_the_papers_adam_and_cites_every_aspect():
+    from fl_algorithms.training.adapter_trainer import FEDMCP_PROTOCOLS, fedmcp_protocol
+    from fl_algorithms.training.protocol import CITED, FRESH, KEPT, TrainingProtocol
+
+    kept, fresh = fedmcp_protocol("fedmcp"), fedmcp_protocol("fedmcp-fresh", precision="bf16")
+    assert set(FEDMCP_PROTOCOLS) == {"fedmcp", "fedmcp-fresh"}
+    assert (kept.lifetime, fresh.lifetime) == (KEPT, FRESH) and not kept.fresh and fresh.fresh
+    for p in (kept, fresh):
+        assert (p.optimizer.name, p.optimizer.lr, p.schedule, p.max_grad_norm, p.local_epochs) == ("adam", 5e-4,
+                                                                                                   "constant", None, 1)
+        assert (p.evaluation, p.selection) == ("after aggregation", "last round")
+        assert set(p.cite) == set(CITED) and all(p.cite[k].strip() for k in CITED)
+        assert "Sec. V-C" in p.cite["optimizer"] and "Sec. V-C" in p.cite["local_work"]
+        assert "accuracy_before_aggregation" in p.cite["evaluation"]
+        assert TrainingProtocol.from_dict(p.to_dict()) == p
+    assert (kept.precision, fresh.precision) == ("fp32", "bf16") and "V100" in kept.cite["precision"]
+    assert "differs" in fedmcp_protocol(lr=1e-3).cite["optimizer"]
+    assert "head step" in fedmcp_protocol(method="fedrep").cite["local_work"]
+    with pytest.raises(ValueError, match="unknown FedMCP training protocol 'kept-adamw'"):
+        fedmcp_protocol("kept-adamw")
+    with pytest.raises(ValueError, match="precision must be 'fp32' or 'bf16', got 'fp16'"):
+        fedmcp_protocol(precision="fp16")
+
+
+@pytest.mark.parametrize("name, fresh", [("fedmcp", False), ("fedmcp-fresh", True)])
+def test_fedmcp_clients_adam_is_empty_at_every_rounds_start_only_when_fresh(tiny_client, name, fresh):
+    from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+    from fl_algorithms.algorithms.fedmcp import GLOBAL_PART, REFERENCE, FedMCPObjective
+    from fl_algorithms.training.adapter_trainer import fedmcp_protocol
+
+    trainer = _fedmcp_client(tiny_client, fedmcp_protocol(name))
+    seen = []
+    handle = register_optimizer_step_pre_hook(lambda opt, *_: seen.append((opt, len(opt.state))))
+    try:
+        for _ in range(3):  # three rounds of FedMCP's local update
+            start = trainer.get_shared()[GLOBAL_PART]
+            trainer.load_adapter_set(REFERENCE, start)
+            trainer.fit(epochs=1, objective=FedMCPObjective(gamma=0.5, mu=0.05))
+    finally:
+        handle.remove()
+    steps = math.ceil(trainer.num_examples / 4)
+    firsts = [seen[r * steps] for r in range(3)]
+    assert isinstance(firsts[0][0], torch.optim.Adam) and firsts[0][1] == 0
+    if fresh:  # each round's first step: a new Adam with no state; checkpoints carry none
+        assert all(n == 0 for _, n in firsts) and len({id(o) for o, _ in firsts}) == 3
+        assert trainer.state_dict()["optimizer"] is None
+    else:  # one Adam whose moments carry over
+        assert all(n > 0 for _, n in firsts[1:]) and len({id(o) for o, _ in firsts}) == 1
+        assert trainer.state_dict()["optimizer"] is not None
+
+
+def test_evaluation_reports_the_model_before_and_after_aggregation(tiny_client, monkeypatch):
+    from fl_algorithms.algorithms.fedmcp import GLOBAL_PART, REFERENCE, FedMCPObjective
+    from fl_algorithms.training.adapter_trainer import BEFORE_AGGREGATION
+
+    trainer = _trainer(tiny_client, FEDMCP_MODEL)
+    assert set(trainer.evaluate(split="test")) == {"accuracy"}  # no local run yet: one point
+    start = trainer.get_shared()[GLOBAL_PART]
+    trainer.load_adapter_set(REFERENCE, start)
+    trainer.fit(epochs=2, objective=FedMCPObjective(gamma=0.5, mu=0.05))
+    trained = trainer.get_shared()[GLOBAL_PART]
+    same = trainer.evaluate(split="test")  # nothing aggregated since: the two points are one model
+    assert same[BEFORE_AGGREGATION] == same["accuracy"]
+    # "aggregation": another global adapter arrives (far from this client's, so the predictions change)
+    averaged = start + np.random.default_rng(0).normal(scale=5.0, size=start.shape).astype(np.float32)
+    trainer.set_shared({GLOBAL_PART: averaged})
+    evaluated = []
+    real = trainer._accuracy
+    monkeypatch.setattr(trainer, "_accuracy", lambda split: (evaluated.append(trainer.get_shared()[GLOBAL_PART]),
+                                                             real(split))[1])
+    both = trainer.evaluate(split="test")
+    np.testing.assert_array_equal(evaluated[0], averaged)  # after aggregation: the averaged adapter
+    np.testing.assert_array_equal(evaluated[1], trained)  # before: the client's own, just trained
+    np.testing.assert_array_equal(trainer.get_shared()[GLOBAL_PART], averaged)  # and the averaged one restored
+    monkeypatch.undo()
+    assert both["accuracy"] == trainer.evaluate(split="test")["accuracy"]
+    trainer.set_shared({GLOBAL_PART: trained})
+    assert both[BEFORE_AGGREGATION] == trainer.evaluate(split="test")["accuracy"]
+    # on this client the two models predict differently
+    logits = {}
+    for name, vector in (("after", averaged), ("before", trained)):
+        trainer.set_shared({GLOBAL_PART: vector})
+        reps = trainer._represent_split(trainer.data.splits["test"], mixing=FEDMCP_MODEL.predict_mixing)
+        logits[name] = trainer.model.classify(FEDMCP_MODEL.predict_head, reps)
+    assert not torch.allclose(logits["after"], logits["before"])
+
+
+def test_a_local_client_and_full_fine_tuning_report_both_points(tiny_client):
+    import copy
+
+    from fl_algorithms.training.adapter_trainer import BEFORE_AGGREGATION, LOCAL_MODEL
+
+    local = _trainer(tiny_client, LOCAL_MODEL)
+    local.train(epochs=1)
+    metrics = local.evaluate(split="test")
+    assert metrics[BEFORE_AGGREGATION] == metrics["accuracy"]  # Local shares nothing: one model
+    backbone, client = tiny_client
+    full = FullFineTuneTrainer(data=client, backbone=copy.deepcopy(backbone).requires_grad_(True), head_hidden=None,
+                               config=TrainConfig(batch_size=4), seed=0)
+    initial = full.get_shared()
+    full.train(epochs=1)
+    trained = full.get_shared()
+    full.set_shared(initial)  # the "aggregate"
+    both = full.evaluate(split="test")
+    np.testing.assert_array_equal(full.get_shared()["backbone"], initial["backbone"])  # restored after evaluating
+    full.set_shared(trained)
+    assert both[BEFORE_AGGREGATION] == full.evaluate(split="test")["accuracy"]

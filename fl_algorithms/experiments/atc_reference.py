@@ -57,8 +57,11 @@ def run_reference(trainers: Mapping[int, HeteroTrainer], *, plan: Any, seed: int
                 updates[i] = _flat(trained[i]) - _flat(models[i])
             seen += len(ids)
             k = min(config.clusters, len(ids))
-            assign = AgglomerativeClustering(n_clusters=k, metric="cosine", linkage="average").fit_predict(
-                np.stack([updates[i] for i in ids]))
+            rows = np.stack([updates[i] for i in ids])
+            if np.any(~rows.any(axis=1)):   # an update of exactly 0 (a round all warmup, lr 0) has no cosine:
+                assign = np.array([labels[i] for i in ids])   # the clusters stay as they were
+            else:
+                assign = AgglomerativeClustering(n_clusters=k, metric="cosine", linkage="average").fit_predict(rows)
             for c in set(assign.tolist()):
                 members = [i for i, a in zip(ids, assign) if a == c]
                 mean = _mean_model([trained[i] for i in members], [float(trainers[i].num_examples) for i in members])

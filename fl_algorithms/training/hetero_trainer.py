@@ -19,11 +19,21 @@ SIMPLIFICATION relative to ATC (Sec. 3.2): the paper shares the whole encoder-de
 only the encoder's adapters and LayerNorms are federated, while the decoder and the MLM head stay on
 the client (a 1-layer decoder is 2.5M parameters; K cluster-indexed blocks of it per client and round
 cost more secure-sum time than a CPU run affords). The encoder below the adapters is frozen.
+
+How the clients train is declared (`HeteroProtocol`, issue 55): `atc_paper_protocol` is the ATC paper's
+(Sec. 4.3) as its public FederatedScope code runs it: AdamW (lr 5e-4, betas (0.9, 0.999), weight decay
+0.01) built once per client and stage and kept across rounds, a linear warmup (10%) and decay spanning
+the stage's steps, gradients clipped to norm 1.0. `kept_adamw_protocol` is this module's behaviour
+before (AdamW at `HeteroConfig.lr`, kept across rounds and stages, constant lr, no clipping), named so
+that older numbers stay reproducible. Contrastive rounds log the contrastive term's gradient norm
+against the task loss's over the shared parameters (`HeteroTrainer.contrast_log`).
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+import math
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -36,8 +46,9 @@ from fl_algorithms.tasks.qa import QASplit, encode as encode_qa, qa_loss, qa_met
 from fl_algorithms.tasks.seq2seq import HeadlineSplit, headline_loss, headline_metrics
 from fl_algorithms.tasks.tagging import TaggedSplit, encode_tagged, tagging_metrics, token_loss
 from fl_algorithms.training.classification import classification_loss, classification_metrics
-from fl_algorithms.training.loop import run_epochs, seeded, sequence_seed
-from fl_algorithms.training.trainer import OptimizerConfig, SeededTorchTrainer
+from fl_algorithms.training.loop import run_epochs, seeded, sequence_seed, tagged_seed
+from fl_algorithms.training.protocol import KEPT, OptimizerConfig, TrainingProtocol, kept_protocol
+from fl_algorithms.training.trainer import SeededTorchTrainer
 from nlp_models.classifiers import adapted_top, make_head, seeded_module
 from nlp_models.frozen_prefix import CachedSplit, build_prefix_cache, cache_splits, cache_texts, prefix_split
 from nlp_models.heads import TokenClassifier, mean_pool
@@ -63,14 +74,22 @@ class HeteroConfig:
     decoder_layers: int = 1
     batch_size: int = 16
     lr: float = 1e-3
+    """The `kept-adamw` protocol's lr (this module's lr before protocols were declared); the `atc-paper`
+    protocol runs the paper's 5e-4."""
     pretrain_batches: int = 4
-    """Corrupted batches per ASSIGN round (of the client's training inputs, reshuffled each time)."""
+    """Corrupted batches (optimiser steps) per ASSIGN round, of the client's training inputs reshuffled
+    each time; where they ask for more inputs than the client holds, the inputs are cycled (a fresh
+    shuffle per pass)."""
     pretrain_length: int = 48
     """Tokens per pretraining input (the denoising decoder reconstructs all of them)."""
     contrast_weight: float = 1.0
     """Weight of ATC's contrastive term next to the task loss (the paper minimises their sum)."""
     contrast_temperature: float = 1.0
     """tau of Eq. 3 (the paper's 1.0)."""
+    contrast_probe_every: int = 1
+    """Measure the contrastive term's and the task loss's gradient norms (over the shared parameters) at
+    every this-many-th step of a contrastive local run (1: every step; each probe costs two more
+    backward passes)."""
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -82,6 +101,148 @@ class HeteroConfig:
             raise ValueError("need lr > 0, pretrain_batches >= 1 and 8 <= pretrain_length <= max_length")
         if self.contrast_weight < 0 or not self.contrast_temperature > 0:
             raise ValueError("need contrast_weight >= 0 and contrast_temperature > 0")
+        if self.contrast_probe_every < 1:
+            raise ValueError(f"contrast_probe_every must be at least 1, got {self.contrast_probe_every}")
+
+
+# ---- the declared training protocol ----------------------------------------------------------------
+LOCAL_RUN, STAGE = "local run", "stage"
+SPANS = (LOCAL_RUN, STAGE)
+"""How far a protocol's schedule and kept optimiser reach: LOCAL_RUN, each local run's schedule as
+`run_epochs` applies it and one optimiser for every stage (this module's behaviour before); STAGE, the
+schedule over all of a stage's steps and one optimiser per stage (FederatedScope's ATCTrainer)."""
+STAGES = ("pretrain", "task", "finetune")
+"""ASSIGN's pre-training runs, task training (every method's rounds, CONTRAST's included), and FedAvg+FT's
+evaluation-time fine-tuning (a stage of its own: a fresh optimiser whose schedule spans its one run)."""
+PROTOCOL_NAMES = ("atc-paper", "kept-adamw")
+
+_FS = "FederatedScope (the ATC paper's public code, federatedscope/nlp/hetero_tasks)"
+_FS_TRAINER = "its trainer/trainer.py, ATCTrainer"
+_EVALUATION = {
+    "after aggregation": "the global model after aggregation (FedAvg, FedProx; FedBN with its own norms), on each "
+                         "client's test split after the last round",
+    "after local adaptation": "the global model after one local epoch of fine-tuning per client (FedAvg+FT), the "
+                              "fine-tuned copy then discarded",
+    "personal model": "each client's own model after the last round (ATC: w_i of Eq. 4, ASSIGN only: its cluster's "
+                      "model, Ditto: v_k, Isolated: its local model)",
+}
+
+
+def atc_paper_protocol(*, local_epochs: int = 1, evaluation: str = "personal model") -> TrainingProtocol:
+    """The ATC paper's client training (Sec. 4.3), as FederatedScope's ATCTrainer runs it, for every method
+    of ATC's grid (the paper's baselines run the same configuration: config_fedavg.yaml). Its schedule
+    and kept optimiser span a stage (`HeteroProtocol.span` = STAGE)."""
+    return TrainingProtocol(
+        name="atc-paper",
+        optimizer=OptimizerConfig(name="adamw", lr=5e-4, weight_decay=0.01, betas=(0.9, 0.999)),
+        lifetime=KEPT,
+        lifetime_reason=f"{_FS}, {_FS_TRAINER}._hook_on_fit_start_init: a client's optimiser and scheduler are "
+                        "built at its first local run (setup_optimizer_and_scheduler) and stored on its trainer's "
+                        "context, then reused every later round; a new global model overwrites the parameters, "
+                        "the AdamW moments and the schedule's position persist",
+        schedule="linear", warmup_fraction=0.1, max_grad_norm=1.0, local_epochs=local_epochs, evaluation=evaluation,
+        cite={
+            "optimizer": "ATC Sec. 4.3: 'the learning rate is set to 5e-4, the optimizer is set to AdamW ... with "
+                         "beta1 = 0.9, beta2 = 0.999 and weight decay of 0.01'; FederatedScope's baseline/"
+                         "config_pretrain.yaml (ASSIGN), config_atc.yaml (CONTRAST) and config_fedavg.yaml (the "
+                         "FedAvg baseline) all set AdamW, lr 5e-4, weight_decay 0.01: here every method of the grid",
+            "lifetime": f"kept within a stage ({_FS_TRAINER}: built once per client, reused every round); a new "
+                        "optimiser at each stage, because ASSIGN and CONTRAST are two FederatedScope runs "
+                        "(run_pretrain.sh, then run_atc.sh, which loads only the model weights: "
+                        "federate.atc_load_from)",
+            "schedule": "linear decay to 0 at the stage's last step (ATC Sec. 4.3: 'The linear decay of the "
+                        f"learning rate is applied'); {_FS_TRAINER}.setup_optimizer_and_scheduler: total_steps = "
+                        "the steps of a round x federate.total_round_num, a LambdaLR stepped once per optimiser "
+                        "step (scheduler/scheduler.py): the schedule spans the stage, not one round (span=stage)",
+            "warmup": "10% of the stage's steps (ATC Sec. 4.3: 'warm-up proportion of 0.1'; FederatedScope: "
+                      "warmup_steps = int(0.1 x total_steps)); here rounded up (TrainingProtocol.warmup_for), the "
+                      "stage's first step at lr 0 as in FederatedScope's LambdaLR",
+            "clipping": "total norm 1.0 before every step: FederatedScope's configs, grad.grad_clip 1.0; "
+                        f"{_FS_TRAINER}._hook_on_batch_backward: clip_grad_norm_(model.parameters(), grad_clip) "
+                        "(the paper's text does not state it)",
+            "local_work": f"{local_epochs} local epoch(s) of task training per round for every method (issue 55: "
+                          "equal local work; Ditto's global and personal problems share one epoch's batches); ASSIGN "
+                          "runs HeteroConfig.pretrain_batches steps per round. Differs from the paper (Sec. 4.3: "
+                          "ASSIGN 200 rounds x 50 steps at batch 64, CONTRAST 100 rounds x 200 steps at batch 32): "
+                          "the CPU budget's clients hold 36 training examples at --quick, 300 at --full",
+            "evaluation": f"{_EVALUATION[evaluation]}; the paper reports 'the average scores of all the belonging "
+                          "clients' of each dataset (Sec. 4.1)",
+            "selection": "the last round: FederatedScope's config_atc.yaml sets eval.freq 100000000, so its one "
+                         "evaluation is after the last round (the paper's Table 2)",
+            "precision": "fp32: neither the paper nor FederatedScope's ATC configs ask for mixed precision; fp32 on "
+                         "the CPU and the GPU here",
+        })
+
+
+def kept_adamw_protocol(*, lr: float = 1e-3, local_epochs: int = 1,
+                        evaluation: str = "personal model") -> TrainingProtocol:
+    """AdamW (no weight decay) at `lr`, kept across rounds and stages, constant lr, no clipping: how ATC's
+    grid trained before protocols were declared (named, so that its numbers stay reproducible)."""
+    base = kept_protocol(OptimizerConfig(name="adamw", lr=lr), name="kept-adamw", local_epochs=local_epochs)
+    cite = {**base.cite, "evaluation": _EVALUATION[evaluation],
+            "selection": "the last round (as before: FederatedScope's one evaluation is after the last round)",
+            "precision": "fp32 (as before)",
+            "local_work": f"{local_epochs} local epoch(s) per round (as before: Ditto ran its global and its personal "
+                          "problem one epoch each unless --ditto-work split-epoch)"}
+    return replace(base, evaluation=evaluation, cite=cite)
+
+
+@dataclass(frozen=True, kw_only=True)
+class HeteroProtocol:
+    """The declared protocol of ATC's clients: the `TrainingProtocol` of their task and ASSIGN steps, and
+    how far its schedule and kept optimiser reach (`span`, which a TrainingProtocol, defined per local run,
+    cannot say)."""
+
+    training: TrainingProtocol
+    span: str = LOCAL_RUN
+    span_reason: str = "this module's behaviour before protocols were declared: one optimiser for every stage"
+
+    def __post_init__(self) -> None:
+        if self.span not in SPANS:
+            raise ValueError(f"span must be one of {', '.join(map(repr, SPANS))}, got {self.span!r}")
+        if not self.span_reason.strip():
+            raise ValueError("span_reason must say why the schedule spans what it spans")
+
+    def describe(self) -> str:
+        return f"{self.training.describe()} span={self.span.replace(' ', '-')}"
+
+    def record(self) -> dict[str, str]:
+        """The span and its reason (beside `training.to_dict()` in a run's records)."""
+        return {"span": self.span, "span_reason": self.span_reason}
+
+
+def hetero_protocol(name: str, *, evaluation: str = "personal model", kept_lr: float = 1e-3,
+                    local_epochs: int = 1) -> HeteroProtocol:
+    """The protocol called `name` ('atc-paper' or 'kept-adamw', `PROTOCOL_NAMES`) for a method evaluated
+    at `evaluation`; `kept_lr` is kept-adamw's lr (`HeteroConfig.lr`)."""
+    if name == "atc-paper":
+        return HeteroProtocol(training=atc_paper_protocol(local_epochs=local_epochs, evaluation=evaluation),
+                              span=STAGE,
+                              span_reason=f"{_FS_TRAINER}: total_steps = steps per round x total_round_num, one "
+                                          "optimiser and scheduler per client per FederatedScope run (ASSIGN and "
+                                          "CONTRAST are separate runs)")
+    if name == "kept-adamw":
+        return HeteroProtocol(training=kept_adamw_protocol(lr=kept_lr, local_epochs=local_epochs, evaluation=evaluation))
+    raise ValueError(f"unknown ATC training protocol {name!r}; choose from {', '.join(PROTOCOL_NAMES)}")
+
+
+@dataclass(frozen=True)
+class _StageView:
+    """What `run_epochs` and the trainer read of a protocol, with the schedule's position counted over a
+    whole stage (`done` steps before this local run, `total` in the stage) instead of one local run."""
+
+    protocol: TrainingProtocol
+    done: int
+    total: int
+
+    def __getattr__(self, name: str) -> Any:
+        if name in ("protocol", "done", "total"):
+            raise AttributeError(name)
+        return getattr(self.protocol, name)
+
+    def lr_at(self, step: int, total_steps: int) -> float:
+        del total_steps  # the local run's; the stage's is `total`
+        return self.protocol.lr_at(min(self.done + step, self.total), self.total)
 
 
 class MaskedLMHead(nn.Module):
@@ -158,53 +319,178 @@ def shared_parts(model: HeteroModel) -> dict[str, list[str]]:
 
 class HeteroTrainer(SeededTorchTrainer):
     """A client of any formulation: task training (+ FedProx, + ATC's contrastive term), ASSIGN
-    pretraining and the public-input representation, over its own data only."""
+    pretraining and the public-input representation, over its own data only, under a declared
+    `HeteroProtocol` (default: `kept-adamw` at `config.lr`, this trainer's behaviour before)."""
 
     def __init__(self, *, client: HeteroClient, model: HeteroModel, data: Mapping[str, Any], config: HeteroConfig,
                  backbone: nn.Module, pretrain_ids: tuple[torch.Tensor, torch.Tensor], public: CachedSplit,
-                 corruptor: Corruptor, loss_fn: Callable, metric_fn: Callable) -> None:
+                 corruptor: Corruptor, loss_fn: Callable, metric_fn: Callable,
+                 protocol: HeteroProtocol | None = None) -> None:
         train = data["train"]
+        declared = protocol if protocol is not None else hetero_protocol("kept-adamw", kept_lr=config.lr)
         super().__init__(client_id=client.client_id, seed=config.seed, model=model, shared=shared_parts(model),
                          train_batches=lambda: train.batches(config.batch_size, order=torch.randperm(len(train))),
                          eval_batches={s: (lambda d=data[s]: d.batches(64)) for s in ("validation", "test")},
-                         num_examples=len(train), loss_fn=loss_fn, metric_fn=metric_fn,
-                         optimizer=OptimizerConfig(name="adamw", lr=config.lr))
+                         num_examples=len(train), loss_fn=loss_fn, metric_fn=metric_fn, protocol=declared.training)
+        self.declared = declared
         self.formulation, self.dataset, self.config, self.train_split = client.formulation, client.dataset, config, train
         self.metric = METRIC[client.formulation]
         self.backbone, self.split = backbone, prefix_split(backbone, config.adapter_layers)
         self.pretrain_ids, self.public, self.corruptor = pretrain_ids, public, corruptor
+        self.stage_runs: dict[str, int] = {"finetune": 1}
+        """Local runs planned per stage (`plan_stages`): a stage-long schedule needs its length."""
+        self.stage: str | None = None
+        self.stage_steps = 0
+        self._forced_stage: str | None = None
+        self.contrast_log: list[dict[str, float]] = []
+        """One entry per contrastive local run: its round, the contrastive loss and the two gradient norms."""
+
+    # ---- stages (a schedule and a kept optimiser that span a stage) ----------------------------
+    def plan_stages(self, *, pretrain: int = 0, task: int, finetune: int = 1) -> None:
+        """The number of local runs of each stage in this run (ASSIGN's rounds, the task rounds, FedAvg+FT's
+        fine-tuning per evaluation): a stage-long schedule spans runs x the steps of one run."""
+        if pretrain < 0 or task < 1 or finetune < 1:
+            raise ValueError(f"need pretrain >= 0, task >= 1 and finetune >= 1 local runs, got {pretrain}, {task}, "
+                             f"{finetune}")
+        self.stage_runs = {"pretrain": pretrain, "task": task, "finetune": finetune}
+
+    @contextmanager
+    def as_stage(self, stage: str) -> Iterator[None]:
+        """Train calls inside count as `stage` (FedAvg+FT's evaluation-time fine-tuning: 'finetune')."""
+        if stage not in STAGES:
+            raise ValueError(f"stage must be one of {', '.join(STAGES)}, got {stage!r}")
+        before, self._forced_stage = self._forced_stage, stage
+        try:
+            yield
+        finally:
+            self._forced_stage = before
+
+    @contextmanager
+    def _staged(self, stage: str, *, steps_per_run: int) -> Iterator[dict[str, float]]:
+        """Under a stage-long span: a new optimiser when the stage changes, and the protocol as the loop sees
+        it with the schedule's position counted over the stage (the caller puts the run's 'steps' in the
+        yielded dict). Under LOCAL_RUN: nothing changes (one optimiser for every stage, as before)."""
+        done: dict[str, float] = {}
+        if self.declared.span != STAGE:
+            yield done
+            return
+        runs = self.stage_runs.get(stage, 0)
+        if runs < 1:
+            raise ValueError(f"a stage-long schedule needs the local runs of stage {stage!r}: call plan_stages first")
+        if self.stage != stage:
+            self.stage, self.stage_steps, self._optimizer = stage, 0, None
+        declared = self.protocol
+        self.protocol = _StageView(declared, done=self.stage_steps, total=runs * max(1, steps_per_run))  # type: ignore[assignment]
+        try:
+            yield done
+        finally:
+            self.protocol = declared
+            self.stage_steps += int(done.get("steps", 0))
+
+    def _task_steps(self, epochs: int) -> int:
+        """Optimiser steps of one full local run of `epochs` epochs (the stage's unit)."""
+        return math.ceil(len(self.train_split) / self.config.batch_size) * epochs
+
+    @contextmanager
+    def _epoch_share(self, share: tuple[int, int] | None, round: int | None) -> Iterator[None]:
+        """With `share` (k, n): this run trains on batches k, k + n, k + 2n, ... of the round's one shuffle
+        (drawn from (seed, client, round), so the n shares of a round split one epoch)."""
+        if share is None:
+            yield
+            return
+        k, n = share
+        if not 0 <= k < n or round is None:
+            raise ValueError(f"an epoch share (k, n) needs 0 <= k < n and the round, got {share}, round {round}")
+        train, size = self.train_split, self.config.batch_size
+        generator = torch.Generator().manual_seed(tagged_seed(self.seed, self.client_id, round, "epoch-share"))
+        order = torch.randperm(len(train), generator=generator)
+        before = self.train_batches
+        self.train_batches = lambda: train.batches(size, order=order)[k::n]
+        try:
+            yield
+        finally:
+            self.train_batches = before
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "stage": self.stage, "stage_steps": self.stage_steps}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        super().load_state_dict(state)
+        if "stage" in state:
+            self.stage, self.stage_steps = state["stage"], int(state["stage_steps"])
+        if state.get("optimizer") is None and self.declared.span == STAGE:
+            self._optimizer = None   # not another stage's optimiser (FedAvg+FT's fine-tuning one)
 
     # ---- task training ---------------------------------------------------------------------
     def train(self, *, epochs: int, proximal: Mapping[str, np.ndarray] | None = None, mu: float = 0.0,
-              round: int | None = None, contrast: ContrastTargets | None = None) -> dict[str, float]:
-        if contrast is None:
-            return super().train(epochs=epochs, proximal=proximal, mu=mu, round=round)
+              round: int | None = None, contrast: ContrastTargets | None = None,
+              share: tuple[int, int] | None = None) -> dict[str, float]:
+        """Local task training; `contrast` adds ATC's term (and logs its gradient against the task loss's),
+        `share` (k, n) trains on the k-th of n interleaved shares of the round's epoch (Ditto's two problems
+        in one epoch's budget)."""
+        if share is not None and epochs != 1:
+            raise ValueError(f"an epoch share splits one epoch; got epochs={epochs}")
+        stage = self._forced_stage or "task"
+        with self._epoch_share(share, round), self._staged(stage, steps_per_run=self._task_steps(epochs)) as done:
+            metrics = (super().train(epochs=epochs, proximal=proximal, mu=mu, round=round) if contrast is None else
+                       self._train_with_contrast(epochs=epochs, proximal=proximal, mu=mu, round=round, contrast=contrast))
+            done["steps"] = metrics["steps"]
+        return metrics
+
+    def _train_with_contrast(self, *, epochs: int, proximal: Mapping[str, np.ndarray] | None, mu: float,
+                             round: int | None, contrast: ContrastTargets) -> dict[str, float]:
         task_loss, weight = self.loss_fn, self.config.contrast_weight
         positive = torch.as_tensor(contrast.positive, dtype=torch.float32)
         negative = torch.as_tensor(contrast.negative, dtype=torch.float32)
-        terms: list[float] = []
+        shared = [p for params in self._shared.values() for p in params]
+        log: dict[str, list[float]] = {k: [] for k in ("loss", "cos_positive", "cos_negative", "contrast_grad_norm",
+                                                       "task_grad_norm", "ratio")}
+        step = 0
 
         def with_contrast(model: nn.Module, batch: Any) -> torch.Tensor:
-            term = self.contrastive_loss(positive, negative)
-            terms.append(float(term.detach()))
-            return task_loss(model, batch) + weight * term
+            nonlocal step
+            term, cos_pos, cos_neg = self._contrast_parts(positive, negative)   # first, as before (dropout's draws)
+            task = task_loss(model, batch)
+            weighted = weight * term
+            log["loss"].append(float(term.detach()))
+            log["cos_positive"].append(cos_pos)
+            log["cos_negative"].append(cos_neg)
+            if step % self.config.contrast_probe_every == 0:   # what each term alone asks of the shared parameters
+                g_contrast = _grad_norm(weighted, shared)
+                g_task = _grad_norm(task, shared)
+                log["contrast_grad_norm"].append(g_contrast)
+                log["task_grad_norm"].append(g_task)
+                log["ratio"].append(g_contrast / g_task if g_task > 0 else float("inf"))
+            step += 1
+            return task + weighted
 
         self.loss_fn = with_contrast
         try:
             metrics = super().train(epochs=epochs, proximal=proximal, mu=mu, round=round)
         finally:
             self.loss_fn = task_loss
-        return {**metrics, "contrast_loss": float(np.mean(terms)) if terms else 0.0}
+        entry = {"round": float(round) if round is not None else float("nan"),
+                 **{k: float(np.mean(v)) if v else float("nan") for k, v in log.items()}, "probes": float(len(log["ratio"]))}
+        self.contrast_log.append(entry)
+        return {**metrics, "contrast_loss": entry["loss"], "contrast_grad_norm": entry["contrast_grad_norm"],
+                "task_grad_norm": entry["task_grad_norm"], "contrast_task_grad_ratio": entry["ratio"]}
 
     def contrastive_loss(self, positive: torch.Tensor, negative: torch.Tensor) -> torch.Tensor:
         """ATC Eq. 3 on the public inputs k: -log e^{s(h_k, p_k)/tau} / (e^{s(h_k, p_k)/tau} + e^{s(h_k, n_k)/tau}),
-        s the cosine, averaged over k (h: this client's representation, p / n: the group means)."""
+        s the cosine, averaged over k (h: this client's representation, p / n: the group means). With
+        tau = 1 it is log 2 where the positive and the negative are equally close."""
+        return self._contrast_parts(positive, negative)[0]
+
+    def _contrast_parts(self, positive: torch.Tensor, negative: torch.Tensor) -> tuple[torch.Tensor, float, float]:
+        """(Eq. 3's loss, the mean cosine to the positives, the mean cosine to the negatives)."""
         h = self.model.pooled(self.public.hidden, self.public.attention_mask)
         device = h.device
         tau = self.config.contrast_temperature
-        pos = F.cosine_similarity(h, positive.to(device), dim=-1) / tau
-        neg = F.cosine_similarity(h, negative.to(device), dim=-1) / tau
-        return -(pos - torch.logsumexp(torch.stack([pos, neg]), dim=0)).mean()
+        cos_pos = F.cosine_similarity(h, positive.to(device), dim=-1)
+        cos_neg = F.cosine_similarity(h, negative.to(device), dim=-1)
+        pos, neg = cos_pos / tau, cos_neg / tau
+        loss = -(pos - torch.logsumexp(torch.stack([pos, neg]), dim=0)).mean()
+        return loss, float(cos_pos.detach().mean()), float(cos_neg.detach().mean())
 
     @torch.no_grad()
     def represent(self) -> np.ndarray:
@@ -236,21 +522,28 @@ class HeteroTrainer(SeededTorchTrainer):
 
     # ---- ASSIGN pretraining ----------------------------------------------------------------
     def pretrain(self, *, objective: str, round: int | None = None) -> dict[str, float]:
-        """Up to `pretrain_batches` steps of `objective` ('mlm' or 'denoise') on the client's own
-        training inputs, corrupted afresh (seeded by run seed, client and call count)."""
+        """`pretrain_batches` steps of `objective` ('mlm' or 'denoise') on the client's own training
+        inputs, corrupted afresh (seeded by run seed, client and call count); the inputs are cycled, a
+        fresh shuffle per pass, where the steps ask for more than the client holds (one shuffle, as
+        before, where they do not)."""
         ids, mask = self.pretrain_ids
+        size = self.config.batch_size
         with seeded(sequence_seed(self.seed, self.client_id, self.calls)):
             seed = sequence_seed(self.seed, self.client_id, self.calls) % (2 ** 31)
             self.calls += 1
-            order = torch.randperm(ids.shape[0])[: self.config.pretrain_batches * self.config.batch_size]
+            wanted = self.config.pretrain_batches * size
+            order = torch.randperm(ids.shape[0])[:wanted]
+            while 0 < len(order) < wanted:
+                order = torch.cat([order, torch.randperm(ids.shape[0])])[:wanted]
             corrupted = self.corruptor(objective, ids[order], mask[order], seed=seed)
             self.model.train()
-            size = self.config.batch_size
             slices = [slice(start, start + size) for start in range(0, len(order), size)]
-            result = run_epochs(
-                batches=lambda: slices, optimizer=self.round_optimizer(), epochs=1, protocol=self.protocol,
-                loss=lambda rows: self._pretrain_loss(corrupted.input_ids[rows], corrupted.attention_mask[rows],
-                                                      corrupted.labels[rows], objective))
+            with self._staged("pretrain", steps_per_run=len(slices)) as done:
+                result = run_epochs(
+                    batches=lambda: slices, optimizer=self.round_optimizer(), epochs=1, protocol=self.protocol,
+                    loss=lambda rows: self._pretrain_loss(corrupted.input_ids[rows], corrupted.attention_mask[rows],
+                                                          corrupted.labels[rows], objective))
+                done["steps"] = result["steps"]
         return {"pretrain_loss": result["train_loss"] if slices else float("nan"), "pretrain_steps": result["steps"],
                 "objective_mlm": float(objective == "mlm")}
 
@@ -271,6 +564,16 @@ class HeteroTrainer(SeededTorchTrainer):
         target = labels[:, 1:]                                    # the original body + [SEP]; [CLS] starts decoding
         length = max(int((target != IGNORE_INDEX).sum(dim=1).max()), 1)
         return model.loss(hidden, mask.to(device), target[:, :length].to(device), source_ids=ids.to(device))
+
+
+def _grad_norm(loss: torch.Tensor, params: Sequence[nn.Parameter]) -> float:
+    """The total norm of d loss / d params (the graph kept for the step's own backward)."""
+    grads = torch.autograd.grad(loss, list(params), retain_graph=True, allow_unused=True)
+    total = torch.zeros(())
+    for g in grads:
+        if g is not None:
+            total = total + g.detach().float().pow(2).sum().cpu()
+    return float(total.sqrt())
 
 
 def _inputs_of(batch: Any) -> tuple[torch.Tensor, torch.Tensor]:
@@ -379,15 +682,17 @@ class HeteroFactory:
             self._data[client.client_id] = _client_data(client, self.backbone, self.tokenizer, self.config, self.device)
         return self._data[client.client_id]
 
-    def trainer(self, client: HeteroClient) -> HeteroTrainer:
-        """A fresh client (seeded model, new AdamW) over its own cached data."""
+    def trainer(self, client: HeteroClient, *, protocol: HeteroProtocol | None = None) -> HeteroTrainer:
+        """A fresh client (seeded model, no optimiser yet) over its own cached data, training under
+        `protocol` (default: `kept-adamw` at `config.lr`, as before protocols were declared)."""
         enc = self.tokenizer(list(client.texts), truncation=True, max_length=self.config.pretrain_length, padding="longest",
                              return_tensors="pt", return_token_type_ids=False)
         loss_fn, metric_fn = _loss_and_metrics(client.formulation, client, self.tokenizer)
         return HeteroTrainer(client=client, model=self.model(client), data=self.data(client), config=self.config,
                              backbone=self.backbone, pretrain_ids=(enc["input_ids"], enc["attention_mask"]), public=self.public,
-                             corruptor=self.corruptor, loss_fn=loss_fn, metric_fn=metric_fn)
+                             corruptor=self.corruptor, loss_fn=loss_fn, metric_fn=metric_fn, protocol=protocol)
 
 
-__all__ = ["METRIC", "SHARED", "HeteroConfig", "MaskedLMHead", "ContrastTargets", "HeteroModel", "shared_parts",
-           "HeteroTrainer", "public_inputs", "HeteroFactory"]
+__all__ = ["METRIC", "SHARED", "LOCAL_RUN", "STAGE", "SPANS", "STAGES", "PROTOCOL_NAMES", "atc_paper_protocol",
+           "kept_adamw_protocol", "HeteroProtocol", "hetero_protocol", "HeteroConfig", "MaskedLMHead",
+           "ContrastTargets", "HeteroModel", "shared_parts", "HeteroTrainer", "public_inputs", "HeteroFactory"]

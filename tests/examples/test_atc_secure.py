@@ -1,9 +1,11 @@
-"""examples/atc_secure.py end to end on the tiny random BERT: the atc line, the tables, the ledger,
-resuming without rerunning finished cells, and bad arguments refused before any work."""
+"""examples/atc_secure.py end to end on the tiny random BERT: the atc line, the tables, the ledger, the
+declared protocol in the header, config.toml and results.json, resuming without rerunning finished
+cells, and bad arguments refused before any work."""
 import importlib
 import json
 import re
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -21,7 +23,7 @@ from fl_algorithms.training.hetero_trainer import HeteroConfig  # noqa: E402
 
 NAMES = ("atc_secure", "atc_reference", "assign_only", "fedavg", "isolated", "ditto", "fedprox", "fedbn")
 LINE = re.compile(r"^atc avg " + " ".join(rf"{m}=(\d\.\d{{4}})" for m in NAMES)
-                  + r" individual_vectors_seen_by_server=(\d+)$")
+                  + r" individual_vectors_seen_by_server=(\d+) protocol=(atc-paper|kept-adamw)$")
 
 
 def _small_quick(monkeypatch) -> None:
@@ -36,9 +38,22 @@ def _small_quick(monkeypatch) -> None:
 def test_quick_run_ends_with_the_atc_line_and_resumes(tmp_path, capsys, monkeypatch):
     _small_quick(monkeypatch)
     out = example.main(["--quick", "--backbone", "tiny", "--no-progress", "--out", str(tmp_path), "--run-name", "q"])
-    last = capsys.readouterr().out.strip().splitlines()[-1]
+    printed = capsys.readouterr().out
+    last = printed.strip().splitlines()[-1]
     match = LINE.match(last)
     assert match, last
+    assert match.group(len(NAMES) + 2) == "atc-paper"
+    # the declared protocol: in the header per method, in config.toml and in results.json
+    assert "training protocol (ditto): protocol=atc-paper optimizer=adamw(lr=0.0005, wd=0.01)" in printed
+    assert "schedule span: stage" in printed and "ATC-secure - FedAvg (x 100)" in printed
+    config = tomllib.loads((out["run"] / "config.toml").read_text())
+    results = json.loads((out["run"] / "results.json").read_text())
+    for doc in (config, results):
+        assert set(doc["training_protocol"]) == set(example.METHODS)
+        assert doc["training_protocol"]["fedavg"]["optimizer"]["weight_decay"] == 0.01
+        assert doc["schedule_span"]["span"] == "stage"
+    assert results["per_seed"]["0"]["atc_secure"]["avg"] == pytest.approx(float(match.group(1)), abs=5e-5)
+    assert results["contrast"]["atc_secure"]["0"]["probes"] > 0 and results["line"] == last
     rows = {r["method"]: r for r in map(json.loads, (out["run"] / "cells.jsonl").read_text().splitlines())}
     assert set(rows) == set(example.METHODS)
     for k, name in enumerate(NAMES, start=1):
@@ -59,7 +74,10 @@ def test_bad_arguments_are_refused_before_any_run(tmp_path, capsys):
     for bad, message in ((["--methods", "fedavgm"], "unknown method(s) ['fedavgm']"),
                          (["--seeds", "0,0"], "repeated seeds"), (["--rounds", "1"], "rounds must be at least 2"),
                          (["--top-k", "2"], "top_k >= min_size - 1"), (["--sketch-epsilon", "0"], "sketch_epsilon > 0"),
-                         (["--full", "--quick"], "--quick: not allowed with argument --full")):
+                         (["--full", "--quick"], "--quick: not allowed with argument --full"),
+                         (["--paper-assign", "--assign-rounds", "3"], "--paper-assign sets --assign-rounds"),
+                         (["--training-protocol", "fednlp"], "invalid choice: 'fednlp'"),
+                         (["--ditto-work", "three"], "invalid choice: 'three'")):
         # no message: argparse exits with status 2; the reason is asserted on stderr below
         with pytest.raises(SystemExit):
             example.main(["--quick", *bad, "--out", str(tmp_path)] if "--full" not in bad else [*bad, "--out", str(tmp_path)])

@@ -199,6 +199,9 @@ def test_a_part_without_baselines_reports_na_where_plaintext_would_be(sweep, tmp
 
 def test_each_setting_is_saved_as_it_ends_so_a_killed_run_keeps_what_it_measured(tmp_path, monkeypatch):
     class Task:
+        class config:  # noqa: N801 - what the clients' declared protocol reads (the task's SGD lr)
+            lr = 0.1
+
         def summary(self):
             return {"clients": 30}
 

@@ -35,9 +35,11 @@ datasets.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 from scipy import optimize, special
@@ -51,6 +53,10 @@ from dp.released import Released
 from dp.rotation import Seed, padded_length, rotate, unrotate
 from dp.samplers import CryptoRandom, discrete_gaussian, skellam
 from secagg.ring import RING_2_32, Ring
+
+if TYPE_CHECKING:
+    from dp.xnoise import LayeredNoise, NoiseRecord
+    from secagg.noise_layers import LayerSecrets, LayerSpec
 
 MECHANISMS = ("skellam", "discrete_gaussian")
 _MAX_ROUNDING_ATTEMPTS = 1000
@@ -97,6 +103,10 @@ class DistributedDPConfig:
     """Clients the Poisson cohorts are drawn from: needed when sampling_rate < 1, for the boundary delta
     of rounds whose cohort falls below the floor n_min (`dp.sampling`)."""
     target_observer: str = "outsider"
+    exact_noise: bool = False
+    """XNoise (`dp.xnoise`): split each client's noise into a base and layers that are removed once the
+    survivors are known, so every released sum carries exactly the target noise whatever the survivor
+    count from n_min up (Skellam, under SecAgg or SecAgg+). False: noise sized for n_min is left in."""
 
     def __post_init__(self) -> None:
         if not self.l2_clip > 0:
@@ -123,6 +133,9 @@ class DistributedDPConfig:
             raise ValueError("target_observer is 'server' or 'outsider'")
         if self.sampling_rate < 1 and (self.population is None or self.population < 2):
             raise ValueError("sampling_rate < 1 needs the population (>= 2) the cohorts are drawn from")
+        if self.exact_noise and self.mechanism != "skellam":
+            raise ValueError("exact_noise needs mechanism='skellam': a sum of discrete Gaussians of unequal widths "
+                             "is not a discrete Gaussian, and its accounting is not implemented (dp.xnoise)")
 
     def boundary_delta(self, observer: Observer | str) -> float:
         """Per-round delta of skipped Poisson cohorts for `observer` (0 unless amplified; `dp.sampling`)."""
@@ -147,6 +160,13 @@ class DistributedDPConfig:
             raise TooManyClientsError(f"a secure sum of {n_clients} members exceeds distributed_dp expected_clients="
                                       f"{self.expected_clients} (the ring is sized for that many): raise "
                                       "expected_clients or shrink the cohort")
+
+    def layer_spec(self, *, colluders: int = 0) -> "LayerSpec":
+        """XNoise layers for honest survivor counts n_min .. expected_clients - colluders - 1."""
+        from secagg.noise_layers import LayerSpec
+
+        return LayerSpec(count=max(0, self.expected_clients - colluders - self.n_min), floor=self.n_min,
+                         colluders=colluders)
 
     @property
     def k_stddevs(self) -> float:
@@ -200,6 +220,22 @@ class DistributedDPPlan:
             return math.inf
         return compose_epsilon([(self.mechanism(observer), rounds)], delta=remaining, accountant=accountant)
 
+    @property
+    def target_variance(self) -> float:
+        """V: the noise variance (integer units) of n_min clients' shares, which the accounting assumes."""
+        return self.config.n_min * self.local_stddev_scaled**2
+
+    def layered(self, spec: "LayerSpec") -> "LayeredNoise":
+        """This plan's noise split into a base and removable layers (`dp.xnoise`)."""
+        from dp.xnoise import LayeredNoise
+
+        if spec.floor != self.config.n_min:
+            raise ValueError(f"a layer spec for floor {spec.floor}, but the plan's n_min is {self.config.n_min}")
+        return LayeredNoise(spec=spec, target_variance=self.target_variance)
+
+    def layer_spec(self, *, colluders: int = 0) -> "LayerSpec":
+        return self.config.layer_spec(colluders=colluders)
+
     def summary(self) -> dict:
         c = self.config
         return {
@@ -207,7 +243,7 @@ class DistributedDPPlan:
             "expected_clients": c.expected_clients, "min_clients": c.n_min, "modulus": self.modulus,
             "dim": self.dim, "padded_dim": self.padded_dim, "scale": self.scale,
             "local_stddev": self.local_stddev, "local_stddev_scaled": self.local_stddev_scaled,
-            "k_stddevs": c.k_stddevs, "l2_inflation": self.inflation, "delta": c.delta,
+            "k_stddevs": c.k_stddevs, "l2_inflation": self.inflation, "delta": c.delta, "exact_noise": c.exact_noise,
             "epsilon_server_per_round": self.epsilon(observer=Observer.SERVER, rounds=1),
             "epsilon_target": self.epsilon(observer=c.target_observer, rounds=c.rounds),
         }
@@ -306,13 +342,18 @@ class DistributedDPEncoder:
         return self.plan.padded_dim
 
     # ---- client side ----------------------------------------------------------------------
-    def encode(self, x: np.ndarray, *, round_seed: Seed, weight: float = 1.0, rng: CryptoRandom | None = None) -> np.ndarray:
-        return self.encode_with_report(x, round_seed=round_seed, weight=weight, rng=rng)[0]
+    def encode(self, x: np.ndarray, *, round_seed: Seed, weight: float = 1.0, rng: CryptoRandom | None = None,
+               noise_layers: "LayerSecrets | None" = None, client: int = 0) -> np.ndarray:
+        return self.encode_with_report(x, round_seed=round_seed, weight=weight, rng=rng,
+                                       noise_layers=noise_layers, client=client)[0]
 
     def encode_with_report(self, x: np.ndarray, *, round_seed: Seed, weight: float = 1.0,
-                           rng: CryptoRandom | None = None) -> tuple[np.ndarray, EncodeReport]:
+                           rng: CryptoRandom | None = None, noise_layers: "LayerSecrets | None" = None,
+                           client: int = 0) -> tuple[np.ndarray, EncodeReport]:
         """`rng` replaces the fresh OS-keyed stream for rounding and noise: tests of
-        reproducibility only (a known key makes the noise known, and with it the input)."""
+        reproducibility only (a known key makes the noise known, and with it the input).
+        `noise_layers` (XNoise): the same total noise, drawn as a base plus this client's removable
+        layers (`dp.xnoise`); `client` is its id in the secure sum (it keys the layers)."""
         p = self.plan
         x = np.asarray(x, dtype=np.float64)
         if x.ndim != 1 or x.shape[0] != p.dim:
@@ -330,7 +371,10 @@ class DistributedDPEncoder:
         y *= p.scale
         rng = self._rng_factory() if rng is None else rng
         r, attempts = self._conditional_round(y, rng)
-        r += self._noise(rng)
+        if noise_layers is None:
+            r += self._noise(rng)
+        else:
+            r += self.plan.layered(noise_layers.spec).client_noise(noise_layers, client=client, dim=p.padded_dim, rng=rng)
         half = p.modulus // 2
         wrapped = int(np.count_nonzero((r < -half) | (r >= p.modulus - half)))
         return self._reduce(r), EncodeReport(clipped=clipped, norm=norm, rounding_attempts=attempts, wrapped=wrapped)
@@ -374,6 +418,23 @@ class DistributedDPEncoder:
             v = ring_sum.astype(np.int64)
         v[v >= m - m // 2] -= m
         return v
+
+    def remove_layers(self, ring_sum: np.ndarray, *, spec: "LayerSpec", index: int,
+                      revealed: Mapping[int, int]) -> np.ndarray:
+        """XNoise, server side: the ring sum less every contributor's layers 0..index, regenerated from
+        their revealed layer secrets (a new array; mod the ring)."""
+        removed = self.plan.layered(spec).removed(revealed, index, dim=self.plan.padded_dim)
+        if self.ring.is_power_of_two:
+            return ring_sum - removed.astype(np.uint32)  # two's complement: subtraction mod 2^32
+        return np.mod(ring_sum.astype(np.int64) - removed, self.ring.modulus).astype(np.uint32)
+
+    def noise_record(self, *, spec: "LayerSpec | None", survivors: int, index: int = -1,
+                     colluders: int = 0) -> "NoiseRecord":
+        """Planned and realised noise of one release (honest survivors only), for the ledger."""
+        from secagg.noise_layers import LayerSpec
+
+        spec = spec or LayerSpec(count=0, floor=self.plan.config.n_min, colluders=colluders)
+        return self.plan.layered(spec).record(survivors=survivors, index=index)
 
     def decode(self, ring_sum: np.ndarray, *, round_seed: Seed, n_clients: int,
                total_weight: float | None = None) -> np.ndarray:
@@ -436,18 +497,28 @@ class DistributedDPEncoder:
 
     def release(self, ring_sum: np.ndarray, *, round_seed: Seed, round_id: int, contributors: Iterable[int],
                 ledger: Ledger, population: Iterable[int] | None = None, summary_key: str = "model-update",
-                total_weight: float | None = None, sampling: SamplingRecord | None = None) -> Released:
+                total_weight: float | None = None, sampling: SamplingRecord | None = None,
+                noise: "NoiseRecord | None" = None) -> Released:
         """Decode a group sum and return it as a Released value, debiting the ledger first. `sampling`:
-        how the cohort was drawn (required for an outsider charge amplified by sampling_rate < 1)."""
+        how the cohort was drawn (required for an outsider charge amplified by sampling_rate < 1).
+        `noise`: the release's planned and realised noise (default: no layers removed), kept in the
+        ledger's noise log for `dp.recompute`."""
         contributors = sorted(set(int(c) for c in contributors))
         self.check_survivors(len(contributors))
+        noise = noise or self.noise_record(spec=None, survivors=len(contributors))
+        if noise.survivors != len(contributors) or not noise.realised_variance >= noise.target_variance * (1 - 1e-9):
+            raise InsufficientNoiseError(f"the release would carry variance {noise.realised_variance:.6g} from its "
+                                         f"honest survivors, below the accounted {noise.target_variance:.6g}")
         charges = self.charge_round(ledger, round_id=round_id, participants=contributors,
                                     population=population, summary_key=summary_key, sampling=sampling)
+        ledger.record_noise(dataclasses.replace(noise, round_id=round_id, summary_key=summary_key).to_dict())
         mean = self.decode(ring_sum, round_seed=round_seed, n_clients=len(contributors), total_weight=total_weight)
         p = self.plan
         description = {"name": f"distributed_{p.config.mechanism}", "l2_clip": p.config.l2_clip,
                        "noise_multiplier": p.noise_multiplier, "min_clients": p.config.n_min,
-                       "scale": p.scale, "modulus": p.modulus, "delta": p.config.delta}
+                       "scale": p.scale, "modulus": p.modulus, "delta": p.config.delta,
+                       "exact_noise": p.config.exact_noise, "target_variance": noise.target_variance,
+                       "planned_variance": noise.planned_variance, "realised_variance": noise.realised_variance}
         return Released(payload=mean, unit=PrivacyUnit.CLIENT, contributors=frozenset(contributors),
                         summary_key=summary_key, mechanism=description, charges=tuple(charges),
                         round_id=round_id, _capability=_mint.MINT)

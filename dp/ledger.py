@@ -402,6 +402,8 @@ class Ledger:
         self.config = config
         self._accounts: dict[int, _Account] = {}
         self._memo: dict[tuple, float] = {}
+        self._noise: list[dict[str, Any]] = []
+        """One record per distributed-DP release: planned and realised noise (`dp.xnoise.NoiseRecord`)."""
 
     # ---- debits ---------------------------------------------------------------------------
     def debit(self, client_id: int, mechanism: Mechanism, *, unit: PrivacyUnit | str,
@@ -500,6 +502,13 @@ class Ledger:
                                                   pld_discretization=self.config.pld_discretization)
         return self._memo[key]
 
+    def record_noise(self, record: Mapping[str, Any]) -> None:
+        """Keep one release's planned and realised noise (distributed DP), for the report and recompute."""
+        self._noise.append({k: record[k] for k in sorted(record)})
+
+    def noise_records(self) -> list[dict[str, Any]]:
+        return [dict(r) for r in self._noise]
+
     def labels(self, client_id: int) -> list[tuple[PrivacyUnit, Observer]]:
         return sorted({(e.unit, e.observer) for e in self.entries(client_id)}, key=lambda t: (t[0].value, t[1].value))
 
@@ -524,7 +533,10 @@ class Ledger:
                          for u, o in self.labels(cid)}
             clients[str(cid)] = {"entries": entries, "epsilon": totals, "neighbouring": relations,
                                  "models": {str(r): h for r, h in sorted(self._accounts[cid].models.items())}}
-        return {"format": LEDGER_FORMAT, "delta": delta, "accountant": self.config.accountant, "clients": clients}
+        report = {"format": LEDGER_FORMAT, "delta": delta, "accountant": self.config.accountant, "clients": clients}
+        if self._noise:
+            report["noise"] = self.noise_records()
+        return report
 
     def to_json(self, *, indent: int | None = 2) -> str:
         return json.dumps(self.report(), indent=indent)
@@ -545,6 +557,7 @@ class Ledger:
             "clients": {str(cid): {"entries": [_entry_dict(e) for e in acc.entries],
                                    "models": {str(r): h for r, h in acc.models.items()}}
                         for cid, acc in sorted(self._accounts.items())},
+            "noise": self.noise_records(),
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -562,6 +575,7 @@ class Ledger:
             accounts[int(cid)] = _Account(entries, {int(r): str(h) for r, h in acc.get("models", {}).items()})
         self._accounts = accounts
         self._memo = {}
+        self._noise = [dict(r) for r in state.get("noise", ())]
 
     @classmethod
     def from_state_dict(cls, state: Mapping[str, Any]) -> "Ledger":

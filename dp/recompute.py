@@ -12,9 +12,11 @@ mechanism, because dp_accounting has no event for it; everything else is dp_acco
     python -m dp.recompute results/privacy_frontier/RUN/ledger.json [more ...]
 
 prints one line per file and ends with
-`recompute ledgers=N entries=N labels=N composite_labels=N max_rel_diff=X mismatches=N`; the exit
-status is 1 when any epsilon disagrees (relative tolerance 1e-6) or an entry claims amplification its
-recorded sampler does not back, 2 when a file is not a ledger.
+`recompute ledgers=N entries=N labels=N composite_labels=N max_rel_diff=X noise_records=N mismatches=N`;
+the exit status is 1 when any epsilon disagrees (relative tolerance 1e-6), an entry claims amplification
+its recorded sampler does not back, or a distributed-DP release's realised noise (recomputed from its
+noise record: survivors, colluders, floor, layers removed) differs from the record or falls below the
+variance its charges account for; 2 when a file is not a ledger.
 """
 from __future__ import annotations
 
@@ -95,13 +97,14 @@ class Check:
     entries: int = 0
     labels: int = 0
     composite_labels: int = 0
+    noise_records: int = 0
     max_rel_diff: float = 0.0
     mismatches: list[str] = field(default_factory=list)
 
     def line(self) -> str:
         return (f"recompute ledgers={self.ledgers} entries={self.entries} labels={self.labels} "
                 f"composite_labels={self.composite_labels} max_rel_diff={self.max_rel_diff:.3g} "
-                f"mismatches={len(self.mismatches)}")
+                f"noise_records={self.noise_records} mismatches={len(self.mismatches)}")
 
 
 def _reports(doc: Mapping[str, Any]) -> Iterator[tuple[str, Mapping[str, Any]]]:
@@ -146,7 +149,43 @@ def check_document(doc: Mapping[str, Any], *, check: Check | None = None, where:
                 if diff > TOLERANCE:
                     check.mismatches.append(f"{where}{name} client {cid} label {label}: recorded {recorded}, "
                                             f"recomputed {mine[0]}")
+        _check_noise(report, check, where=f"{where}{name}")
     return check
+
+
+def realised_variance(record: Mapping[str, Any]) -> float:
+    """A release's realised noise variance from the honest survivors, from the record's own parameters:
+    each of the survivors - colluders honest survivors keeps V / (floor + layer_index + 1) once layers
+    0..layer_index are removed (`dp.xnoise`; no layers: index -1, V / floor); 0 where the record
+    removed more layers than exist or than its survivors warrant (the noise fell below the target)."""
+    honest = int(record["survivors"]) - int(record["colluders"])
+    floor, index = int(record["floor"]), int(record["layer_index"])
+    if honest < floor or index >= int(record["layers"]) or index > honest - floor - 1:
+        return 0.0
+    return honest * float(record["target_variance"]) / (floor + index + 1)
+
+
+def _check_noise(report: Mapping[str, Any], check: Check, *, where: str) -> None:
+    """Each distributed-DP release's realised noise: recomputed, at least the variance its charges
+    account for (the Skellam entries' `variance` for that summary key and round), and as recorded."""
+    accounted: dict[tuple[str, int], set[float]] = defaultdict(set)
+    for account in report["clients"].values():
+        for e in account["entries"]:
+            if e["mechanism"]["name"] == "skellam":
+                for r in e["rounds"]:
+                    accounted[(e["summary_key"], int(r))].add(float(e["mechanism"]["variance"]))
+    for record in report.get("noise", ()):
+        check.noise_records += 1
+        got = realised_variance(record)
+        what = f"{where} noise of {record['summary_key']} round {record['round_id']}"
+        if _relative(got, float(record["realised_variance"])) > TOLERANCE:
+            check.mismatches.append(f"{what}: recorded realised variance {record['realised_variance']}, recomputed {got}")
+        target = float(record["target_variance"])
+        if got < target * (1 - TOLERANCE):
+            check.mismatches.append(f"{what}: realised variance {got} is below the accounted target {target}")
+        charged = accounted.get((record["summary_key"], int(record["round_id"])), set())
+        if charged and any(_relative(v, target) > TOLERANCE for v in charged):
+            check.mismatches.append(f"{what}: target variance {target} differs from the charged {sorted(charged)}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

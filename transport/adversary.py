@@ -563,10 +563,14 @@ def unchecked_reply(client: object, msg: Message, identity: Identity) -> Message
         return client._reply("survivor_signature", signature=sign_survivors(identity, "secagg", msg.round, survivors))
     if msg.kind == "unmask_request" and getattr(client, "held", None):
         seeds = {u: client.held[u][0] for u in client.alive}
-        seeds[me] = shamir.to_bytes(client.own_shares[0])
+        seeds[me] = client.own_shares[0]
         keys = {v: client.held[v][1] for v in client.masked_with - client.alive}
+        index = client.noise_layers.spec.reveal_index(len(client.survivors)) if client.noise_layers else -1
+        layers = {u: client.held[u][2 + index] for u in client.alive} if index >= 0 else {}
+        if index >= 0:
+            layers[me] = client.own_shares[2 + index]
         client.held, client._next_kinds, client.finished = {}, (), True
-        return client._reply("unmask_shares", seed_shares=seeds, key_shares=keys)
+        return client._reply("unmask_shares", seed_shares=seeds, key_shares=keys, layer_shares=layers, layer_index=index)
     if msg.kind == "lsa_survivors" and getattr(client, "_own_piece", None) is not None:
         survivors = tuple(sorted(set(msg["survivors"])))
         if any(c != me and c not in client._held for c in survivors):

@@ -111,7 +111,8 @@ def synthetic_sum(client_ids: Iterable[int], round_id: int, length: int, *, ring
     return total
 
 
-_PER_ROUND = frozenset({"round_id", "clients", "length", "ring", "client_id", "input_fn", "identity", "roster"})
+_PER_ROUND = frozenset({"round_id", "clients", "length", "ring", "client_id", "input_fn", "identity", "roster",
+                        "noise_layers"})
 """Constructor arguments the drivers fill in themselves (per round, or from enrolment), never from `--param`."""
 
 

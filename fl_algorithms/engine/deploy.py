@@ -302,7 +302,7 @@ class DeployedClient:
                                        curve_split=config.curve_split, rounds=config.rounds)
         self.digest = _config_digest(config, task.algorithm)
         self.sizes = {k: int(v.size) for k, v in self.trainer.get_shared().items()}
-        self._pending: dict[int, np.ndarray] = {}
+        self._pending: dict[int, Any] = {}  # round id -> EncodedInput
         self.ckpt = Path(checkpoint_dir) if checkpoint_dir else None
         if self.ckpt is not None:
             from fl_algorithms.experiments.checkpoint import checkpoint_exists, load_state
@@ -345,7 +345,7 @@ class DeployedClient:
                            f"DeploymentConfig.max_sealed_bytes ({self.deployment.max_sealed_bytes}) that the server reads")
         if problem is not None:
             return reply_to(msg, wire.READY, **wire.ready_fields(None, error=problem))
-        self._pending = {round_ids[name]: enc.vector for name, enc in inputs.items() if enc.layout.parts}
+        self._pending = {round_ids[name]: enc for name, enc in inputs.items() if enc.layout.parts}
         if self.ckpt is not None:
             from fl_algorithms.experiments.checkpoint import save_state
 
@@ -365,11 +365,14 @@ class DeployedClient:
         return reply_to(msg, wire.EVALUATED, **wire.evaluated_fields(metrics))
 
     def protocol_for(self, round_id: int):
-        vec = self._pending.pop(round_id, None)
-        if vec is None:
+        enc = self._pending.pop(round_id, None)
+        if enc is None:
             return None
+        vec = enc.vector
         client_cls = registry.client_class(self.config.secure.protocol)
         policy = self.endpoint.aggregator.client_protocol_params()  # the run's colluders and group floor
+        if enc.noise_layers is not None:  # XNoise: this client's layer secrets, shared with its unmasking shares
+            policy = {**policy, "noise_layers": enc.noise_layers}
         return client_cls(client_id=self.client_id, round_id=round_id, input_fn=lambda: vec,
                           **registry.with_enrolment(client_cls, policy, identity=self.identity))
 

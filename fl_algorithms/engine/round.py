@@ -279,7 +279,9 @@ class RoundMachine:
                 groups, rel = self.aggregator.server_decode(result.ring_sum, layout=job.layout,
                                                             contributors=result.contributors, round=self.round,
                                                             sum_name=name, population=self.population,
-                                                            sampling=self.sampling)
+                                                            sampling=self.sampling,
+                                                            layer_index=getattr(result, "layer_index", -1),
+                                                            layer_secrets=getattr(result, "layer_secrets", None))
             except Exception as exc:  # e.g. too few survivors for the DP noise: this sum only
                 self.failed[name] = f"{type(exc).__name__}: {exc}"
                 continue

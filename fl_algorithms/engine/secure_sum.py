@@ -115,6 +115,9 @@ class SecureAggregationConfig:
             object.__setattr__(self, "central_dp", CentralDPConfig(**self.central_dp))
         if self.central_dp is not None and self.distributed_dp is not None:
             raise ValueError("choose central_dp or distributed_dp, not both")
+        if self.distributed_dp is not None and self.distributed_dp.exact_noise and self.protocol not in ("secagg", "secagg+"):
+            raise ValueError(f"distributed_dp exact_noise removes noise layers through SecAgg's unmasking shares: use "
+                             f"protocol 'secagg' or 'secagg+', not '{self.protocol}' (LightSecAgg: not implemented yet)")
         object.__setattr__(self, "fixed_parts", tuple(sorted({str(p) for p in self.fixed_parts})))
         for name in ("max_clients", "min_release_group", "colluders"):
             value = getattr(self, name)
@@ -232,6 +235,9 @@ class EncodedInput:
     layout: Layout
     vector: np.ndarray
     clipped: int
+    noise_layers: Any = None
+    """XNoise: this client's removable-noise layer secrets (`secagg.noise_layers.LayerSecrets`) for the
+    protocol to share, or None."""
 
 
 def _key(seed: int, *labels: object) -> bytes:
@@ -304,6 +310,15 @@ class SecureAggregator:
         return self.ledger.debit_many(sorted(int(c) for c in population), NoReleaseMechanism("the round released nothing", sampling_rate=q),
                                       unit=PrivacyUnit.CLIENT, observer=Observer.OUTSIDER, round_id=round,
                                       summary_key=summary_key, sampling=sampling)
+
+    @property
+    def exact_noise(self) -> bool:
+        return self.ddp and self.config.distributed_dp.exact_noise
+
+    def layer_spec(self, dim: int | None = None):
+        """XNoise layers of every sum (None without exact noise): from this side's own config, so a client
+        never reveals more than its configuration allows."""
+        return self.config.distributed_dp.layer_spec(colluders=self.config.colluders) if self.exact_noise else None
 
     def ddp_encoder(self, dim: int):
         if dim not in self._ddp:
@@ -397,9 +412,11 @@ class SecureAggregator:
         clients = sorted(int(c) for c in members)
         params = self.protocol_params(members=len(clients), overrides=overrides)
         clash = sorted(set(extra) & {"min_clients", "target_survivors", "min_group", "colluders", "round_id", "clients",
-                                     "length", "ring"})
+                                     "length", "ring", "noise_layers"})
         if clash:
             raise ValueError(f"server_protocol: {clash} are set by the secure layer; pass policy in `overrides`")
+        if self.exact_noise:
+            params["noise_layers"] = self.layer_spec()
         return registry.server_class(self.config.protocol)(round_id=round_id, clients=clients, length=length,
                                                            ring=self.config.ring, **params, **extra)
 
@@ -426,13 +443,21 @@ class SecureAggregator:
                 raise ValueError("cluster-indexed parts under distributed DP are not supported yet")
             x = np.concatenate([self._part_values(upload, name)[0] for name, _, _ in layout.parts]) \
                 if layout.parts else np.zeros(0)
-            rng = None
+            rng, layers = None, None
             if seed is not None:
                 from dp.samplers import CryptoRandom
 
                 rng = CryptoRandom(_key(seed, "ddp", round, sum_name, client_id))
-            vec = self.ddp_encoder(x.shape[0]).encode(x, round_seed=self.rotation_seed(round, sum_name), rng=rng)
-            return EncodedInput(layout=layout, vector=vec, clipped=0)
+            if self.exact_noise and layout.parts:
+                from secagg import shamir
+                from secagg.noise_layers import LayerSecrets, chain
+
+                spec = self.layer_spec(x.shape[0])
+                layers = LayerSecrets.fresh(spec) if seed is None else LayerSecrets(spec=spec, secrets=tuple(chain(
+                    int.from_bytes(_key(seed, "xnoise", round, sum_name, client_id), "little") % shamir.PRIME, spec.count)))
+            vec = self.ddp_encoder(x.shape[0]).encode(x, round_seed=self.rotation_seed(round, sum_name), rng=rng,
+                                                      noise_layers=layers, client=client_id)
+            return EncodedInput(layout=layout, vector=vec, clipped=0, noise_layers=layers)
         clipped_parts = self._central_clip(upload, layout) if self.config.central_dp is not None else None
         pieces, clipped = [], 0
         for index, (name, n, k) in enumerate(layout.parts):
@@ -567,8 +592,11 @@ class SecureAggregator:
 
     def server_decode(self, ring_sum: np.ndarray, *, layout: Layout, contributors: frozenset[int], round: int,
                       sum_name: str = DEFAULT_SUM, population: Iterable[int] | None = None,
-                      sampling: SamplingRecord | None = None):
-        """Server side: (per-part aggregates, the Released noisy mean under DDP or None).
+                      sampling: SamplingRecord | None = None, layer_index: int = -1,
+                      layer_secrets: Mapping[int, int] | None = None):
+        """Server side: (per-part aggregates, the Released noisy mean under DDP or None). Under exact
+        noise, `layer_index` and `layer_secrets` (the protocol's `RoundResult`) remove the survivors'
+        excess noise layers before anything is decoded.
 
         Refuses (ValueError) more contributors than the encoding can sum, and (DisclosureError) a
         noise-free release the disclosure guard refuses; either fails this sum only."""
@@ -587,10 +615,19 @@ class SecureAggregator:
                 return groups, None
             return self._central_release(groups, layout=layout, contributors=contributors, round=round,
                                          population=population, summary_key=summary_key, sampling=sampling)
-        released = self.ddp_encoder(layout.dim).release(
+        encoder, spec = self.ddp_encoder(layout.dim), self.layer_spec(layout.dim)
+        if spec is not None and layer_index >= 0:
+            if set(layer_secrets or {}) != set(contributors):
+                raise ValueError(f"noise layers revealed for {sorted(layer_secrets or {})[:5]}..., not the contributors")
+            ring_sum = encoder.remove_layers(ring_sum, spec=spec, index=layer_index, revealed=layer_secrets)
+        elif layer_index >= 0:
+            raise ValueError("noise layers revealed for a sum without exact noise")
+        noise = encoder.noise_record(spec=spec, survivors=len(contributors), index=layer_index,
+                                     colluders=self.config.colluders)
+        released = encoder.release(
             ring_sum, round_seed=self.rotation_seed(round, sum_name), round_id=round, contributors=contributors,
             ledger=self.ledger, population=sorted(population) if population is not None else sorted(contributors),
-            summary_key=summary_key, sampling=sampling)
+            summary_key=summary_key, sampling=sampling, noise=noise)
         self.guard.authorize(self._use_key(summary_key, round), contributors, noise=released)
         groups, start = {}, 0
         for name, n, _ in layout.parts:
@@ -647,15 +684,21 @@ class SecureAggregator:
     # ---- in-memory driver of one sum --------------------------------------------------------
     def run_sum(self, *, round_id: int, inputs: Mapping[int, np.ndarray], length: int,
                 protocol_params: Mapping[str, object] | None = None,
-                drop_at: Mapping[str, set[int]] | None = None, bytes_sent: dict[int, int] | None = None):
+                drop_at: Mapping[str, set[int]] | None = None, bytes_sent: dict[int, int] | None = None,
+                noise_layers: Mapping[int, Any] | None = None):
         """Run the configured protocol over `inputs` in this process; returns its RoundResult.
+        `noise_layers`: each client's XNoise layer secrets (`EncodedInput.noise_layers`).
 
         The protocol is built by `server_protocol`: a sum over too many members, or too few to reach
         the survivor floor, is refused before anything runs."""
         server = self.server_protocol(round_id=round_id, members=inputs, length=length, overrides=protocol_params)
         policy = self.client_protocol_params()
+        layers = dict(noise_layers or {})
+        if self.exact_noise and set(layers) != set(inputs):
+            raise ValueError("exact noise: every input needs its noise layers")
+        extra = (lambda cid: {"noise_layers": layers[cid]}) if self.exact_noise else (lambda cid: {})
         clients = {cid: registry.client_class(self.config.protocol)(client_id=cid, round_id=round_id,
-                                                                    input_fn=lambda v=vec: v, **policy)
+                                                                    input_fn=lambda v=vec: v, **policy, **extra(cid))
                    for cid, vec in inputs.items()}
         return run_round(server, clients, drop_at=drop_at, bytes_sent=bytes_sent)
 
@@ -678,10 +721,12 @@ class SecureAggregator:
         t0 = time.perf_counter()
         sent: dict[int, int] = {}
         result = self.run_sum(round_id=round, inputs={c: e.vector for c, e in inputs.items()},
-                              length=self.input_length(layout), drop_at=drop_at, bytes_sent=sent)
+                              length=self.input_length(layout), drop_at=drop_at, bytes_sent=sent,
+                              noise_layers={c: e.noise_layers for c, e in inputs.items()} if self.exact_noise else None)
         groups, released_sum = self.server_decode(result.ring_sum, layout=layout, contributors=result.contributors,
                                                   round=round, population=population if population is not None else uploads,
-                                                  sampling=sampling)
+                                                  sampling=sampling, layer_index=result.layer_index,
+                                                  layer_secrets=result.layer_secrets)
         self.record_individuals(round, inputs, result.contributors)
         if stats is not None:
             stats.seconds += time.perf_counter() - t0

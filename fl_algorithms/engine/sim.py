@@ -231,10 +231,12 @@ class SimulationRunner:
             vectors = {c: inputs[c][job.name].vector for c in job.members}
             clipped += sum(inputs[c][job.name].clipped for c in job.members)
             try:
+                layers = {c: inputs[c][job.name].noise_layers for c in job.members} \
+                    if self.aggregator.exact_noise else None
                 result = self.aggregator.run_sum(round_id=job.round_id, inputs=vectors, length=job.length,
                                                  protocol_params=job.protocol_params,
                                                  drop_at={"masked": drops & set(job.members)} if drops else None,
-                                                 bytes_sent=sent)
+                                                 bytes_sent=sent, noise_layers=layers)
             except Exception as exc:  # an aborted sum (too few survivors) fails that sum only
                 machine.on_sum(job.name, error=f"{type(exc).__name__}: {exc}", seconds=time.perf_counter() - s0)
                 continue

@@ -44,6 +44,11 @@ class RoundResult:
     disputes: tuple[tuple[int, int], ...] = ()
     """(accuser, accused) pairs both dropped because the server cannot tell which lied: blame for a
     dispute is not recorded against either end (`accusation_matching`)."""
+    layer_index: int = -1
+    """XNoise: the highest removable noise layer the survivors revealed (-1: none)."""
+    layer_secrets: Mapping[int, int] = field(default_factory=dict)
+    """XNoise: each contributor's revealed layer secret s_{layer_index} (`secagg.noise_layers`), from
+    which the layers 0..layer_index of its noise are regenerated and subtracted from `ring_sum`."""
 
 
 class ServerProtocol(ABC):

@@ -55,6 +55,7 @@ identity) drop every client that advertised it; the round goes on.
 """
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -64,6 +65,7 @@ from secagg import crypto, reed_solomon, shamir
 from secagg.crypto import DecryptionError, KeyPair
 from secagg.graph import complete_graph, default_degree, harary_graph, is_connected, random_order, smallest_isolable_group
 from secagg.identity import SIGNATURE_BYTES, Identity, Roster, advertisement
+from secagg.noise_layers import MAX_LAYERS, LayerSecrets, LayerSpec
 from secagg.messages import (
     MAX_CLIENT_ID, AbortError, Array, Bytes, BytesMap, Int, IntList, Message, ProtocolError, Schema,
 )
@@ -77,12 +79,18 @@ MAX_PEERS = 1 << 16
 KEYS_BYTES = 2 * crypto.PUBLIC_KEY_BYTES              # c_pk || s_pk
 SHARE_PLAINTEXT = 2 * shamir.SECRET_BYTES             # share of b_u || share of s_sk_u
 SHARE_CIPHERTEXT = SHARE_PLAINTEXT + crypto.NONCE_BYTES + crypto.TAG_BYTES
+MAX_SHARE_CIPHERTEXT = SHARE_CIPHERTEXT + MAX_LAYERS * shamir.SECRET_BYTES
+
+
+def share_ciphertext_bytes(layers: int) -> int:
+    """Size of one sealed share: b_u's and s_sk_u's shares and one share per removable noise layer."""
+    return SHARE_CIPHERTEXT + layers * shamir.SECRET_BYTES
 
 # ---- messages -----------------------------------------------------------------------------------
 ADVERTISE_REQUEST = Schema("advertise_request", {
     "length": Int(1, MAX_LEN), "threshold": Int(1, MAX_PEERS),
     "neighbours": IntList(MAX_PEERS, 1, MAX_CLIENT_ID),
-    "colluders": Int(0, MAX_PEERS), "min_group": Int(1, MAX_PEERS),
+    "colluders": Int(0, MAX_PEERS), "min_group": Int(1, MAX_PEERS), "layers": Int(0, MAX_LAYERS),
 })
 ADVERTISE_KEYS = Schema("advertise_keys", {"keys": Bytes(KEYS_BYTES, exact=True),
                                            "signature": Bytes(SIGNATURE_BYTES)})
@@ -90,8 +98,8 @@ SHARE_REQUEST = Schema("share_request", {"keys": BytesMap(MAX_PEERS, KEYS_BYTES,
                                          "signatures": BytesMap(MAX_PEERS, SIGNATURE_BYTES)})
 SIGNED_AS = "secagg"
 """Protocol family in signed advertisements (SecAgg and SecAgg+ are one state machine)."""
-SHARES = Schema("shares", {"ciphertexts": BytesMap(MAX_PEERS, SHARE_CIPHERTEXT, exact=True)})
-CHECK_REQUEST = Schema("check_request", {"ciphertexts": BytesMap(MAX_PEERS, SHARE_CIPHERTEXT, exact=True)})
+SHARES = Schema("shares", {"ciphertexts": BytesMap(MAX_PEERS, MAX_SHARE_CIPHERTEXT)})
+CHECK_REQUEST = Schema("check_request", {"ciphertexts": BytesMap(MAX_PEERS, MAX_SHARE_CIPHERTEXT)})
 SHARE_CHECK = Schema("share_check", {"bad_shares": IntList(MAX_PEERS, 1, MAX_CLIENT_ID)})
 MASKED_REQUEST = Schema("masked_request", {"mask_with": IntList(MAX_PEERS, 1, MAX_CLIENT_ID)})
 MASKED_INPUT = Schema("masked_input", {"vector": Array("uint32", MAX_LEN)})
@@ -101,6 +109,8 @@ UNMASK_REQUEST = Schema("unmask_request", {"signatures": BytesMap(MAX_PEERS, SIG
 UNMASK_SHARES = Schema("unmask_shares", {
     "seed_shares": BytesMap(MAX_PEERS, shamir.SECRET_BYTES, exact=True),
     "key_shares": BytesMap(MAX_PEERS, shamir.SECRET_BYTES, exact=True),
+    "layer_shares": BytesMap(MAX_PEERS, shamir.SECRET_BYTES, exact=True),
+    "layer_index": Int(-1, MAX_LAYERS - 1),
 })
 
 
@@ -118,6 +128,13 @@ def _share_aad(round_id: int, sender: int, receiver: int) -> bytes:
 
 def _self_mask_key(round_id: int, client: int, seed: int) -> bytes:
     return crypto.hkdf(shamir.to_bytes(seed), crypto.context("self-mask", round_id, client))
+
+
+def _split_plain(plain: bytes) -> tuple[bytes, ...]:
+    """A share plaintext's pieces: b_u's share, s_sk_u's share, then one per noise layer."""
+    if len(plain) < SHARE_PLAINTEXT or len(plain) % shamir.SECRET_BYTES:
+        raise ValueError("share plaintext of the wrong size")
+    return tuple(plain[i:i + shamir.SECRET_BYTES] for i in range(0, len(plain), shamir.SECRET_BYTES))
 
 
 def _sign(u: int, v: int) -> int:
@@ -141,7 +158,7 @@ class SecAggPlusServer(ServerProtocol):
         self, *, round_id: int, clients: Sequence[int], length: int, ring: Ring = RING_2_32,
         degree: int | None = None, threshold_fraction: float = 0.5, min_clients: int = 2,
         colluders: int = 0, planned_dropout: float | None = None, corrupt_fraction: float = 0.05,
-        roster: Roster | None = None,
+        roster: Roster | None = None, noise_layers: LayerSpec | None = None,
     ) -> None:
         """`min_clients`: g, the fewest honest clients whose sum may be opened; `colluders`: c, the
         colluding clients the round withstands (c < t); the round needs max(t, g + c) survivors.
@@ -150,9 +167,13 @@ class SecAggPlusServer(ServerProtocol):
         eta 30), so the round does not abort up to the planned dropout; `describe()` prints them.
         `roster`: enrolled clients' verify keys; with it, an unsigned or wrongly signed key
         advertisement (or survivor signature) drops its sender at once (clients check every
-        signature themselves anyway)."""
+        signature themselves anyway). `noise_layers`: removable noise layers (`secagg.noise_layers`,
+        XNoise) each client shares with its unmasking shares; the survivors' revealed layer secrets
+        come back in `RoundResult.layer_secrets`."""
         super().__init__(round_id=round_id, clients=clients, length=length, ring=ring)
         self.roster = roster
+        self.layers = noise_layers
+        self.share_bytes = share_ciphertext_bytes(noise_layers.count if noise_layers else 0)
         if not ring.is_power_of_two:
             raise ValueError("SecAgg masks live in Z_{2^32}; use LightSecAgg for a prime field")
         if not 0.0 <= threshold_fraction < 1.0:
@@ -214,7 +235,7 @@ class SecAggPlusServer(ServerProtocol):
         return self._enter("advertise", {
             c: self._request("advertise_request", c, length=self.length, threshold=self.threshold,
                              neighbours=tuple(sorted(self.graph[c])), colluders=self.floors.colluders,
-                             min_group=self.floors.min_group)
+                             min_group=self.floors.min_group, layers=self.layers.count if self.layers else 0)
             for c in self.clients
         })
 
@@ -231,6 +252,8 @@ class SecAggPlusServer(ServerProtocol):
             expected = self.graph[msg.sender] & self._keys.keys()
             if set(msg["ciphertexts"]) != expected:
                 raise ProtocolError(f"client {msg.sender} sent shares for the wrong set of neighbours")
+            if any(len(ct) != self.share_bytes for ct in msg["ciphertexts"].values()):
+                raise ProtocolError(f"client {msg.sender} sent shares of the wrong size (expected {self.share_bytes} bytes)")
         elif self.stage == "check":
             if not set(msg["bad_shares"]) <= self.graph[msg.sender] & self._u2:
                 raise ProtocolError(f"client {msg.sender} reports bad shares from clients that sent it none")
@@ -245,8 +268,12 @@ class SecAggPlusServer(ServerProtocol):
             alive, dropped = self._unmask_sets(msg.sender)
             if set(msg["seed_shares"]) != alive | {msg.sender} or set(msg["key_shares"]) != dropped:
                 raise ProtocolError(f"client {msg.sender} returned shares for the wrong clients")
+            index = self.layer_index()
+            if msg["layer_index"] != index or set(msg["layer_shares"]) != (alive | {msg.sender} if index >= 0 else set()):
+                raise ProtocolError(f"client {msg.sender} revealed noise layer {msg['layer_index']} for "
+                                    f"{len(msg['layer_shares'])} clients; {len(self._u3)} survivors remove up to layer {index}")
             try:
-                for b in (*msg["seed_shares"].values(), *msg["key_shares"].values()):
+                for b in (*msg["seed_shares"].values(), *msg["key_shares"].values(), *msg["layer_shares"].values()):
                     shamir.from_bytes(b)
             except ValueError as exc:
                 raise ProtocolError(str(exc)) from exc
@@ -356,6 +383,10 @@ class SecAggPlusServer(ServerProtocol):
             for c in signed
         })
 
+    def layer_index(self) -> int:
+        """Highest noise layer the survivors reveal (-1: none, or no layers)."""
+        return self.layers.reveal_index(len(self._u3)) if self.layers else -1
+
     def _unmask_sets(self, c: int) -> tuple[frozenset[int], frozenset[int]]:
         """(neighbours c masked with that survived, neighbours c masked with that dropped before masking)."""
         masked_with = self._mask_with.get(c, frozenset())
@@ -370,6 +401,8 @@ class SecAggPlusServer(ServerProtocol):
         dropped = frozenset(v for v, us in masked_with_dropped.items() if us)
         seeds = self._reconstruct(replies, responders, self._u3, "seed_shares")
         sks = self._reconstruct(replies, responders, dropped, "key_shares")
+        index = self.layer_index()
+        layers = self._reconstruct(replies, responders, self._u3, "layer_shares") if index >= 0 else {}
         for u, seed in seeds.items():
             apply_mask_(acc, _self_mask_key(self.round_id, u, seed), self.ring, sign=-1)
         for v, sk in sks.items():
@@ -378,7 +411,7 @@ class SecAggPlusServer(ServerProtocol):
                 key = crypto.agree(pair, self._keys[u][crypto.PUBLIC_KEY_BYTES:], _mask_info(self.round_id, u, v))
                 # u added sign(u, v) * PRG(s_uv); take it back out.
                 apply_mask_(acc, key, self.ring, sign=-_sign(u, v))
-        self._result = self._finish(acc, self._u3)
+        self._result = dataclasses.replace(self._finish(acc, self._u3), layer_index=index, layer_secrets=layers)
         self._sum = None
         return {}
 
@@ -424,7 +457,7 @@ class SecAggPlusServer(ServerProtocol):
         """The largest reply: a masked vector with its bad-share list, or one entry per neighbour
         (keys: 8 bytes, lengths: 4) of sealed shares or of two unmasking shares."""
         k = max((len(v) for v in self.graph.values()), default=0)
-        per_neighbour = max(SHARE_CIPHERTEXT + 12, 2 * (shamir.SECRET_BYTES + 12))
+        per_neighbour = max(self.share_bytes + 12, 3 * (shamir.SECRET_BYTES + 12))
         return 4 * self.length + 8 * k + k * per_neighbour + (64 << 10)
 
 
@@ -435,10 +468,10 @@ class SecAggServer(SecAggPlusServer):
 
     def __init__(self, *, round_id: int, clients: Sequence[int], length: int, ring: Ring = RING_2_32,
                  threshold_fraction: float = 0.5, min_clients: int = 2, colluders: int = 0,
-                 roster: Roster | None = None) -> None:  # the complete graph: no degree to plan
+                 roster: Roster | None = None, noise_layers: LayerSpec | None = None) -> None:  # complete graph
         super().__init__(round_id=round_id, clients=clients, length=length, ring=ring, degree=None,
                          threshold_fraction=threshold_fraction, min_clients=min_clients, colluders=colluders,
-                         roster=roster)
+                         roster=roster, noise_layers=noise_layers)
 
     def _make_graph(self, degree: int) -> dict[int, frozenset[int]]:
         return complete_graph(self.clients)
@@ -465,14 +498,20 @@ class SecAggPlusClient(ClientProtocol):
                                    CONSISTENCY_REQUEST, UNMASK_REQUEST)}
 
     def __init__(self, *, client_id: int, round_id: int, input_fn: InputFn, max_length: int = MAX_LEN,
-                 policy: ClientPolicy = ClientPolicy(), identity: Identity | None = None) -> None:
+                 policy: ClientPolicy = ClientPolicy(), identity: Identity | None = None,
+                 noise_layers: LayerSecrets | None = None) -> None:
         """`identity` (from enrolment): sign this client's key advertisement and accept a neighbour's
-        keys only with a valid signature from its enrolled key; without it, trust the server's relay."""
+        keys only with a valid signature from its enrolled key; without it, trust the server's relay.
+        `noise_layers`: this client's removable-noise layer secrets (XNoise), shared with its
+        unmasking shares; it reveals layer j only for the j its own spec gives for the signed
+        survivor set, whatever the server asks."""
         super().__init__(client_id=client_id, round_id=round_id, input_fn=input_fn, max_length=max_length)
         if identity is not None and identity.client_id != client_id:
             raise ValueError(f"identity of client {identity.client_id} given to client {client_id}")
         self.policy = policy
         self.identity = identity
+        self.noise_layers = noise_layers
+        self.layer_count = noise_layers.spec.count if noise_layers else 0
         self.ring = RING_2_32
 
     def first_kind(self) -> str:
@@ -490,6 +529,8 @@ class SecAggPlusClient(ClientProtocol):
             raise ProtocolError("too many neighbours")
         if msg["length"] > self.max_length:
             raise ProtocolError("requested vector length exceeds this client's limit")
+        if msg["layers"] != self.layer_count:
+            raise ProtocolError(f"the round announces {msg['layers']} noise layers; this client holds {self.layer_count}")
         size = len(nbrs) + 1
         if t > size or t <= self.policy.min_threshold_fraction * size:
             raise ProtocolError(f"threshold {t} unsafe for a neighbourhood of {size}")
@@ -528,12 +569,12 @@ class SecAggPlusClient(ClientProtocol):
         share_keys = {v: self._agree(self.c_pair, keys[v][: crypto.PUBLIC_KEY_BYTES], _share_key_info(self.round_id, self.client_id, v))
                       for v in holders[:-1]}
         seed = shamir.random_element()
-        seed_sh, sk_sh = shamir.split([seed, self.s_secret], xs=holders, threshold=self.threshold)
-        cts = {
-            v: crypto.seal(share_keys[v], shamir.to_bytes(sb) + shamir.to_bytes(kb), _share_aad(self.round_id, self.client_id, v))
-            for v, sb, kb in zip(holders[:-1], seed_sh, sk_sh)
-        }
-        self.seed, self.own_shares = seed, (seed_sh[-1], sk_sh[-1])
+        layer_secrets = list(self.noise_layers.secrets) if self.noise_layers else []
+        rows = shamir.split([seed, self.s_secret, *layer_secrets], xs=holders, threshold=self.threshold)
+        plains = [b"".join(shamir.to_bytes(row[i]) for row in rows) for i in range(len(holders))]
+        cts = {v: crypto.seal(share_keys[v], plains[i], _share_aad(self.round_id, self.client_id, v))
+               for i, v in enumerate(holders[:-1])}
+        self.seed, self.own_shares = seed, _split_plain(plains[-1])
         self.peer_keys = keys
         return self._reply("shares", ciphertexts=cts), ("check_request",)
 
@@ -543,18 +584,22 @@ class SecAggPlusClient(ClientProtocol):
             raise ProtocolError("ciphertexts from clients whose keys were not announced")
         if len(cts) + 1 < self.threshold:
             raise ProtocolError(f"only {len(cts)} neighbours shared, threshold {self.threshold}")
-        held: dict[int, tuple[bytes, bytes]] = {}
+        held: dict[int, tuple[bytes, ...]] = {}
         bad: list[int] = []
+        size = share_ciphertext_bytes(self.layer_count)
+        if any(len(ct) != size for ct in cts.values()):
+            raise ProtocolError(f"relayed ciphertexts of the wrong size (expected {size} bytes)")
         for u, ct in cts.items():
             key = self._agree(self.c_pair, self.peer_keys[u][: crypto.PUBLIC_KEY_BYTES],
                               _share_key_info(self.round_id, self.client_id, u))
             try:
-                plain = crypto.open_sealed(key, ct, _share_aad(self.round_id, u, self.client_id))
-                shamir.from_bytes(plain[: shamir.SECRET_BYTES]), shamir.from_bytes(plain[shamir.SECRET_BYTES:])
+                pieces = _split_plain(crypto.open_sealed(key, ct, _share_aad(self.round_id, u, self.client_id)))
+                for piece in pieces:
+                    shamir.from_bytes(piece)
             except (DecryptionError, ValueError):
                 bad.append(u)  # reported, not fatal: the server drops u as if it went silent
                 continue
-            held[u] = (plain[: shamir.SECRET_BYTES], plain[shamir.SECRET_BYTES:])
+            held[u] = pieces
         self.held = held
         return self._reply("share_check", bad_shares=tuple(sorted(bad))), ("masked_request",)
 
@@ -603,10 +648,16 @@ class SecAggPlusClient(ClientProtocol):
         alive = self.alive
         dropped = self.masked_with - alive
         seed_shares = {u: self.held[u][0] for u in alive}
-        seed_shares[self.client_id] = shamir.to_bytes(self.own_shares[0])
+        seed_shares[self.client_id] = self.own_shares[0]
         key_shares = {v: self.held[v][1] for v in dropped}
+        # XNoise: the layer this client's OWN spec gives for the signed survivor set, never the server's word.
+        index = self.noise_layers.spec.reveal_index(len(self.survivors)) if self.noise_layers else -1
+        layer_shares = {u: self.held[u][2 + index] for u in alive} if index >= 0 else {}
+        if index >= 0:
+            layer_shares[self.client_id] = self.own_shares[2 + index]
         self.held = {}
-        return self._reply("unmask_shares", seed_shares=seed_shares, key_shares=key_shares), ()
+        return self._reply("unmask_shares", seed_shares=seed_shares, key_shares=key_shares,
+                           layer_shares=layer_shares, layer_index=index), ()
 
 
 class SecAggClient(SecAggPlusClient):

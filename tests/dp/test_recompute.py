@@ -67,7 +67,7 @@ def test_the_command_reads_runs_documents_and_fails_on_a_mismatch(tmp_path, caps
     honest.write_text(json.dumps({"format": "runs", "runs": {"a": {"ledger": _report()}, "b": {"ledger": _report()}}}))
     assert main([str(honest)]) == 0
     last = capsys.readouterr().out.strip().splitlines()[-1]
-    assert last == ("recompute ledgers=1 entries=14 labels=12 composite_labels=2 max_rel_diff=0 mismatches=0")
+    assert last == ("recompute ledgers=1 entries=14 labels=12 composite_labels=2 max_rel_diff=0 noise_records=0 mismatches=0")
     bad = copy.deepcopy(_report())
     bad["clients"]["2"]["epsilon"]["client/outsider"] = 0.5
     tampered = tmp_path / "tampered.json"

@@ -470,7 +470,7 @@ def _bad_replies_for(s: Setup):
         elif stage == "share":
             cts = dict(reply["ciphertexts"])
             some = next(iter(cts))
-            wrong, invalid = "sent shares for the wrong set of neighbours", "field 'ciphertexts' has an invalid value"
+            wrong, invalid = "sent shares for the wrong set of neighbours", "sent shares of the wrong size"
             out += [
                 (with_field(reply, "ciphertexts", {v: c for v, c in cts.items() if v != some}), wrong),
                 (with_field(reply, "ciphertexts", {**cts, 10_000: cts[some]}), wrong),
@@ -639,7 +639,7 @@ def _bad_requests_for(s: Setup, foreign: dict, exercised: set):
                  "ciphertexts from clients whose keys were not announced"),
                 (with_field(req, "ciphertexts", dict(list(cts.items())[: s.t - 2])), r"only \d+ neighbours shared"),
                 (with_field(req, "ciphertexts", {**cts, u0: cts[u0][:-1]}),                  # wrong size
-                 "field 'ciphertexts' has an invalid value"),
+                 "relayed ciphertexts of the wrong size"),
             ]
             exercised.add("check")
         elif stage == "masked":

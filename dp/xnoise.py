@@ -1,0 +1,132 @@
+"""Dropout-exact distributed DP: add-then-remove noise layers (Dordis's XNoise, EuroSys 2024).
+
+Distributed DP sizes each client's noise for the floor n_min of honest survivors, so a round where
+more survive carries more noise than the target (README: "Sizing DDP's noise for the cohort"). Here
+each client's Skellam noise of variance V / n_min (V: the target central variance, in the ring's
+integer units) is split into
+
+    base  ~ Skellam of variance V / K                       K = n_min + L = n - c (most honest survivors)
+    layer j ~ Skellam of variance V (1/k - 1/(k+1)),  k = n_min + j,  j = 0 .. L-1
+
+which add up to V / n_min exactly (Skellam is infinitely divisible: independent Skellams sum to a
+Skellam). Layer j is drawn from a key derived from the client's layer secret s_j
+(`secagg.noise_layers`, a hash chain, Shamir-shared with the unmasking shares). Once the signed
+survivor set U is fixed, u_eff = |U| - c, and every survivor's layers 0 .. u_eff - n_min - 1 are
+regenerated from the revealed s_j and subtracted, leaving each survivor V / u_eff: the u_eff honest
+survivors' noise sums to V for ANY survivor count from the floor up, including when a survivor
+drops during the removal itself (its s_j is rebuilt from shares). Colluders' noise is never counted.
+
+The accounting is unchanged (the mechanism's variance is V, as before); what changes is that V is
+also what a released sum carries, not V x u_eff / n_min. Each release's planned and realised noise
+is recorded in the ledger (`NoiseRecord`) and `python -m dp.recompute` recomputes the realised one.
+
+Limits, stated: Skellam only. A sum of discrete Gaussians of different widths is not a discrete
+Gaussian, and the accounting of such layered sums (the tau term of arXiv 2102.06387 for unequal
+components) is not implemented, so `exact_noise` refuses `discrete_gaussian`. SecAgg and SecAgg+
+only: LightSecAgg's one-shot recovery has no per-client secret to reveal yet.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from dp.samplers import CryptoRandom, skellam
+from secagg.noise_layers import LayerSecrets, LayerSpec, layer_key, layer_keys
+
+
+@dataclass(frozen=True)
+class LayeredNoise:
+    """The split of one client's noise into a base and removable layers, for one plan."""
+
+    spec: LayerSpec
+    target_variance: float
+    """V: the noise the honest survivors' sum must carry (integer units)."""
+
+    def __post_init__(self) -> None:
+        if not self.target_variance > 0 or not math.isfinite(self.target_variance):
+            raise ValueError("target variance must be positive and finite")
+
+    @property
+    def most_survivors(self) -> int:
+        """K = n_min + L: the honest survivor count at which every layer is removed."""
+        return self.spec.floor + self.spec.count
+
+    @property
+    def base_variance(self) -> float:
+        return self.target_variance / self.most_survivors
+
+    def layer_variance(self, j: int) -> float:
+        k = self.spec.floor + j
+        return self.target_variance * (1.0 / k - 1.0 / (k + 1))
+
+    def client_variance(self) -> float:
+        """What each client adds: V / n_min (base plus every layer)."""
+        return self.base_variance + sum(self.layer_variance(j) for j in range(self.spec.count))
+
+    def remaining_variance(self, index: int) -> float:
+        """What one survivor's noise keeps once layers 0..index are removed: V / (n_min + index + 1)."""
+        return self.target_variance / (self.spec.floor + index + 1)
+
+    # ---- sampling -----------------------------------------------------------------------
+    def client_noise(self, secrets: LayerSecrets, *, client: int, dim: int, rng: CryptoRandom) -> np.ndarray:
+        """Base (from `rng`, never revealed) plus every layer (each from its own key)."""
+        if secrets.spec != self.spec:
+            raise ValueError("layer secrets of another spec")
+        out = skellam(self.base_variance / 2.0, dim, rng)
+        for j, s in enumerate(secrets.secrets):
+            out += self.layer(layer_key(s, client=client, index=j), j, dim)
+        return out
+
+    def layer(self, key: bytes, j: int, dim: int) -> np.ndarray:
+        return skellam(self.layer_variance(j) / 2.0, dim, CryptoRandom(key))
+
+    def removed(self, revealed: Mapping[int, int], index: int, *, dim: int) -> np.ndarray:
+        """Sum over the contributors of their layers 0..index (int64), from the revealed s_index."""
+        out = np.zeros(dim, dtype=np.int64)
+        if index < 0:
+            return out
+        for client, secret in sorted(revealed.items()):
+            for j, key in enumerate(layer_keys(secret, index, client=client)):
+                out += self.layer(key, j, dim)
+        return out
+
+    def record(self, *, survivors: int, index: int) -> "NoiseRecord":
+        honest = survivors - self.spec.colluders
+        kept = self.remaining_variance(index)
+        return NoiseRecord(target_variance=self.target_variance, floor=self.spec.floor, layers=self.spec.count,
+                           colluders=self.spec.colluders, survivors=survivors, layer_index=index,
+                           planned_variance=honest * self.client_variance(), realised_variance=honest * kept)
+
+
+@dataclass(frozen=True)
+class NoiseRecord:
+    """One release's noise, as the ledger keeps it (variances in the ring's integer units, honest
+    survivors only): planned = what they added, realised = what the released sum carries."""
+
+    target_variance: float
+    floor: int
+    layers: int
+    colluders: int
+    survivors: int
+    layer_index: int
+    planned_variance: float
+    realised_variance: float
+    round_id: int | None = None
+    summary_key: str = ""
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def realised_from_record(d: Mapping) -> float:
+    """The realised honest variance recomputed from a record's own parameters (for `dp.recompute`):
+    each honest survivor keeps V / (n_min + index + 1); without layers (index -1, L = 0) V / n_min."""
+    honest = int(d["survivors"]) - int(d["colluders"])
+    if honest < int(d["floor"]):
+        return 0.0  # below the floor: the sum should never have been opened
+    if int(d["layer_index"]) >= int(d["layers"]) or int(d["layer_index"]) > honest - int(d["floor"]) - 1:
+        return 0.0  # more layers removed than exist, or than the survivors warrant: noise below target
+    return honest * float(d["target_variance"]) / (int(d["floor"]) + int(d["layer_index"]) + 1)

@@ -1,0 +1,157 @@
+"""Dropout-exact distributed DP (XNoise): layer arithmetic, the reveal rule, and the noise a released sum
+really carries at 0-40% dropout, with survivors dropping during the removal itself."""
+import json
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dp import recompute
+from dp.distributed import DistributedDPConfig, InsufficientNoiseError
+from dp.ledger import Ledger, LedgerConfig
+from dp.xnoise import LayeredNoise
+from fl_algorithms.api import Masked, Upload
+from fl_algorithms.engine.secure_sum import SecureAggregationConfig, SecureAggregator
+from secagg import shamir
+from secagg.messages import ProtocolError
+from secagg.noise_layers import LayerSecrets, LayerSpec, chain, descend
+from secagg.protocols.secagg import SecAggClient, SecAggServer
+
+N, FLOOR, DIM = 10, 6, 2048
+
+
+@given(floor=st.integers(1, 40), count=st.integers(0, 40), colluders=st.integers(0, 5), extra=st.integers(0, 60))
+@settings(max_examples=200, deadline=None)
+def test_honest_survivors_keep_exactly_the_target_for_every_count(floor, count, colluders, extra):
+    noise = LayeredNoise(spec=LayerSpec(count=count, floor=floor, colluders=colluders), target_variance=7.0)
+    assert noise.client_variance() == pytest.approx(7.0 / floor, rel=1e-12)  # what every client adds: unchanged
+    survivors = colluders + floor + min(extra, count)  # every honest count the layers cover
+    index = noise.spec.reveal_index(survivors)
+    record = noise.record(survivors=survivors, index=index)
+    assert record.realised_variance == pytest.approx(7.0, rel=1e-12)
+    assert recompute.realised_variance(record.to_dict()) == pytest.approx(7.0, rel=1e-12)
+    # one layer more would leave less than the target: the recomputation flags it
+    if index + 1 < count:
+        assert recompute.realised_variance({**record.to_dict(), "layer_index": index + 1}) == 0.0
+
+
+def test_a_revealed_chain_secret_opens_that_layer_and_the_lower_ones_only():
+    secrets = chain(shamir.random_element(), 8)
+    assert descend(secrets[4], 4) == secrets[:5]
+    assert all(s not in descend(secrets[4], 4) for s in secrets[5:])
+    assert LayerSpec(count=8, floor=6).reveal_index(6) == -1   # at the floor nothing is removed
+    assert LayerSpec(count=8, floor=6).reveal_index(7) == 0
+    assert LayerSpec(count=8, floor=6, colluders=2).reveal_index(9) == 0  # colluders' noise never counts
+    assert LayerSpec(count=8, floor=6).reveal_index(99) == 7
+
+
+def _uploads():
+    rng = np.random.default_rng(0)
+    xs = {c: rng.normal(0, 0.01, DIM) for c in range(1, N + 1)}
+    return xs, {c: Upload(masked={"a": Masked(x, weight=1.0)}) for c, x in xs.items()}
+
+
+def _noise_ratio(*, exact: bool, drop_at, protocol="secagg+", colluders=0):
+    """Variance of the released sum's error over the central target (z C)^2 = 1, and the ledger."""
+    xs, ups = _uploads()
+    ledger = Ledger(LedgerConfig(delta=1e-5))
+    cfg = SecureAggregationConfig(protocol=protocol, colluders=colluders, distributed_dp=DistributedDPConfig(
+        l2_clip=1.0, noise_multiplier=1.0, expected_clients=N, min_clients=FLOOR, bits=20, exact_noise=exact))
+    view = SecureAggregator(cfg, ledger=ledger).aggregate(round=3, uploads=ups, drop_at=drop_at)
+    survivors = sorted(view.contributors)
+    err = (view.mean("a") - np.mean([xs[c] for c in survivors], axis=0)) * len(survivors)
+    return float(err.var()), len(survivors), ledger
+
+
+# Tolerance: a variance estimated from 2,048 coordinates has relative stddev sqrt(2 / 2048) = 3.1%;
+# 0.13 is over 4 of them, while the noise left in without removal is 1.17-1.67x the target here.
+@pytest.mark.parametrize("dropout", [0.0, 0.1, 0.2, 0.3, 0.4])
+def test_the_released_noise_is_the_target_at_every_dropout_rate(dropout):
+    dropped = set(range(1, round(dropout * N) + 1))
+    drop_at = {"masked": dropped} if dropped else None
+    ratio, survivors, ledger = _noise_ratio(exact=True, drop_at=drop_at)
+    assert survivors == N - len(dropped)
+    assert ratio == pytest.approx(1.0, abs=0.13)
+    (record,) = ledger.noise_records()
+    assert record["realised_variance"] == pytest.approx(record["target_variance"])
+    assert record["planned_variance"] == pytest.approx(record["target_variance"] * survivors / FLOOR)
+    if survivors > FLOOR + 1:  # the floor-sized noise it replaces is measurably larger
+        floor_sized, _, _ = _noise_ratio(exact=False, drop_at=drop_at)
+        assert floor_sized == pytest.approx(survivors / FLOOR, rel=0.13)
+
+
+@pytest.mark.parametrize("protocol", ["secagg", "secagg+"])
+@pytest.mark.parametrize("drop_at", [{"unmask": {1, 2}}, {"masked": {3}, "unmask": {1}}, {"consistency": {4}}])
+def test_survivors_that_drop_during_the_removal_are_removed_from_their_shares(protocol, drop_at):
+    ratio, survivors, ledger = _noise_ratio(exact=True, drop_at=drop_at, protocol=protocol)
+    assert survivors == N - len(drop_at.get("masked", ()))  # their inputs stay in the sum
+    assert ratio == pytest.approx(1.0, abs=0.13)
+
+
+def test_with_colluders_the_honest_survivors_carry_the_target():
+    ratio, survivors, ledger = _noise_ratio(exact=True, drop_at=None, colluders=1)
+    (record,) = ledger.noise_records()
+    assert record["colluders"] == 1 and record["layer_index"] == N - 1 - FLOOR - 1
+    # all N survivors keep V / (N - 1) each: the honest N - 1 hold exactly V
+    assert ratio == pytest.approx(N / (N - 1), abs=0.13)
+
+
+def test_the_ledger_records_the_noise_and_recompute_checks_it(tmp_path):
+    _, _, ledger = _noise_ratio(exact=True, drop_at={"masked": {1, 2}})
+    path = tmp_path / "ledger.json"
+    ledger.write(path)
+    assert recompute.main([str(path)]) == 0
+    doc = json.loads(path.read_text())
+    doc["noise"][0]["layer_index"] += 1  # one layer more removed than the survivors warrant
+    path.write_text(json.dumps(doc))
+    check = recompute.check_document(doc)
+    assert check.noise_records == 1 and any("below the accounted" in m for m in check.mismatches)
+
+
+def test_a_release_below_the_target_is_refused_before_any_charge():
+    cfg = DistributedDPConfig(l2_clip=1.0, noise_multiplier=1.0, expected_clients=N, min_clients=FLOOR, exact_noise=True)
+    from dp.distributed import DistributedDPEncoder
+
+    enc = DistributedDPEncoder.from_config(cfg, dim=16)
+    spec = cfg.layer_spec()
+    too_much = enc.noise_record(spec=spec, survivors=8, index=spec.reveal_index(8) + 1)
+    ledger = Ledger()
+    with pytest.raises(InsufficientNoiseError, match="below the accounted"):
+        enc.release(np.zeros(enc.length, np.uint32), round_seed=1, round_id=1, contributors=range(1, 9),
+                    ledger=ledger, noise=too_much)
+    assert ledger.clients() == [] and ledger.noise_records() == []
+
+
+def test_exact_noise_is_refused_where_it_is_not_implemented():
+    with pytest.raises(ValueError, match="skellam"):
+        DistributedDPConfig(l2_clip=1.0, noise_multiplier=1.0, mechanism="discrete_gaussian", exact_noise=True)
+    ddp = DistributedDPConfig(l2_clip=1.0, noise_multiplier=1.0, expected_clients=8, min_clients=6, exact_noise=True)
+    for protocol in ("lightsecagg", "plain"):
+        with pytest.raises(ValueError, match="secagg"):
+            SecureAggregationConfig(protocol=protocol, distributed_dp=ddp)
+
+
+def test_a_client_reveals_by_its_own_spec_not_by_the_servers():
+    spec = LayerSpec(count=4, floor=3)
+    server = SecAggServer(round_id=1, clients=[1, 2, 3, 4, 5], length=4, min_clients=3,
+                          noise_layers=LayerSpec(count=3, floor=3))  # the server announces another layer count
+    client = SecAggClient(client_id=1, round_id=1, input_fn=lambda: np.zeros(4, np.uint32),
+                          noise_layers=LayerSecrets.fresh(spec))
+    request = server.start()[1]
+    with pytest.raises(ProtocolError, match="noise layers"):
+        client.handle(request)
+
+
+def test_layer_noise_is_drawn_from_its_key_and_sums_to_the_client_variance():
+    noise = LayeredNoise(spec=LayerSpec(count=5, floor=4), target_variance=4.0e4)
+    secrets = LayerSecrets.fresh(noise.spec)
+    from dp.samplers import CryptoRandom
+
+    total = noise.client_noise(secrets, client=7, dim=20_000, rng=CryptoRandom())
+    assert total.var() == pytest.approx(noise.client_variance(), rel=0.05)
+    removed = noise.removed({7: secrets.secrets[2]}, 2, dim=20_000)
+    kept = total - removed
+    assert kept.var() == pytest.approx(noise.remaining_variance(2), rel=0.05)
+    assert math.isclose(noise.remaining_variance(2) * 7, 4.0e4)

@@ -20,10 +20,13 @@ The accounting is unchanged (the mechanism's variance is V, as before); what cha
 also what a released sum carries, not V x u_eff / n_min. Each release's planned and realised noise
 is recorded in the ledger (`NoiseRecord`) and `python -m dp.recompute` recomputes the realised one.
 
+Protocols: SecAgg and SecAgg+ share the layer secrets with the unmasking shares (threshold t);
+LightSecAgg inside the sealed coded pieces (threshold T + 1); the plain protocol is refused.
 Limits, stated: Skellam only. A sum of discrete Gaussians of different widths is not a discrete
 Gaussian, and the accounting of such layered sums (the tau term of arXiv 2102.06387 for unequal
-components) is not implemented, so `exact_noise` refuses `discrete_gaussian`. SecAgg and SecAgg+
-only: LightSecAgg's one-shot recovery has no per-client secret to reveal yet.
+components) is not implemented, so `exact_noise` refuses `discrete_gaussian`. Cost: every client
+draws L + 1 noise vectors instead of one, and the server regenerates (index + 1) layers per
+survivor (`benchmarks/xnoise_cost.py` measures both).
 """
 from __future__ import annotations
 

@@ -583,8 +583,11 @@ def unchecked_reply(client: object, msg: Message, identity: Identity) -> Message
         for c in client._survivors:
             if c != me:
                 FIELD_P31.add_(acc, client._held[c])
+        index = client.noise_layers.spec.reveal_index(len(client._survivors)) if client.noise_layers else -1
+        layers = {c: (client._own_layers if c == me else client._held_layers[c])[index]
+                  for c in client._survivors} if index >= 0 else {}
         client._held, client._own_piece, client._next_kinds, client.finished = {}, None, (), True
-        return client._reply("lsa_aggregate_piece", piece=acc)
+        return client._reply("lsa_aggregate_piece", piece=acc, layer_shares=layers, layer_index=index)
     return None
 
 

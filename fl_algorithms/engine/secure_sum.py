@@ -115,9 +115,9 @@ class SecureAggregationConfig:
             object.__setattr__(self, "central_dp", CentralDPConfig(**self.central_dp))
         if self.central_dp is not None and self.distributed_dp is not None:
             raise ValueError("choose central_dp or distributed_dp, not both")
-        if self.distributed_dp is not None and self.distributed_dp.exact_noise and self.protocol not in ("secagg", "secagg+"):
-            raise ValueError(f"distributed_dp exact_noise removes noise layers through SecAgg's unmasking shares: use "
-                             f"protocol 'secagg' or 'secagg+', not '{self.protocol}' (LightSecAgg: not implemented yet)")
+        if self.distributed_dp is not None and self.distributed_dp.exact_noise and self.protocol == "plain":
+            raise ValueError("distributed_dp exact_noise removes noise layers through the secure protocol's shares: "
+                             "use 'secagg', 'secagg+' or 'lightsecagg', not 'plain'")
         object.__setattr__(self, "fixed_parts", tuple(sorted({str(p) for p in self.fixed_parts})))
         for name in ("max_clients", "min_release_group", "colluders"):
             value = getattr(self, name)

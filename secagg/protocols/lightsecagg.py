@@ -45,21 +45,28 @@ different clients needs U signatures on each (the consistency stage, enrolled ru
 Substituted public keys are caught when clients are enrolled (`identity`: each client signs its
 key and checks every peer's signature against the roster); without enrolment the clients trust
 the server's relay of keys and of the survivor set.
+Removable noise layers (XNoise, `secagg.noise_layers`, for dropout-exact distributed DP): with
+`noise_layers`, each client also Shamir-shares its L layer secrets (threshold T + 1, so T colluders
+learn nothing) inside the sealed piece it sends every other client; in recovery each survivor also
+returns its share of the link its OWN spec gives for U1 of every member of U1, and the server
+rebuilds those links (cross-checked as Reed–Solomon codewords) into `RoundResult.layer_secrets`.
 Simplification relative to the paper: the offline (share) stage runs inside the round rather than
 ahead of it and in parallel with training; the protocol is otherwise the paper's.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
-from secagg import crypto, reed_solomon
+from secagg import crypto, reed_solomon, shamir
 from secagg.crypto import DecryptionError, KeyPair, agree, context, open_sealed, seal
 from secagg.identity import SIGNATURE_BYTES, Identity, Roster, advertisement
 from secagg.lcc import LagrangeCode, betas
 from secagg.messages import AbortError, Array, Bytes, BytesMap, Int, IntList, Message, ProtocolError, Schema
+from secagg.noise_layers import MAX_LAYERS, LayerSecrets, LayerSpec
 from secagg.prg import random_vector
 from secagg.protocols.base import MAX_VECTOR_LENGTH, ClientProtocol, InputFn, RoundResult, ServerProtocol
 from secagg.protocols.consistency import Floors, require_signatures, sign_survivors, survivor_statement
@@ -69,13 +76,13 @@ NAME = "lightsecagg"
 MAX_LEN = MAX_VECTOR_LENGTH
 MAX_CLIENTS = 10_000
 SEAL_OVERHEAD = crypto.NONCE_BYTES + crypto.TAG_BYTES
-_MAX_BLOB = 4 * MAX_LEN + SEAL_OVERHEAD
+_MAX_BLOB = 4 * MAX_LEN + MAX_LAYERS * shamir.SECRET_BYTES + SEAL_OVERHEAD
 
 # server -> client requests
 SETUP = Schema("lsa_setup", {
     "length": Int(1, MAX_LEN), "modulus": Int(3, 1 << 32), "roster": IntList(MAX_CLIENTS, 1),
     "target": Int(2, MAX_CLIENTS), "privacy": Int(1, MAX_CLIENTS),
-    "colluders": Int(0, MAX_CLIENTS), "min_group": Int(1, MAX_CLIENTS),
+    "colluders": Int(0, MAX_CLIENTS), "min_group": Int(1, MAX_CLIENTS), "layers": Int(0, MAX_LAYERS),
 })
 KEYS = Schema("lsa_keys", {"keys": BytesMap(MAX_CLIENTS, crypto.PUBLIC_KEY_BYTES, exact=True),
                            "signatures": BytesMap(MAX_CLIENTS, SIGNATURE_BYTES)})
@@ -89,7 +96,11 @@ PUBLIC_KEY = Schema("lsa_public_key", {"public_key": Bytes(crypto.PUBLIC_KEY_BYT
 CODED_PIECES = Schema("lsa_coded_pieces", {"pieces": BytesMap(MAX_CLIENTS, _MAX_BLOB)})
 MASKED_INPUT = Schema("lsa_masked_input", {"vector": Array("uint32", MAX_LEN), "bad_pieces": IntList(MAX_CLIENTS, 1)})
 SURVIVOR_SIGNATURE = Schema("lsa_survivor_signature", {"signature": Bytes(SIGNATURE_BYTES)})
-AGGREGATE_PIECE = Schema("lsa_aggregate_piece", {"piece": Array("uint32", MAX_LEN)})
+AGGREGATE_PIECE = Schema("lsa_aggregate_piece", {
+    "piece": Array("uint32", MAX_LEN),
+    "layer_shares": BytesMap(MAX_CLIENTS, shamir.SECRET_BYTES, exact=True),
+    "layer_index": Int(-1, MAX_LAYERS - 1),
+})
 
 
 def _piece_key_info(round_id: int, a: int, b: int) -> bytes:
@@ -111,6 +122,16 @@ def resolve_count(value: int | float, n: int, *, name: str, rounding: Callable[[
     raise ValueError(f"{name} must be an int or a fraction in (0, 1], got {value!r}")
 
 
+def _layer_pieces(raw: bytes) -> tuple[bytes, ...]:
+    """Layer shares from their concatenation (each a valid field element, else ValueError)."""
+    if len(raw) % shamir.SECRET_BYTES:
+        raise ValueError("layer shares of the wrong size")
+    pieces = tuple(raw[i:i + shamir.SECRET_BYTES] for i in range(0, len(raw), shamir.SECRET_BYTES))
+    for p in pieces:
+        shamir.from_bytes(p)
+    return pieces
+
+
 def _check_parameters(n: int, target: int, privacy: int) -> None:
     if not 1 <= privacy < target <= n:
         raise ValueError(f"need 1 <= privacy T < target survivors U <= N; got T={privacy}, U={target}, N={n}")
@@ -125,13 +146,15 @@ class LightSecAggServer(ServerProtocol):
 
     def __init__(self, *, round_id: int, clients: Sequence[int], length: int, ring: Ring = FIELD_P31,
                  target_survivors: int | float = 0.8, privacy: int | float = 0.5, colluders: int = 0,
-                 min_group: int = 1, roster: Roster | None = None) -> None:
+                 min_group: int = 1, roster: Roster | None = None, noise_layers: LayerSpec | None = None) -> None:
         """`colluders` (c <= T) and `min_group` (g): the round is opened only with at least g + c
         survivors. `roster`: enrolled clients' verify keys; with it, an unsigned or wrongly signed key
         advertisement (or survivor signature) drops its sender at once (clients check every
-        signature themselves anyway)."""
+        signature themselves anyway). `noise_layers`: removable noise layers (XNoise) whose secrets
+        the clients share with their pieces; revealed ones come back in `RoundResult.layer_secrets`."""
         super().__init__(round_id=round_id, clients=clients, length=length, ring=ring)
         self.roster = roster
+        self.layers = noise_layers
         if ring.modulus != MERSENNE_31:
             raise ValueError("LightSecAgg codes masks over F_p with p = 2^31 - 1; use FIELD_P31")
         n = len(self.clients)
@@ -148,7 +171,7 @@ class LightSecAggServer(ServerProtocol):
         """Fewest survivors the round may be opened with: U, and g honest besides c colluders."""
         self.code = LagrangeCode(num_coded=n, num_nodes=self.target, privacy=self.privacy, length=length)
         self.position = {c: j for j, c in enumerate(self.clients)}
-        self.blob_bytes = 4 * self.code.piece_length + SEAL_OVERHEAD
+        self.blob_bytes = 4 * self.code.piece_length + self._layer_count() * shamir.SECRET_BYTES + SEAL_OVERHEAD
         self._keys: dict[int, bytes] = {}
         self._relayed_to: dict[int, frozenset[int]] = {}   # receiver -> senders of the pieces relayed to it
         self._survivors: tuple[int, ...] = ()
@@ -162,7 +185,7 @@ class LightSecAggServer(ServerProtocol):
             raise RuntimeError("the round has already started")
         setup = dict(length=self.length, modulus=self.ring.modulus, roster=self.clients,
                      target=self.target, privacy=self.privacy, colluders=self.floors.colluders,
-                     min_group=self.floors.min_group)
+                     min_group=self.floors.min_group, layers=self._layer_count())
         return self._enter("advertise", {c: self._request(SETUP.kind, c, **setup) for c in self.clients})
 
     def check_reply(self, msg: Message) -> None:
@@ -188,6 +211,16 @@ class LightSecAggServer(ServerProtocol):
                 raise ProtocolError(f"client {msg.sender}'s signature over the survivor set is not valid")
         elif self.stage == "recovery":
             self._check_vector(msg["piece"], self.code.piece_length)
+            index = self.layer_index()
+            if msg["layer_index"] != index or set(msg["layer_shares"]) != (set(self._survivors) if index >= 0 else set()):
+                raise ProtocolError(f"client {msg.sender} revealed noise layer {msg['layer_index']} for "
+                                    f"{len(msg['layer_shares'])} clients; {len(self._survivors)} survivors remove up "
+                                    f"to layer {index}")
+            try:
+                for b in msg["layer_shares"].values():
+                    shamir.from_bytes(b)
+            except ValueError as exc:
+                raise ProtocolError(str(exc)) from exc
 
     def on_stage_complete(self, replies: dict[int, Message]) -> dict[int, Message]:
         handler = {"advertise": self._after_advertise, "share": self._after_share,
@@ -199,6 +232,13 @@ class LightSecAggServer(ServerProtocol):
         if self._result is None:
             raise RuntimeError("round not finished")
         return self._result
+
+    def _layer_count(self) -> int:
+        return self.layers.count if self.layers else 0
+
+    def layer_index(self) -> int:
+        """Highest noise layer the survivors reveal (-1: none, or no layers)."""
+        return self.layers.reveal_index(len(self._survivors)) if self.layers else -1
 
     # ---- stages -----------------------------------------------------------------------------
     def quorum(self) -> int:
@@ -282,14 +322,38 @@ class LightSecAggServer(ServerProtocol):
         good = [i for i in range(len(helpers)) if i not in bad][: self.target]
         mask_sum = self.code.decode([self.position[helpers[i]] for i in good], coded[good])
         total = self.ring.sub_(self._masked_sum, mask_sum)
-        self._result = self._finish(total, self._survivors)
+        index = self.layer_index()
+        layers = self._rebuild_layers({c: replies[c] for c in helpers if helpers.index(c) not in bad}) if index >= 0 else {}
+        self._result = dataclasses.replace(self._finish(total, self._survivors), layer_index=index, layer_secrets=layers)
         self._masked_sum = None
         return {}
 
+    def _rebuild_layers(self, replies: Mapping[int, Message]) -> dict[int, int]:
+        """Each survivor's revealed layer secret from the helpers' Shamir shares (x = roster position + 1,
+        threshold T + 1), cross-checked as Reed–Solomon codewords; wrong shares are corrected and
+        their senders named, or the round aborts."""
+        helpers = sorted(replies)
+        k = self.privacy + 1
+        if len(helpers) < k:
+            raise AbortError(stage="recovery", survivors=len(helpers), required=k,
+                             detail="too few layer shares to remove the survivors' excess noise")
+        owners = list(self._survivors)
+        rows = [[shamir.from_bytes(replies[h]["layer_shares"][u]) for h in helpers] for u in owners]
+        try:
+            values, bad = reed_solomon.decode_many([self.position[h] + 1 for h in helpers], rows, k=k, prime=shamir.PRIME)
+        except reed_solomon.UncorrectableError as exc:
+            raise AbortError(stage="recovery", survivors=len(helpers), required=k,
+                             detail=f"noise layer shares disagree beyond correction: {exc}") from exc
+        for h in sorted({helpers[i] for wrong in bad for i in wrong}):
+            self.mark_faulty(h, "sent wrong noise layer shares (corrected): it lied, or the client that dealt them did")
+        return dict(zip(owners, values))
+
     def max_reply_bytes(self) -> int:
-        """The largest reply: a masked vector, or one sealed piece per other client (with map keys)."""
+        """The largest reply: a masked vector, or one sealed piece per other client (with map keys),
+        or an aggregate piece with one layer share per survivor."""
         pieces = (len(self.clients) - 1) * (self.blob_bytes + 12)
-        return max(4 * self.length, pieces) + (64 << 10)
+        layer_shares = len(self.clients) * (shamir.SECRET_BYTES + 12)
+        return max(4 * self.length, pieces, 4 * self.code.piece_length + layer_shares) + (64 << 10)
 
     # ---- helpers ----------------------------------------------------------------------------
     def _check_vector(self, v: np.ndarray, length: int) -> None:
@@ -308,8 +372,14 @@ class LightSecAggClient(ClientProtocol):
 
     def __init__(self, *, client_id: int, round_id: int, input_fn: InputFn, max_length: int = MAX_LEN,
                  min_privacy: int = 1, min_survivors: int = 2, min_colluders: int = 0, min_group: int = 1,
-                 identity: Identity | None = None) -> None:
+                 identity: Identity | None = None, noise_layers: LayerSecrets | None = None) -> None:
+        """`noise_layers`: this client's removable-noise layer secrets (XNoise), Shamir-shared with its
+        pieces; it reveals the link its own spec gives for the signed survivor set, whatever the server asks."""
         super().__init__(client_id=client_id, round_id=round_id, input_fn=input_fn, max_length=max_length)
+        self.noise_layers = noise_layers
+        self.layer_count = noise_layers.spec.count if noise_layers else 0
+        self._held_layers: dict[int, tuple[bytes, ...]] = {}
+        self._own_layers: tuple[bytes, ...] = ()
         if identity is not None and identity.client_id != client_id:
             raise ValueError(f"identity of client {identity.client_id} given to client {client_id}")
         self.identity = identity
@@ -355,6 +425,8 @@ class LightSecAggClient(ClientProtocol):
             raise ProtocolError(f"{floors.colluders} colluders exceed the privacy T={t}")
         if floors.survivors > len(roster):
             raise ProtocolError(f"the round needs {floors.survivors} survivors of {len(roster)}")
+        if msg["layers"] != self.layer_count:
+            raise ProtocolError(f"the round announces {msg['layers']} noise layers; this client holds {self.layer_count}")
         self.floors = floors
         self.code = LagrangeCode(num_coded=len(roster), num_nodes=u, privacy=t, length=d)
         self._position = {c: j for j, c in enumerate(roster)}
@@ -389,11 +461,13 @@ class LightSecAggClient(ClientProtocol):
             raise ProtocolError(f"bad peer public key: {exc}") from exc
         mask = random_vector(FIELD_P31, code.length)
         coded = code.encode(mask)
-        sealed = {c: seal(k, coded[self._position[c]].astype("<u4", copy=False).tobytes(),
+        shares = self._layer_shares(sorted(keys))
+        sealed = {c: seal(k, coded[self._position[c]].astype("<u4", copy=False).tobytes() + shares[c],
                           _piece_aad(self.round_id, me, c))
                   for c, k in peer_keys.items()}
         self._peer_keys, self._mask, self._keypair = peer_keys, mask, None
         self._own_piece = coded[self._position[me]].copy()
+        self._own_layers = _layer_pieces(shares[me])
         return self._reply(CODED_PIECES.kind, pieces=sealed), (RELAY.kind,)
 
     def _on_relay(self, msg: Message):
@@ -402,17 +476,25 @@ class LightSecAggClient(ClientProtocol):
             raise ProtocolError("relayed pieces from clients that were not in the key list")
         if len(pieces) + 1 < code.num_nodes:
             raise ProtocolError(f"{len(pieces) + 1} clients left, the round needs {code.num_nodes}")
-        held, bad = {}, []
+        held, held_layers, bad = {}, {}, []
+        cut = 4 * code.piece_length
         for sender, blob in pieces.items():
             try:
                 raw = open_sealed(self._peer_keys[sender], blob, _piece_aad(self.round_id, sender, me))
             except DecryptionError:
                 raw = b""
-            piece = np.frombuffer(raw, dtype="<u4").astype(np.uint32, copy=False)
-            if piece.shape[0] != code.piece_length or int(piece.max()) >= MERSENNE_31:
+            piece = np.frombuffer(raw[:cut], dtype="<u4").astype(np.uint32, copy=False)
+            try:
+                if len(raw) != cut + self.layer_count * shamir.SECRET_BYTES:
+                    raise ValueError("wrong size")
+                layers = _layer_pieces(raw[cut:])
+            except ValueError:
+                layers = None
+            if layers is None or piece.shape[0] != code.piece_length or int(piece.max()) >= MERSENNE_31:
                 bad.append(sender)  # reported, not fatal: the server drops the sender (or this client)
                 continue
-            held[sender] = piece
+            held[sender], held_layers[sender] = piece, layers
+        self._held_layers = held_layers
         masked = self._input(code.length, FIELD_P31).copy()
         FIELD_P31.add_(masked, self._mask)
         self._held, self._mask, self._peer_keys = held, None, {}
@@ -442,5 +524,18 @@ class LightSecAggClient(ClientProtocol):
         for c in survivors:
             if c != me:
                 FIELD_P31.add_(acc, self._held[c])
-        self._held, self._own_piece = {}, None
-        return self._reply(AGGREGATE_PIECE.kind, piece=acc), ()
+        # XNoise: the link this client's OWN spec gives for the signed survivor set, never the server's word.
+        index = self.noise_layers.spec.reveal_index(len(survivors)) if self.noise_layers else -1
+        layer_shares = {c: (self._own_layers if c == me else self._held_layers[c])[index] for c in survivors} \
+            if index >= 0 else {}
+        self._held, self._own_piece, self._held_layers, self._own_layers = {}, None, {}, ()
+        return self._reply(AGGREGATE_PIECE.kind, piece=acc, layer_shares=layer_shares, layer_index=index), ()
+
+    def _layer_shares(self, holders: list[int]) -> dict[int, bytes]:
+        """Each holder's Shamir shares (x = roster position + 1, threshold T + 1) of this client's layer
+        secrets, concatenated; empty bytes without layers."""
+        if not self.noise_layers or not self.layer_count:
+            return {c: b"" for c in holders}
+        rows = shamir.split(list(self.noise_layers.secrets), xs=[self._position[c] + 1 for c in holders],
+                            threshold=self.code.privacy + 1)
+        return {c: b"".join(shamir.to_bytes(row[i]) for row in rows) for i, c in enumerate(holders)}

@@ -226,6 +226,41 @@ def _ddp_survivor_floor_ignored(mp: Patcher) -> None:
     mp.setattr(DistributedDPEncoder, "check_survivors", only_the_ceiling)
 
 
+XNOISE = "tests/dp/test_xnoise.py"
+
+
+@mutant("xnoise_base_too_small",
+        breaks="Exact DDP (XNoise): each client's secret base noise has half its variance V / K, so once the "
+               "excess layers are removed the survivors' noise is below the accounted target",
+        tests=(f"{XNOISE}::test_the_released_noise_is_the_target_at_every_dropout_rate",))
+def _xnoise_base_too_small(mp: Patcher) -> None:
+    from dp.xnoise import LayeredNoise
+
+    mp.setattr(LayeredNoise, "base_variance", property(lambda self: self.target_variance / self.most_survivors / 2))
+
+
+@mutant("xnoise_layers_left_in",
+        breaks="Exact DDP (XNoise): the server subtracts nothing, so the excess noise stays in (floor-sized "
+               "noise under an exact-noise ledger record)",
+        tests=(f"{XNOISE}::test_the_released_noise_is_the_target_at_every_dropout_rate",))
+def _xnoise_layers_left_in(mp: Patcher) -> None:
+    from dp.xnoise import LayeredNoise
+
+    mp.setattr(LayeredNoise, "removed", lambda self, revealed, index, *, dim: np.zeros(dim, dtype=np.int64))
+
+
+@mutant("xnoise_reveals_one_layer_more",
+        breaks="Exact DDP (XNoise): clients (and the server) reveal and remove one layer more than the honest "
+               "survivors warrant, leaving less noise than the accounted target",
+        tests=(f"{XNOISE}::test_the_released_noise_is_the_target_at_every_dropout_rate",
+               f"{XNOISE}::test_honest_survivors_keep_exactly_the_target_for_every_count"))
+def _xnoise_reveals_one_layer_more(mp: Patcher) -> None:
+    from secagg.noise_layers import LayerSpec
+
+    honest = LayerSpec.reveal_index
+    mp.setattr(LayerSpec, "reveal_index", lambda self, survivors: min(honest(self, survivors) + 1, self.count - 1))
+
+
 @mutant("central_dp_half_noise",
         breaks="Central DP: the trusted server adds N(0, z^2 C^2 / 2) instead of N(0, z^2 C^2)",
         tests=("tests/dp/test_central.py::test_release_is_labelled_non_private_against_the_server",

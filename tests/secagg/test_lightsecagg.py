@@ -298,13 +298,13 @@ def test_a_malformed_aggregate_piece_is_dropped_and_recovery_uses_the_others():
     requests = advance_to("recovery", server, clients)
     m = server.code.piece_length
     with pytest.raises(ProtocolError, match="ring vector has length 16, expected 15"):
-        server.accept(reply("lsa_aggregate_piece", 2, piece=np.zeros(m + 1, dtype=np.uint32)))
+        server.accept(reply("lsa_aggregate_piece", 2, piece=np.zeros(m + 1, dtype=np.uint32), layer_shares={}, layer_index=-1))
     result = finish(server, clients, {c: r for c, r in requests.items() if c != 2})
     assert result.faulty.keys() == {2} and result.faulty[2].startswith("recovery: ")
     assert result.contributors == frozenset(range(1, 6))  # its masked input was already in U1
     assert np.array_equal(result.ring_sum, field_sum(inputs.values()))
     with pytest.raises(ProtocolError, match="round already finished"):
-        server.accept(reply("lsa_aggregate_piece", 2, piece=np.zeros(m, dtype=np.uint32)))
+        server.accept(reply("lsa_aggregate_piece", 2, piece=np.zeros(m, dtype=np.uint32), layer_shares={}, layer_index=-1))
 
 
 def test_server_ignores_replies_from_clients_that_dropped_earlier():
@@ -328,7 +328,7 @@ def request(kind: str, receiver: int, *, round_id: int = ROUND, **fields) -> Mes
     return Message(kind=kind, round=round_id, sender=SERVER, receiver=receiver, fields=fields)
 
 
-SETUP = dict(length=10, modulus=2**31 - 1, roster=(1, 2, 3, 4), target=3, privacy=1, colluders=0, min_group=1)
+SETUP = dict(length=10, modulus=2**31 - 1, roster=(1, 2, 3, 4), target=3, privacy=1, colluders=0, min_group=1, layers=0)
 
 
 @pytest.mark.parametrize(("change", "message"), [

@@ -1,0 +1,116 @@
+"""What dropout-exact distributed DP (XNoise, `dp.xnoise`) costs a round, against SecAgg+ with floor-sized noise.
+
+One round of N clients over d values under distributed DP (Skellam, floor n_min = ceil(floor_fraction N)),
+measured in parts, in one process:
+
+* encode: one client's clip, rotation, rounding and noise (XNoise: a base and L = N - n_min layers);
+  the mean of `--encode-samples` clients, then counted N times (simulation) or once (a deployment, whose
+  clients encode in parallel);
+* protocol: the SecAgg+ round over N pre-encoded vectors (XNoise adds L Shamir shares per neighbour and
+  one revealed layer share per survivor), at each dropout rate (dropped before masking);
+* removal (XNoise only): the server regenerating layers 0..index of every survivor from the revealed
+  secrets and subtracting them, index = u - n_min - 1;
+* decode: the centred lift, inverse rotation and scaling.
+
+    python -m benchmarks.xnoise_cost                      # N = 50, d = 1e6, dropout 0 and 0.2 (about 12 min on 2 cores)
+    python -m benchmarks.xnoise_cost --quick              # N = 12, d = 1e4
+
+prints one `xnoise ...` line per dropout rate with the seconds of each part and
+`sim_ratio` / `deploy_ratio`: XNoise's round over the floor-sized round's, all measured in this run.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import time
+
+import numpy as np
+
+
+def _encode_seconds(encoder, *, dim: int, samples: int, layers) -> float:
+    rng = np.random.default_rng(0)
+    times = []
+    for client in range(1, samples + 1):
+        x = rng.normal(0, 0.01, dim)
+        secrets = None if layers is None else layers()
+        t0 = time.perf_counter()
+        encoder.encode(x, round_seed=1, noise_layers=secrets, client=client)
+        times.append(time.perf_counter() - t0)
+    return float(np.mean(times))
+
+
+def measure(*, clients: int, dim: int, floor_fraction: float, dropouts: list[float], encode_samples: int) -> list[dict]:
+    from dp.distributed import DistributedDPConfig, DistributedDPEncoder
+    from secagg.noise_layers import LayerSecrets
+    from secagg.protocols.secagg import SecAggPlusClient, SecAggPlusServer
+    from secagg.simulate import run_round
+
+    floor = max(2, math.ceil(floor_fraction * clients))
+    config = DistributedDPConfig(l2_clip=1.0, noise_multiplier=1.0, expected_clients=clients, min_clients=floor,
+                                 bits=20, exact_noise=True)
+    encoder = DistributedDPEncoder.from_config(config, dim=dim)
+    spec = config.layer_spec()
+    length = encoder.length
+    enc_plain = _encode_seconds(encoder, dim=dim, samples=encode_samples, layers=None)
+    enc_exact = _encode_seconds(encoder, dim=dim, samples=encode_samples, layers=lambda: LayerSecrets.fresh(spec))
+    decode_t0 = time.perf_counter()
+    encoder.decode(np.zeros(length, np.uint32), round_seed=1, n_clients=clients)
+    decode = time.perf_counter() - decode_t0
+    rng = np.random.default_rng(1)
+    vectors = {c: rng.integers(0, 2**32, length, dtype=np.uint32) for c in range(1, clients + 1)}
+    secrets = {c: LayerSecrets.fresh(spec) for c in vectors}
+    rows = []
+    for dropout in dropouts:
+        dropped = set(range(1, round(dropout * clients) + 1))
+        seconds = {}
+        for exact in (False, True):
+            server = SecAggPlusServer(round_id=1, clients=sorted(vectors), length=length, min_clients=floor,
+                                      noise_layers=spec if exact else None)
+            protos = {c: SecAggPlusClient(client_id=c, round_id=1, input_fn=lambda v=v: v,
+                                          noise_layers=secrets[c] if exact else None) for c, v in vectors.items()}
+            t0 = time.perf_counter()
+            result = run_round(server, protos, drop_at={"masked": dropped} if dropped else None)
+            seconds[exact] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        encoder.remove_layers(result.ring_sum, spec=spec, index=result.layer_index, revealed=result.layer_secrets)
+        removal = time.perf_counter() - t0
+        sim_plain = clients * enc_plain + seconds[False] + decode
+        sim_exact = clients * enc_exact + seconds[True] + removal + decode
+        dep_plain = enc_plain + seconds[False] + decode
+        dep_exact = enc_exact + seconds[True] + removal + decode
+        rows.append({"clients": clients, "dim": dim, "floor": floor, "layers": spec.count, "dropout": dropout,
+                     "survivors": len(result.contributors), "layer_index": result.layer_index,
+                     "encode_s": enc_plain, "encode_exact_s": enc_exact, "protocol_s": seconds[False],
+                     "protocol_exact_s": seconds[True], "removal_s": removal, "decode_s": decode,
+                     "sim_ratio": sim_exact / sim_plain, "deploy_ratio": dep_exact / dep_plain})
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.xnoise_cost", description=__doc__.split("\n")[0])
+    parser.add_argument("--clients", type=int, default=50, help="N, clients in the round (default 50)")
+    parser.add_argument("--dim", type=float, default=1e6, help="d, values per client (default 1e6)")
+    parser.add_argument("--floor-fraction", type=float, default=0.6,
+                        help="n_min / N: the survivors the noise is sized for (default 0.6: 40%% dropout tolerated)")
+    parser.add_argument("--dropouts", default="0,0.2", help="comma list of dropout rates below 1 - floor fraction")
+    parser.add_argument("--encode-samples", type=int, default=2, help="clients whose encoding is timed (default 2)")
+    parser.add_argument("--quick", action="store_true", help="N = 12, d = 1e4: a smoke run in seconds")
+    args = parser.parse_args(argv)
+    clients, dim = (12, 10_000) if args.quick else (args.clients, int(args.dim))
+    try:
+        dropouts = [float(x) for x in args.dropouts.split(",") if x.strip()]
+    except ValueError:
+        parser.error(f"--dropouts: not a comma list of numbers: {args.dropouts!r}")
+    if clients < 3 or dim < 1 or not 0 < args.floor_fraction <= 1 or args.encode_samples < 1:
+        parser.error("need --clients >= 3, --dim >= 1, 0 < --floor-fraction <= 1, --encode-samples >= 1")
+    if any(not 0 <= p < 1 - args.floor_fraction + 1e-9 for p in dropouts):
+        parser.error(f"every dropout must leave at least the floor: below {1 - args.floor_fraction:g}")
+    for row in measure(clients=clients, dim=dim, floor_fraction=args.floor_fraction, dropouts=dropouts,
+                       encode_samples=args.encode_samples):
+        print("xnoise " + " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()),
+              flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -8,19 +8,25 @@ measured in parts, in one process:
   clients encode in parallel);
 * protocol: the SecAgg+ round over N pre-encoded vectors (XNoise adds L Shamir shares per neighbour and
   one revealed layer share per survivor), at each dropout rate (dropped before masking);
-* removal (XNoise only): the server regenerating layers 0..index of every survivor from the revealed
-  secrets and subtracting them, index = u - n_min - 1;
+* excess (XNoise only): one survivor regenerating its own layers 0..index (index = u - n_min - 1),
+  which it sends with its unmasking reply (4d more bytes up); counted like encode;
+* removal (XNoise only): the server subtracting the survivors' summed excess (survivors that drop
+  during the removal would be regenerated from their revealed secrets: none here);
 * decode: the centred lift, inverse rotation and scaling.
 
     python -m benchmarks.xnoise_cost                      # N = 50, d = 1e6, dropout 0 and 0.2 (about 12 min on 2 cores)
     python -m benchmarks.xnoise_cost --quick              # N = 12, d = 1e4
+    python -m benchmarks.xnoise_cost --noise              # the noise itself, 0-40% dropout, both protocols
 
 prints one `xnoise ...` line per dropout rate with the seconds of each part and
-`sim_ratio` / `deploy_ratio`: XNoise's round over the floor-sized round's, all measured in this run.
+`sim_ratio` / `deploy_ratio`: XNoise's round over the floor-sized round's, all measured in this run;
+`deploy_ratio_noise_ahead` is the same when clients draw their noise (which does not depend on the
+update) ahead of the round, e.g. while they train; `upload_ratio`: a survivor's bytes up.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import time
 
@@ -58,31 +64,77 @@ def measure(*, clients: int, dim: int, floor_fraction: float, dropouts: list[flo
     decode = time.perf_counter() - decode_t0
     rng = np.random.default_rng(1)
     vectors = {c: rng.integers(0, 2**32, length, dtype=np.uint32) for c in range(1, clients + 1)}
-    secrets = {c: LayerSecrets.fresh(spec) for c in vectors}
+    stand_in = rng.integers(0, 2**20, length, dtype=np.uint32)  # each survivor's excess, timed apart below
+    secrets = {c: dataclasses.replace(LayerSecrets.fresh(spec), excess=lambda index: stand_in) for c in vectors}
     rows = []
     for dropout in dropouts:
         dropped = set(range(1, round(dropout * clients) + 1))
-        seconds = {}
+        seconds, sent = {}, {}
         for exact in (False, True):
             server = SecAggPlusServer(round_id=1, clients=sorted(vectors), length=length, min_clients=floor,
                                       noise_layers=spec if exact else None)
             protos = {c: SecAggPlusClient(client_id=c, round_id=1, input_fn=lambda v=v: v,
                                           noise_layers=secrets[c] if exact else None) for c, v in vectors.items()}
+            sent[exact] = {}
             t0 = time.perf_counter()
-            result = run_round(server, protos, drop_at={"masked": dropped} if dropped else None)
+            result = run_round(server, protos, drop_at={"masked": dropped} if dropped else None, bytes_sent=sent[exact])
             seconds[exact] = time.perf_counter() - t0
+        index = result.layer_index
+        mine = LayerSecrets.fresh(spec)
         t0 = time.perf_counter()
-        encoder.remove_layers(result.ring_sum, spec=spec, index=result.layer_index, revealed=result.layer_secrets)
+        encoder.excess_fn(mine, client=1)(index)
+        excess = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        encoder.remove_layers(result.ring_sum, spec=spec, index=index, revealed=result.layer_secrets,
+                              excess=result.layer_excess)
         removal = time.perf_counter() - t0
+        survivors = len(result.contributors)
         sim_plain = clients * enc_plain + seconds[False] + decode
-        sim_exact = clients * enc_exact + seconds[True] + removal + decode
+        sim_exact = clients * enc_exact + survivors * excess + seconds[True] + removal + decode
         dep_plain = enc_plain + seconds[False] + decode
-        dep_exact = enc_exact + seconds[True] + removal + decode
+        dep_exact = enc_exact + excess + seconds[True] + removal + decode
+        up = {k: float(np.median(list(v.values()))) for k, v in sent.items()}
         rows.append({"clients": clients, "dim": dim, "floor": floor, "layers": spec.count, "dropout": dropout,
-                     "survivors": len(result.contributors), "layer_index": result.layer_index,
-                     "encode_s": enc_plain, "encode_exact_s": enc_exact, "protocol_s": seconds[False],
+                     "survivors": survivors, "layer_index": index,
+                     "encode_s": enc_plain, "encode_exact_s": enc_exact, "excess_s": excess, "protocol_s": seconds[False],
                      "protocol_exact_s": seconds[True], "removal_s": removal, "decode_s": decode,
-                     "sim_ratio": sim_exact / sim_plain, "deploy_ratio": dep_exact / dep_plain})
+                     "upload_ratio": up[True] / up[False], "sim_ratio": sim_exact / sim_plain,
+                     "deploy_ratio": dep_exact / dep_plain,
+                     "deploy_ratio_noise_ahead": (seconds[True] + removal + decode) / (seconds[False] + decode)})
+    return rows
+
+
+def noise_table(*, clients: int = 10, floor: int = 6, dim: int = 8192,
+                dropouts: tuple[float, ...] = (0.0, 0.1, 0.2, 0.3, 0.4)) -> list[dict]:
+    """The noise a released sum really carries, over its target (z C)^2, with and without XNoise: the
+    variance of the released sum's error over `dim` coordinates, end to end through `SecureAggregator`."""
+    from dp.distributed import DistributedDPConfig
+    from dp.ledger import Ledger, LedgerConfig
+    from fl_algorithms.api import Masked, Upload
+    from fl_algorithms.engine.secure_sum import SecureAggregationConfig, SecureAggregator
+
+    rng = np.random.default_rng(0)
+    xs = {c: rng.normal(0, 0.01, dim) for c in range(1, clients + 1)}
+    uploads = {c: Upload(masked={"a": Masked(x, weight=1.0)}) for c, x in xs.items()}
+    rows = []
+    for protocol in ("secagg+", "lightsecagg"):
+        stage = "masked_input" if protocol == "lightsecagg" else "masked"
+        params = {"target_survivors": floor} if protocol == "lightsecagg" else {}
+        for dropout in dropouts:
+            dropped = set(range(1, round(dropout * clients) + 1))
+            ratios = {}
+            for exact in (False, True):
+                config = SecureAggregationConfig(protocol=protocol, protocol_params=params, distributed_dp=DistributedDPConfig(
+                    l2_clip=1.0, noise_multiplier=1.0, expected_clients=clients, min_clients=floor, bits=20,
+                    exact_noise=exact))
+                view = SecureAggregator(config, ledger=Ledger(LedgerConfig(delta=1e-5))).aggregate(
+                    round=1, uploads=uploads, drop_at={stage: dropped} if dropped else None)
+                survivors = sorted(view.contributors)
+                err = (view.mean("a") - np.mean([xs[c] for c in survivors], axis=0)) * len(survivors)
+                ratios[exact] = float(err.var())
+            rows.append({"protocol": protocol, "clients": clients, "floor": floor, "dropout": dropout,
+                         "survivors": clients - len(dropped), "floor_sized_ratio": ratios[False],
+                         "exact_ratio": ratios[True], "floor_sized_expected": (clients - len(dropped)) / floor})
     return rows
 
 
@@ -95,7 +147,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dropouts", default="0,0.2", help="comma list of dropout rates below 1 - floor fraction")
     parser.add_argument("--encode-samples", type=int, default=2, help="clients whose encoding is timed (default 2)")
     parser.add_argument("--quick", action="store_true", help="N = 12, d = 1e4: a smoke run in seconds")
+    parser.add_argument("--noise", action="store_true",
+                        help="instead: the released sum's noise over its target at 0-40%% dropout, with and without "
+                             "XNoise (N = 10, n_min = 6, d = 8192; `xnoise_noise ...` lines)")
     args = parser.parse_args(argv)
+    if args.noise:
+        for row in noise_table():
+            print("xnoise_noise " + " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                                             for k, v in row.items()), flush=True)
+        return 0
     clients, dim = (12, 10_000) if args.quick else (args.clients, int(args.dim))
     try:
         dropouts = [float(x) for x in args.dropouts.split(",") if x.strip()]

@@ -420,13 +420,32 @@ class DistributedDPEncoder:
         return v
 
     def remove_layers(self, ring_sum: np.ndarray, *, spec: "LayerSpec", index: int,
-                      revealed: Mapping[int, int]) -> np.ndarray:
-        """XNoise, server side: the ring sum less every contributor's layers 0..index, regenerated from
-        their revealed layer secrets (a new array; mod the ring)."""
+                      revealed: Mapping[int, int], excess: np.ndarray | None = None) -> np.ndarray:
+        """XNoise, server side: the ring sum less the contributors' layers 0..index: `excess` (the ring sum
+        of those the survivors sent themselves) and those regenerated from `revealed` layer secrets (of
+        survivors that dropped during the removal). A new array, mod the ring."""
         removed = self.plan.layered(spec).removed(revealed, index, dim=self.plan.padded_dim)
-        if self.ring.is_power_of_two:
-            return ring_sum - removed.astype(np.uint32)  # two's complement: subtraction mod 2^32
-        return np.mod(ring_sum.astype(np.int64) - removed, self.ring.modulus).astype(np.uint32)
+        out = self._reduce(-removed)
+        if excess is not None:
+            self.ring.validate(excess, length=self.plan.padded_dim)
+            self.ring.sub_(out, excess)
+        return self.ring.add_(out, ring_sum)
+
+    def excess_fn(self, secrets: "LayerSecrets", *, client: int):
+        """The client's own excess noise for a removal index: its layers 0..index regenerated from its
+        secrets, as a ring vector (what `LayerSecrets.excess` sends instead of leaving the server to
+        regenerate them)."""
+        from secagg.noise_layers import layer_key
+
+        layered = self.plan.layered(secrets.spec)
+
+        def excess(index: int) -> np.ndarray:
+            out = np.zeros(self.plan.padded_dim, dtype=np.int64)
+            for j in range(index + 1):
+                out += layered.layer(layer_key(secrets.secrets[j], client=client, index=j), j, self.plan.padded_dim)
+            return self._reduce(out)
+
+        return excess
 
     def noise_record(self, *, spec: "LayerSpec | None", survivors: int, index: int = -1,
                      colluders: int = 0) -> "NoiseRecord":

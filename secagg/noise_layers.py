@@ -15,7 +15,10 @@ survivor set: a server cannot ask for more removal than the survivors warrant.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
 
 from secagg import crypto, shamir
 
@@ -75,6 +78,10 @@ class LayerSecrets:
 
     spec: LayerSpec
     secrets: tuple[int, ...]
+    excess: Callable[[int], np.ndarray] | None = field(default=None, compare=False, repr=False)
+    """The client's own layers 0..index as a ring vector (set by the DP layer that drew them): sent with
+    the unmasking reply so the server only adds, rather than regenerating every survivor's layers. None:
+    the server regenerates them from the revealed secret."""
 
     def __post_init__(self) -> None:
         if len(self.secrets) != self.spec.count:

@@ -570,7 +570,9 @@ def unchecked_reply(client: object, msg: Message, identity: Identity) -> Message
         if index >= 0:
             layers[me] = client.own_shares[2 + index]
         client.held, client._next_kinds, client.finished = {}, (), True
-        return client._reply("unmask_shares", seed_shares=seeds, key_shares=keys, layer_shares=layers, layer_index=index)
+        excess = client.noise_layers.excess(index) if index >= 0 and client.noise_layers.excess else np.zeros(0, np.uint32)
+        return client._reply("unmask_shares", seed_shares=seeds, key_shares=keys, layer_shares=layers, layer_index=index,
+                             excess=excess)
     if msg.kind == "lsa_survivors" and getattr(client, "_own_piece", None) is not None:
         survivors = tuple(sorted(set(msg["survivors"])))
         if any(c != me and c not in client._held for c in survivors):
@@ -587,7 +589,8 @@ def unchecked_reply(client: object, msg: Message, identity: Identity) -> Message
         layers = {c: (client._own_layers if c == me else client._held_layers[c])[index]
                   for c in client._survivors} if index >= 0 else {}
         client._held, client._own_piece, client._next_kinds, client.finished = {}, None, (), True
-        return client._reply("lsa_aggregate_piece", piece=acc, layer_shares=layers, layer_index=index)
+        excess = client.noise_layers.excess(index) if index >= 0 and client.noise_layers.excess else np.zeros(0, np.uint32)
+        return client._reply("lsa_aggregate_piece", piece=acc, layer_shares=layers, layer_index=index, excess=excess)
     return None
 
 

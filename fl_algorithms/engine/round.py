@@ -281,7 +281,8 @@ class RoundMachine:
                                                             sum_name=name, population=self.population,
                                                             sampling=self.sampling,
                                                             layer_index=getattr(result, "layer_index", -1),
-                                                            layer_secrets=getattr(result, "layer_secrets", None))
+                                                            layer_secrets=getattr(result, "layer_secrets", None),
+                                                            layer_excess=getattr(result, "layer_excess", None))
             except Exception as exc:  # e.g. too few survivors for the DP noise: this sum only
                 self.failed[name] = f"{type(exc).__name__}: {exc}"
                 continue

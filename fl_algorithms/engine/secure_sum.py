@@ -25,6 +25,7 @@ Limits enforced here, for both runtimes:
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import time
 from collections.abc import Iterable, Mapping
@@ -455,8 +456,11 @@ class SecureAggregator:
                 spec = self.layer_spec(x.shape[0])
                 layers = LayerSecrets.fresh(spec) if seed is None else LayerSecrets(spec=spec, secrets=tuple(chain(
                     int.from_bytes(_key(seed, "xnoise", round, sum_name, client_id), "little") % shamir.PRIME, spec.count)))
-            vec = self.ddp_encoder(x.shape[0]).encode(x, round_seed=self.rotation_seed(round, sum_name), rng=rng,
-                                                      noise_layers=layers, client=client_id)
+            encoder = self.ddp_encoder(x.shape[0])
+            if layers is not None:  # the client sends its own excess at the removal (the server only adds)
+                layers = dataclasses.replace(layers, excess=encoder.excess_fn(layers, client=client_id))
+            vec = encoder.encode(x, round_seed=self.rotation_seed(round, sum_name), rng=rng,
+                                 noise_layers=layers, client=client_id)
             return EncodedInput(layout=layout, vector=vec, clipped=0, noise_layers=layers)
         clipped_parts = self._central_clip(upload, layout) if self.config.central_dp is not None else None
         pieces, clipped = [], 0
@@ -593,10 +597,10 @@ class SecureAggregator:
     def server_decode(self, ring_sum: np.ndarray, *, layout: Layout, contributors: frozenset[int], round: int,
                       sum_name: str = DEFAULT_SUM, population: Iterable[int] | None = None,
                       sampling: SamplingRecord | None = None, layer_index: int = -1,
-                      layer_secrets: Mapping[int, int] | None = None):
+                      layer_secrets: Mapping[int, int] | None = None, layer_excess: np.ndarray | None = None):
         """Server side: (per-part aggregates, the Released noisy mean under DDP or None). Under exact
-        noise, `layer_index` and `layer_secrets` (the protocol's `RoundResult`) remove the survivors'
-        excess noise layers before anything is decoded.
+        noise, `layer_index`, `layer_excess` and `layer_secrets` (the protocol's `RoundResult`) remove the
+        survivors' excess noise layers before anything is decoded.
 
         Refuses (ValueError) more contributors than the encoding can sum, and (DisclosureError) a
         noise-free release the disclosure guard refuses; either fails this sum only."""
@@ -617,9 +621,10 @@ class SecureAggregator:
                                          population=population, summary_key=summary_key, sampling=sampling)
         encoder, spec = self.ddp_encoder(layout.dim), self.layer_spec(layout.dim)
         if spec is not None and layer_index >= 0:
-            if set(layer_secrets or {}) != set(contributors):
-                raise ValueError(f"noise layers revealed for {sorted(layer_secrets or {})[:5]}..., not the contributors")
-            ring_sum = encoder.remove_layers(ring_sum, spec=spec, index=layer_index, revealed=layer_secrets)
+            if not set(layer_secrets or {}) <= set(contributors):
+                raise ValueError(f"noise layers revealed for {sorted(layer_secrets or {})[:5]}..., not contributors")
+            ring_sum = encoder.remove_layers(ring_sum, spec=spec, index=layer_index, revealed=layer_secrets or {},
+                                             excess=layer_excess)
         elif layer_index >= 0:
             raise ValueError("noise layers revealed for a sum without exact noise")
         noise = encoder.noise_record(spec=spec, survivors=len(contributors), index=layer_index,
@@ -726,7 +731,7 @@ class SecureAggregator:
         groups, released_sum = self.server_decode(result.ring_sum, layout=layout, contributors=result.contributors,
                                                   round=round, population=population if population is not None else uploads,
                                                   sampling=sampling, layer_index=result.layer_index,
-                                                  layer_secrets=result.layer_secrets)
+                                                  layer_secrets=result.layer_secrets, layer_excess=result.layer_excess)
         self.record_individuals(round, inputs, result.contributors)
         if stats is not None:
             stats.seconds += time.perf_counter() - t0

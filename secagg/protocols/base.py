@@ -47,8 +47,12 @@ class RoundResult:
     layer_index: int = -1
     """XNoise: the highest removable noise layer the survivors revealed (-1: none)."""
     layer_secrets: Mapping[int, int] = field(default_factory=dict)
-    """XNoise: each contributor's revealed layer secret s_{layer_index} (`secagg.noise_layers`), from
-    which the layers 0..layer_index of its noise are regenerated and subtracted from `ring_sum`."""
+    """XNoise: the revealed layer secret s_{layer_index} (`secagg.noise_layers`) of each contributor that
+    did not send its own excess (it dropped during the removal), from which the layers 0..layer_index
+    of its noise are regenerated and subtracted from `ring_sum`."""
+    layer_excess: np.ndarray | None = None
+    """XNoise: the ring sum of the excess noise (layers 0..layer_index) the other contributors sent
+    themselves, to subtract from `ring_sum` (None: none sent)."""
 
 
 class ServerProtocol(ABC):
@@ -78,6 +82,9 @@ class ServerProtocol(ABC):
         self._faulty: dict[int, str] = {}
         """Client -> 'stage: reason' for every client dropped for misbehaving."""
         self._disputes: list[tuple[int, int]] = []
+        self.excess_sum: np.ndarray | None = None
+        """XNoise: the ring sum of the excess noise survivors sent themselves (`fold_excess`)."""
+        self.excess_from: frozenset[int] = frozenset()
 
     # ---- driver interface ---------------------------------------------------------------
     @abstractmethod
@@ -116,6 +123,30 @@ class ServerProtocol(ABC):
             self.running_sum = np.zeros(self.length, dtype=np.uint32)
         self.ring.add_(self.running_sum, msg["vector"])
         self._replies[msg.sender] = Message(kind=msg.kind, round=msg.round, sender=msg.sender, receiver=msg.receiver)
+
+    def fold_excess(self, msg: Message) -> None:
+        """XNoise: add an accepted reply's `excess` (its sender's own layers 0..index, as a ring vector)
+        into `excess_sum` and keep the reply without it, so the server holds O(d) of excess noise."""
+        excess = msg["excess"]
+        if excess.shape[0] == 0:
+            return
+        if self.excess_sum is None:
+            self.excess_sum = np.zeros(self.length, dtype=np.uint32)
+        self.ring.add_(self.excess_sum, excess)
+        self.excess_from = self.excess_from | {msg.sender}
+        self._replies[msg.sender] = Message(kind=msg.kind, round=msg.round, sender=msg.sender, receiver=msg.receiver,
+                                            fields={**msg.fields, "excess": excess[:0]})
+
+    def check_excess(self, msg: Message, index: int) -> None:
+        """An `excess` is empty (the sender leaves its removal to the shares) or one ring vector, and only
+        when layers are removed."""
+        n = msg["excess"].shape[0]
+        if n not in ((0, self.length) if index >= 0 else (0,)):
+            raise ProtocolError(f"client {msg.sender} sent {n} excess-noise values (expected 0 or {self.length})")
+        try:
+            self.ring.validate(msg["excess"], length=n)
+        except ValueError as exc:
+            raise ProtocolError(str(exc)) from exc
 
     def take_running_sum(self) -> np.ndarray:
         """The folded sum of the stage (zeros if nothing arrived), reset for the next use."""

@@ -100,6 +100,7 @@ AGGREGATE_PIECE = Schema("lsa_aggregate_piece", {
     "piece": Array("uint32", MAX_LEN),
     "layer_shares": BytesMap(MAX_CLIENTS, shamir.SECRET_BYTES, exact=True),
     "layer_index": Int(-1, MAX_LAYERS - 1),
+    "excess": Array("uint32", MAX_LEN),
 })
 
 
@@ -216,11 +217,18 @@ class LightSecAggServer(ServerProtocol):
                 raise ProtocolError(f"client {msg.sender} revealed noise layer {msg['layer_index']} for "
                                     f"{len(msg['layer_shares'])} clients; {len(self._survivors)} survivors remove up "
                                     f"to layer {index}")
+            self.check_excess(msg, index)
             try:
                 for b in msg["layer_shares"].values():
                     shamir.from_bytes(b)
             except ValueError as exc:
                 raise ProtocolError(str(exc)) from exc
+
+    def accept(self, msg: Message) -> None:
+        """As `ServerProtocol.accept`; a recovery reply's own excess noise (XNoise) is folded at once."""
+        super().accept(msg)
+        if self.stage == "recovery":
+            self.fold_excess(msg)
 
     def on_stage_complete(self, replies: dict[int, Message]) -> dict[int, Message]:
         handler = {"advertise": self._after_advertise, "share": self._after_share,
@@ -323,12 +331,16 @@ class LightSecAggServer(ServerProtocol):
         mask_sum = self.code.decode([self.position[helpers[i]] for i in good], coded[good])
         total = self.ring.sub_(self._masked_sum, mask_sum)
         index = self.layer_index()
-        layers = self._rebuild_layers({c: replies[c] for c in helpers if helpers.index(c) not in bad}) if index >= 0 else {}
-        self._result = dataclasses.replace(self._finish(total, self._survivors), layer_index=index, layer_secrets=layers)
+        own = self.excess_from  # survivors that sent their own excess
+        layers = self._rebuild_layers({c: replies[c] for c in helpers if helpers.index(c) not in bad},
+                                      [c for c in self._survivors if c not in own]) if index >= 0 else {}
+        self._result = dataclasses.replace(self._finish(total, self._survivors), layer_index=index, layer_secrets=layers,
+                                           layer_excess=self.excess_sum)
+        self.excess_sum = None
         self._masked_sum = None
         return {}
 
-    def _rebuild_layers(self, replies: Mapping[int, Message]) -> dict[int, int]:
+    def _rebuild_layers(self, replies: Mapping[int, Message], owners: list[int]) -> dict[int, int]:
         """Each survivor's revealed layer secret from the helpers' Shamir shares (x = roster position + 1,
         threshold T + 1), cross-checked as Reed–Solomon codewords; wrong shares are corrected and
         their senders named, or the round aborts."""
@@ -337,7 +349,8 @@ class LightSecAggServer(ServerProtocol):
         if len(helpers) < k:
             raise AbortError(stage="recovery", survivors=len(helpers), required=k,
                              detail="too few layer shares to remove the survivors' excess noise")
-        owners = list(self._survivors)
+        if not owners:
+            return {}
         rows = [[shamir.from_bytes(replies[h]["layer_shares"][u]) for h in helpers] for u in owners]
         try:
             values, bad = reed_solomon.decode_many([self.position[h] + 1 for h in helpers], rows, k=k, prime=shamir.PRIME)
@@ -353,7 +366,7 @@ class LightSecAggServer(ServerProtocol):
         or an aggregate piece with one layer share per survivor."""
         pieces = (len(self.clients) - 1) * (self.blob_bytes + 12)
         layer_shares = len(self.clients) * (shamir.SECRET_BYTES + 12)
-        return max(4 * self.length, pieces, 4 * self.code.piece_length + layer_shares) + (64 << 10)
+        return max(4 * self.length, pieces, 4 * (self.code.piece_length + self.length) + layer_shares) + (64 << 10)
 
     # ---- helpers ----------------------------------------------------------------------------
     def _check_vector(self, v: np.ndarray, length: int) -> None:
@@ -529,7 +542,9 @@ class LightSecAggClient(ClientProtocol):
         layer_shares = {c: (self._own_layers if c == me else self._held_layers[c])[index] for c in survivors} \
             if index >= 0 else {}
         self._held, self._own_piece, self._held_layers, self._own_layers = {}, None, {}, ()
-        return self._reply(AGGREGATE_PIECE.kind, piece=acc, layer_shares=layer_shares, layer_index=index), ()
+        excess = self.noise_layers.excess(index) if index >= 0 and self.noise_layers.excess else np.zeros(0, np.uint32)
+        return self._reply(AGGREGATE_PIECE.kind, piece=acc, layer_shares=layer_shares, layer_index=index,
+                           excess=excess), ()
 
     def _layer_shares(self, holders: list[int]) -> dict[int, bytes]:
         """Each holder's Shamir shares (x = roster position + 1, threshold T + 1) of this client's layer

@@ -111,6 +111,7 @@ UNMASK_SHARES = Schema("unmask_shares", {
     "key_shares": BytesMap(MAX_PEERS, shamir.SECRET_BYTES, exact=True),
     "layer_shares": BytesMap(MAX_PEERS, shamir.SECRET_BYTES, exact=True),
     "layer_index": Int(-1, MAX_LAYERS - 1),
+    "excess": Array("uint32", MAX_LEN),
 })
 
 
@@ -272,6 +273,7 @@ class SecAggPlusServer(ServerProtocol):
             if msg["layer_index"] != index or set(msg["layer_shares"]) != (alive | {msg.sender} if index >= 0 else set()):
                 raise ProtocolError(f"client {msg.sender} revealed noise layer {msg['layer_index']} for "
                                     f"{len(msg['layer_shares'])} clients; {len(self._u3)} survivors remove up to layer {index}")
+            self.check_excess(msg, index)
             try:
                 for b in (*msg["seed_shares"].values(), *msg["key_shares"].values(), *msg["layer_shares"].values()):
                     shamir.from_bytes(b)
@@ -288,6 +290,8 @@ class SecAggPlusServer(ServerProtocol):
         super().accept(msg)
         if self.stage == "masked":
             self.fold_input(msg)
+        elif self.stage == "unmask":
+            self.fold_excess(msg)
 
     def _viable(self, alive: set[int], stage: str) -> frozenset[int]:
         """Drop clients with fewer live neighbours than `partners`, repeatedly (they would refuse to
@@ -402,7 +406,8 @@ class SecAggPlusServer(ServerProtocol):
         seeds = self._reconstruct(replies, responders, self._u3, "seed_shares")
         sks = self._reconstruct(replies, responders, dropped, "key_shares")
         index = self.layer_index()
-        layers = self._reconstruct(replies, responders, self._u3, "layer_shares") if index >= 0 else {}
+        own = self.excess_from  # survivors that sent their own excess
+        layers = self._reconstruct(replies, responders, self._u3 - own, "layer_shares") if index >= 0 else {}
         for u, seed in seeds.items():
             apply_mask_(acc, _self_mask_key(self.round_id, u, seed), self.ring, sign=-1)
         for v, sk in sks.items():
@@ -411,7 +416,9 @@ class SecAggPlusServer(ServerProtocol):
                 key = crypto.agree(pair, self._keys[u][crypto.PUBLIC_KEY_BYTES:], _mask_info(self.round_id, u, v))
                 # u added sign(u, v) * PRG(s_uv); take it back out.
                 apply_mask_(acc, key, self.ring, sign=-_sign(u, v))
-        self._result = dataclasses.replace(self._finish(acc, self._u3), layer_index=index, layer_secrets=layers)
+        self._result = dataclasses.replace(self._finish(acc, self._u3), layer_index=index, layer_secrets=layers,
+                                           layer_excess=self.excess_sum)
+        self.excess_sum = None
         self._sum = None
         return {}
 
@@ -458,7 +465,7 @@ class SecAggPlusServer(ServerProtocol):
         (keys: 8 bytes, lengths: 4) of sealed shares or of two unmasking shares."""
         k = max((len(v) for v in self.graph.values()), default=0)
         per_neighbour = max(self.share_bytes + 12, 3 * (shamir.SECRET_BYTES + 12))
-        return 4 * self.length + 8 * k + k * per_neighbour + (64 << 10)
+        return 4 * self.length + 8 * k + k * per_neighbour + (64 << 10)  # an unmasking reply: shares + excess
 
 
 class SecAggServer(SecAggPlusServer):
@@ -656,8 +663,9 @@ class SecAggPlusClient(ClientProtocol):
         if index >= 0:
             layer_shares[self.client_id] = self.own_shares[2 + index]
         self.held = {}
+        excess = self.noise_layers.excess(index) if index >= 0 and self.noise_layers.excess else np.zeros(0, np.uint32)
         return self._reply("unmask_shares", seed_shares=seed_shares, key_shares=key_shares,
-                           layer_shares=layer_shares, layer_index=index), ()
+                           layer_shares=layer_shares, layer_index=index, excess=excess), ()
 
 
 class SecAggClient(SecAggPlusClient):

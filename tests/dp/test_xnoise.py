@@ -198,3 +198,37 @@ def test_a_lie_in_the_layer_shares_is_corrected_and_its_sender_named(protocol):
     assert result.layer_index == index == 3
     assert result.layer_secrets == {c: s.secrets[index] for c, s in secrets.items()}
     assert 3 in result.faulty and "layer" in result.faulty[3]
+
+
+@pytest.mark.parametrize("protocol", ["secagg+", "lightsecagg"])
+def test_survivors_send_their_own_excess_and_only_removal_dropouts_are_rebuilt_from_shares(protocol):
+    import dataclasses
+
+    from secagg.protocols.lightsecagg import LightSecAggClient, LightSecAggServer
+    from secagg.protocols.secagg import SecAggPlusClient, SecAggPlusServer
+    from secagg.ring import FIELD_P31, RING_2_32
+    from secagg.simulate import run_round
+
+    spec = LayerSpec(count=4, floor=4)
+    ring = RING_2_32 if protocol == "secagg+" else FIELD_P31
+    own = lambda c: (lambda index: np.full(8, 1000 * c + index, dtype=np.uint32))  # stands in for the DP layer
+    secrets = {c: dataclasses.replace(LayerSecrets.fresh(spec), excess=own(c)) for c in range(1, 9)}
+    if protocol == "secagg+":
+        server = SecAggPlusServer(round_id=1, clients=sorted(secrets), length=8, min_clients=4, noise_layers=spec)
+        make = lambda c: SecAggPlusClient(client_id=c, round_id=1, input_fn=lambda: np.zeros(8, np.uint32),
+                                          noise_layers=secrets[c])
+        last = "unmask"
+    else:
+        server = LightSecAggServer(round_id=1, clients=sorted(secrets), length=8, target_survivors=5, privacy=2,
+                                   noise_layers=spec)
+        make = lambda c: LightSecAggClient(client_id=c, round_id=1, input_fn=lambda: np.zeros(8, np.uint32),
+                                           noise_layers=secrets[c])
+        last = "recovery"
+    result = run_round(server, {c: make(c) for c in secrets}, drop_at={last: {2, 5}})
+    index = result.layer_index
+    assert index == 3 and result.contributors == frozenset(secrets)
+    assert result.layer_secrets == {c: secrets[c].secrets[index] for c in (2, 5)}  # only the removal dropouts
+    expected = np.zeros(8, np.uint32)
+    for c in set(secrets) - {2, 5}:
+        ring.add_(expected, own(c)(index))
+    np.testing.assert_array_equal(result.layer_excess, expected)

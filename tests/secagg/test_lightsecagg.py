@@ -298,13 +298,15 @@ def test_a_malformed_aggregate_piece_is_dropped_and_recovery_uses_the_others():
     requests = advance_to("recovery", server, clients)
     m = server.code.piece_length
     with pytest.raises(ProtocolError, match="ring vector has length 16, expected 15"):
-        server.accept(reply("lsa_aggregate_piece", 2, piece=np.zeros(m + 1, dtype=np.uint32), layer_shares={}, layer_index=-1))
+        server.accept(reply("lsa_aggregate_piece", 2, piece=np.zeros(m + 1, dtype=np.uint32), layer_shares={}, layer_index=-1,
+                                    excess=np.zeros(0, np.uint32)))
     result = finish(server, clients, {c: r for c, r in requests.items() if c != 2})
     assert result.faulty.keys() == {2} and result.faulty[2].startswith("recovery: ")
     assert result.contributors == frozenset(range(1, 6))  # its masked input was already in U1
     assert np.array_equal(result.ring_sum, field_sum(inputs.values()))
     with pytest.raises(ProtocolError, match="round already finished"):
-        server.accept(reply("lsa_aggregate_piece", 2, piece=np.zeros(m, dtype=np.uint32), layer_shares={}, layer_index=-1))
+        server.accept(reply("lsa_aggregate_piece", 2, piece=np.zeros(m, dtype=np.uint32), layer_shares={}, layer_index=-1,
+                                    excess=np.zeros(0, np.uint32)))
 
 
 def test_server_ignores_replies_from_clients_that_dropped_earlier():

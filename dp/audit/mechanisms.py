@@ -91,14 +91,45 @@ class DistributedDP:
         if n < self.config.protocol_floor():  # the protocol would abort before unmasking
             raise ReleaseRefused(f"{n} members < the protocol floor {self.config.protocol_floor()}")
         seed = rotation_seed(trial=trial, round=round)
+        layers = self._layers(len(members), trial=trial, round=round)
         vectors = np.stack([self.encoder.encode(np.asarray(x, dtype=np.float64), round_seed=seed,
-                                                rng=self._test_rng(trial, round, i))
+                                                rng=self._test_rng(trial, round, i), noise_layers=layers[i], client=i + 1)
                             for i, (_, x) in enumerate(members)])
         ring_sum = np.add.reduce(vectors, axis=0, dtype=np.uint32)  # uint32 arithmetic wraps: the sum mod 2^32
+        if self.config.exact_noise:  # XNoise: every member sends its excess for the survivor count; the server subtracts it
+            spec = self.config.layer_spec()
+            index = spec.reveal_index(n)
+            excess = np.zeros_like(ring_sum)
+            for secrets in layers:
+                self.encoder.ring.add_(excess, secrets.excess(index) if index >= 0 else np.zeros_like(ring_sum))
+            ring_sum = self.encoder.remove_layers(ring_sum, spec=spec, index=index, revealed={}, excess=excess)
         try:
             return self.encoder.decode(ring_sum, round_seed=seed, n_clients=n)
         except (InsufficientNoiseError, TooManyClientsError) as exc:
             raise ReleaseRefused(str(exc)) from exc
+
+    def _layers(self, count: int, *, trial: int, round: int) -> list:
+        """Each member's XNoise layer secrets (with its excess function), or None per member without
+        exact noise: from the OS CSPRNG, or (tests) from the public noise seed."""
+        if not self.config.exact_noise:
+            return [None] * count
+        import dataclasses
+        import hashlib
+
+        from secagg import shamir
+        from secagg.noise_layers import LayerSecrets, chain
+
+        spec = self.config.layer_spec()
+        out = []
+        for i in range(count):
+            if self.noise_seed is None:
+                secrets = LayerSecrets.fresh(spec)
+            else:
+                top = int.from_bytes(hashlib.sha256(f"audit-test-layers/{self.noise_seed}/{trial}/{round}/{i}".encode())
+                                     .digest(), "little") % shamir.PRIME
+                secrets = LayerSecrets(spec=spec, secrets=tuple(chain(top, spec.count)))
+            out.append(dataclasses.replace(secrets, excess=self.encoder.excess_fn(secrets, client=i + 1)))
+        return out
 
     def _test_rng(self, trial: int, round: int, member: int):
         if self.noise_seed is None:
@@ -117,6 +148,7 @@ class DistributedDP:
         return {"mechanism": self.name, "dim": self.dim, "noise_multiplier": p.noise_multiplier,
                 "l2_clip": self.l2_clip, "min_clients": self.config.n_min,
                 "expected_clients": self.config.expected_clients, "bits": self.config.bits,
+                "exact_noise": self.config.exact_noise,
                 "sampling_rate": self.config.sampling_rate, "scale": p.scale, "l2_inflation": p.inflation}
 
 

@@ -36,50 +36,54 @@ import argparse
 import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-
-from fl_algorithms.experiments.cli import add_run_args, comma_list, protocol_lines, start_grid
-from fl_algorithms.experiments.rundir import RunDirectory
-from fl_algorithms.experiments.summarization_grid import (METHODS, PROTOCOLS, TRAINING_PROTOCOLS, SummaryPlan, aggregate,
-                                                          cell_key, plot_curves, run_summary_cell, seed_differences,
-                                                          write_table)
-from fl_algorithms.tasks.summarization import SETTINGS, SummarySettings
+# heavy modules (torch, transformers) are imported in main(), after the command line is parsed
+from fl_algorithms.choices import (SECURE_PROTOCOLS, SUMMARY_LR, SUMMARY_METHODS as METHODS,
+                                   SUMMARY_SETTINGS as SETTINGS, SUMMARY_TRAINING_PROTOCOLS as TRAINING_PROTOCOLS)
+from fl_algorithms.experiments.cli import comma_list, protocol_lines, start_grid
+from fl_algorithms.experiments.flags import add_common_flags
 from nlp_models._offline import ensure_offline
 
+if TYPE_CHECKING:
+    from fl_algorithms.experiments.summarization_grid import SummaryPlan
+
 RESULTS = Path(__file__).resolve().parents[1] / "results" / "adafedselectkd"
-QUICK = dict(settings=("non_iid",), seeds=(0,), rounds=5, data=SummarySettings(fraction=0.3))
-FULL = dict(settings=SETTINGS, seeds=(0, 1, 2), rounds=10, data=SummarySettings())
+QUICK = dict(settings=("non_iid",), seeds=(0,), rounds=5, data=dict(fraction=0.3))
+FULL = dict(settings=SETTINGS, seeds=(0, 1, 2), rounds=10, data={})
+"""The presets; `data` holds the SummarySettings fields each changes."""
 
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--quick", action="store_true", help="non_iid, seed 0, 5 rounds, 30%% of each domain")
-    p.add_argument("--settings", type=comma_list(str, what="setting", choices=SETTINGS), default=None)
-    p.add_argument("--methods", type=comma_list(str, what="method", choices=METHODS), default=None)
-    p.add_argument("--seeds", type=comma_list(int, what="seed"), default=None)
-    p.add_argument("--rounds", type=int, default=None)
+    add_common_flags(p, quick="non_iid, seed 0, 5 rounds, 30%% of each domain", algorithms=METHODS,
+                     default_algorithms=METHODS, algorithm_word="method", seeds="0,1,2; --quick 0",
+                     rounds="default 10; --quick 5", protocols=SECURE_PROTOCOLS, protocol_default="secagg+", grid=True,
+                     cache=f"pre-trained generator cache (default {RESULTS / 'cache'})", report=True)
+    p.add_argument("--settings", type=comma_list(str, what="setting", choices=SETTINGS), default=None,
+                   help=f"comma list of data settings: {', '.join(SETTINGS)} (default all; --quick non_iid)")
     p.add_argument("--fraction", type=float, default=None, help="share of each domain's articles (default 1; quick 0.3)")
-    p.add_argument("--lr", type=float, default=None, help=f"client AdamW lr (default {SummarySettings.lr})")
+    p.add_argument("--lr", type=float, default=None, help=f"client AdamW lr (default {SUMMARY_LR})")
     p.add_argument("--pretrain-seed", type=int, default=None,
                    help="pre-train one generator with this seed and share it across the seeds, as the paper's one "
                         "BART serves all its runs (default: a generator per seed)")
-    p.add_argument("--protocol", choices=PROTOCOLS, default="secagg+")
     p.add_argument("--training-protocol", choices=TRAINING_PROTOCOLS, default="adafedselectkd",
                    help="the clients' declared training protocol: 'adafedselectkd' (the paper's: a fresh AdamW each "
                         "round, best-validation round reported) or 'kept-adamw' (AdamW kept across rounds, last round "
                         "reported: the runs before 2026-11-29)")
-    add_run_args(p, cache_help=f"pre-trained generator cache (default {RESULTS / 'cache'})")
     return p
 
 
 def build_plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> SummaryPlan:
+    from fl_algorithms.experiments.summarization_grid import SummaryPlan
+    from fl_algorithms.tasks.summarization import SummarySettings
+
     base: dict[str, Any] = dict(QUICK if args.quick else FULL)
-    data = base.pop("data")
+    data = SummarySettings(**base.pop("data"))
     changes = {k: v for k, v in (("fraction", args.fraction), ("lr", args.lr), ("pretrain_seed", args.pretrain_seed))
                if v is not None}
-    chosen = {k: v for k, v in (("settings", args.settings), ("methods", args.methods), ("seeds", args.seeds),
+    chosen = {k: v for k, v in (("settings", args.settings), ("methods", args.algorithms), ("seeds", args.seeds),
                                 ("rounds", args.rounds)) if v is not None}
     try:
         return SummaryPlan(**{**base, **chosen, "protocol": args.protocol, "training_protocol": args.training_protocol,
@@ -116,6 +120,10 @@ def difference_line(setting: str, name: str, d: dict[str, Any]) -> str:
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     ensure_offline()
     parser = _parser()
+    parser.parse_args(argv)  # --help and a bad option answer here, before the heavy imports
+    from fl_algorithms.experiments.rundir import RunDirectory
+    from fl_algorithms.experiments.summarization_grid import (SummaryPlan, aggregate, cell_key, plot_curves,
+                                                              run_summary_cell, seed_differences, write_table)
 
     def announce(plan: SummaryPlan) -> SummaryPlan:  # the run's header: each method's declared protocol
         print("\n".join(protocol_lines(plan.protocols())), flush=True)

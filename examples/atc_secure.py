@@ -42,28 +42,25 @@ import argparse
 import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-
-from fl_algorithms.algorithms.atc import ATCConfig
-from fl_algorithms.experiments.atc_grid import (DITTO_WORK, METHODS, SECURE, ATCPlan, aggregate, cell_key,
-                                                paper_table_markdown, plot_curves, results_document, run_atc_cell,
-                                                write_table)
-from fl_algorithms.experiments.cli import add_run_args, comma_list, protocol_lines, start_grid
-from fl_algorithms.experiments.parallel import file_lock
-from fl_algorithms.experiments.rundir import RunDirectory
-from fl_algorithms.tasks.hetero import build_clients, layout_table, public_texts
-from fl_algorithms.training.hetero_trainer import PROTOCOL_NAMES, HeteroConfig, HeteroFactory
+# heavy modules (torch, transformers) are imported in main(), after the command line is parsed
+from fl_algorithms.choices import ATC_DITTO_WORK as DITTO_WORK, ATC_METHODS as METHODS, ATC_TRAINING_PROTOCOLS
+from fl_algorithms.experiments.cli import protocol_lines, start_grid
+from fl_algorithms.experiments.flags import add_common_flags
 from nlp_models._offline import ensure_offline
-from nlp_models.backbone import load_named_backbone
+
+if TYPE_CHECKING:
+    from fl_algorithms.experiments.atc_grid import ATCPlan
 
 RESULTS = Path(__file__).resolve().parents[1] / "results" / "atc"
 # 3 clusters: with 18 clients and at least 5 per released group, the paper's 5 would keep being refused
 # ASSIGN: 4 rounds x 8 steps = 32 steps per client (before issue 55: 2 x 2 = 4), what the quick budget
 # affords on a shared 2-core CPU; the paper's 200 x 50 is --paper-assign (a GPU run)
-QUICK = dict(seeds=(0,), rounds=5, max_per_client=60, atc=ATCConfig(assign_rounds=4, clusters=3),
-             model=HeteroConfig(pretrain_batches=8, pretrain_length=32))
-FULL = dict(seeds=(0, 1, 2), rounds=10, max_per_client=500, atc=ATCConfig(assign_rounds=4, clusters=3))
+QUICK = dict(seeds=(0,), rounds=5, max_per_client=60, atc=dict(assign_rounds=4, clusters=3),
+             model=dict(pretrain_batches=8, pretrain_length=32))
+FULL = dict(seeds=(0, 1, 2), rounds=10, max_per_client=500, atc=dict(assign_rounds=4, clusters=3))
+"""The presets; `atc` and `model` hold the ATCConfig and HeteroConfig fields each changes."""
 PAPER_ASSIGN = (200, 50)
 """ATC Sec. 4.3: 'In the ASSIGN stage, the training round number is set to 200 and each training round
 contains 50 optimization steps'."""
@@ -72,37 +69,40 @@ contains 50 optimization steps'."""
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    size = p.add_mutually_exclusive_group()
-    size.add_argument("--quick", action="store_true", help="seed 0, 60 examples per client, 5 task rounds")
-    size.add_argument("--full", action="store_true", help="3 seeds, 500 examples per client, 10 task rounds (default)")
-    p.add_argument("--methods", type=comma_list(str, what="method", choices=METHODS), default=None)
-    p.add_argument("--seeds", type=comma_list(int, what="seed"), default=None)
-    p.add_argument("--rounds", type=int, default=None, help="task rounds of every method")
+    add_common_flags(p, quick="seed 0, 60 examples per client, 5 task rounds",
+                     full="3 seeds, 500 examples per client, 10 task rounds (default)", algorithms=METHODS,
+                     default_algorithms=METHODS, algorithm_word="method", seeds="0,1,2; --quick 0",
+                     rounds="task rounds of every method: default 10; --quick 5", grid=True, report=True)
     p.add_argument("--assign-rounds", type=int, default=None, help="ATC's ASSIGN rounds, before its task rounds")
-    p.add_argument("--clusters", type=int, default=None)
+    p.add_argument("--clusters", type=int, default=None, help="ASSIGN's clusters (default 3: with 18 clients and at "
+                   "least --min-size per released group, more would keep being refused)")
     p.add_argument("--top-k", type=int, default=None, help="CONTRAST's neighbours per client")
     p.add_argument("--min-size", type=int, default=None, help="fewest clients in any released group")
-    p.add_argument("--max-per-client", type=int, default=None)
+    p.add_argument("--max-per-client", type=int, default=None,
+                   help="training examples per client (default 500; --quick 60)")
     p.add_argument("--sketch-epsilon", type=float, default=None, help="epsilon of the one neighbour sketch")
     p.add_argument("--pretrain-batches", type=int, default=None, help="ASSIGN's optimiser steps per round and client")
     p.add_argument("--paper-assign", action="store_true",
                    help=f"ASSIGN at the paper's length (Sec. 4.3): {PAPER_ASSIGN[0]} rounds x {PAPER_ASSIGN[1]} steps")
-    p.add_argument("--training-protocol", choices=PROTOCOL_NAMES, default=None,
+    p.add_argument("--training-protocol", choices=ATC_TRAINING_PROTOCOLS, default=None,
                    help="the clients' declared training protocol (default atc-paper: AdamW 5e-4, wd 0.01, kept per "
                         "stage, linear warmup 10%% and decay over the stage, clip 1.0; kept-adamw: the grid before, "
                         "AdamW 1e-3 kept, constant lr, no clipping)")
     p.add_argument("--ditto-work", choices=DITTO_WORK, default=None,
                    help="Ditto's local work per round (default split-epoch: its two problems share one epoch's "
                         "batches, every method's budget; two-epochs: one epoch each, as before)")
-    add_run_args(p)
     return p
 
 
 def build_plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> ATCPlan:
+    from fl_algorithms.algorithms.atc import ATCConfig
+    from fl_algorithms.experiments.atc_grid import ATCPlan
+    from fl_algorithms.training.hetero_trainer import HeteroConfig
+
     base: dict[str, Any] = dict(QUICK if args.quick else FULL)
-    atc = base.pop("atc")
-    model = base.pop("model", HeteroConfig())
-    chosen = {k: v for k, v in (("methods", args.methods), ("seeds", args.seeds), ("rounds", args.rounds),
+    atc = ATCConfig(**base.pop("atc"))
+    model = HeteroConfig(**base.pop("model", {}))
+    chosen = {k: v for k, v in (("methods", args.algorithms), ("seeds", args.seeds), ("rounds", args.rounds),
                                 ("max_per_client", args.max_per_client), ("sketch_epsilon", args.sketch_epsilon),
                                 ("training_protocol", args.training_protocol), ("ditto_work", args.ditto_work))
               if v is not None}
@@ -125,6 +125,14 @@ def build_plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> ATC
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     ensure_offline()
     parser = _parser()
+    parser.parse_args(argv)  # --help and a bad option answer here, before the heavy imports
+    from fl_algorithms.experiments.atc_grid import (SECURE, ATCPlan, aggregate, cell_key, plot_curves, results_document,
+                                                    run_atc_cell, write_table)
+    from fl_algorithms.experiments.rundir import RunDirectory
+    from fl_algorithms.tasks.hetero import build_clients, layout_table, public_texts
+    from fl_algorithms.training.hetero_trainer import HeteroFactory
+    from nlp_models.backbone import load_named_backbone
+
     grid = start_grid(parser, argv, script=__file__, default_out=RESULTS, build=lambda args: build_plan(args, parser),
                       load=ATCPlan.from_record, record=ATCPlan.record, key=cell_key)
     plan = grid.plan
@@ -174,6 +182,9 @@ def write_config(run: Path, plan: ATCPlan) -> Path:
     """config.toml: the plan and every method's declared protocol (`TrainingProtocol.to_dict()`, with the
     schedule's span). Every process of a grid writes the same file, one at a time (--workers' processes
     write it before their first cell, so an interrupted grid has it too)."""
+    from fl_algorithms.experiments.parallel import file_lock
+    from fl_algorithms.experiments.rundir import RunDirectory
+
     protocols = {m: plan.protocol_for(m) for m in plan.methods}
     with file_lock(run / "config.toml.lock"):
         return RunDirectory(run).write_config({"plan": plan.record(),
@@ -184,6 +195,8 @@ def write_config(run: Path, plan: ATCPlan) -> Path:
 
 def report(document: dict[str, Any]) -> str:
     """The differences per seed, the per-dataset table beside the paper's, and the contrastive term's size."""
+    from fl_algorithms.experiments.atc_grid import paper_table_markdown
+
     out = []
     for key, what in (("minus_fedavg", "ATC-secure - FedAvg"), ("minus_best_baseline", "ATC-secure - best baseline")):
         d = document["differences"].get(key)

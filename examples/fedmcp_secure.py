@@ -1,20 +1,23 @@
 """FedMCP against its baselines on real offline data, with SecAgg+ on and the privacy cost stated.
 
     python examples/fedmcp_secure.py                      # defaults: < 10 min on 2 CPU cores
+    python examples/fedmcp_secure.py --quick              # 2 rounds, 60 training / 100 test examples per client
     python examples/fedmcp_secure.py --full --seeds 0,1,2 # the paper's 25 rounds, training sets capped to the smallest
     python examples/fedmcp_secure.py --dp                 # Opacus DP-SGD on the adapters, epsilon per client
     python examples/fedmcp_secure.py --runtime deploy     # server here, each client its own process over tcp
     python examples/fedmcp_secure.py --resume results/fedmcp/<run>   # finish an interrupted run
+    python examples/fedmcp_secure.py --resume results/fedmcp/<run> --report   # print a finished run's report again
     python examples/fedmcp_secure.py --full --seeds 0,1,2 --workers 9  # each seed x method a process, 9 at a time
     python examples/fedmcp_secure.py --combine results/fedmcp/seed0 results/fedmcp/seed1 ...  # parts run elsewhere, one report
     python examples/fedmcp_secure.py --training-protocol fedmcp-fresh --precision fp32  # a fresh Adam each round, fp32
 
-Options every example shares: --algorithms fedmcp,fedavg_peft,local,fedrep (alias --methods; add
-fedavg_full or --with-full-ft, fedlr, moon, ditto, and the ablations fedmcp_no_cl, fedmcp_no_bl)  --protocol secagg+ (any secure protocol of `python -m fl_algorithms
---list`)  --seeds 0,1,2 (a comma list of seeds: mean and std over them; one value is one seed)
---device auto|cpu|cuda  --runtime sim|deploy (deploy: this process is the server and every client is
-its own `python -m fl_algorithms.deploy_cli client` process, all over tcp on loopback; each client
-caches only its own examples, see fl_algorithms.tasks.fedmcp).
+Options every example shares (fl_algorithms.experiments.flags): --quick  --algorithms fedmcp,fedavg_peft,local,fedrep
+(--methods, its older name, still works; add fedavg_full or --with-full-ft, fedlr, moon, ditto, and the ablations
+fedmcp_no_cl, fedmcp_no_bl)  --protocol secagg+ (any secure protocol of `python -m fl_algorithms --list`)
+--seeds 0,1,2 (a comma list of seeds: mean and std over them; one value is one seed)  --device auto|cpu|cuda
+--runtime sim|deploy (deploy: this process is the server and every client is its own
+`python -m fl_algorithms.deploy_cli client` process, all over tcp on loopback; each client caches only its own
+examples, see fl_algorithms.tasks.fedmcp)  --resume RUN_DIR [--report].
 
 Setting (FedMCP, Zhao et al. 2024, Sec. V): cross-task, cross-silo; four clients, each its own task
 (Rotten Tomatoes sentiment, Rotten Tomatoes plot vs review, BBC topic, 2016 debates party), every
@@ -79,108 +82,95 @@ the two points can differ (not Local or Ditto).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import time
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
-import torch
-from tqdm.auto import tqdm
-
-from fl_algorithms.experiments.cli import check_run_location, comma_list, protocol_lines
-from fl_algorithms.experiments.fedmcp_grid import (PLAIN_TWIN, RUNTIMES, TABLE_ORDER, TITLES, MethodRun, Plan,
-                                                   ablation_line, cache_clients, combine_plans, combined_runs,
-                                                   final_line, format_paired, format_point_differences,
-                                                   format_point_table, format_table, full_ft_estimate,
-                                                   paired_differences, percent_columns, plot_curves,
-                                                   point_differences, read_saved, run_method, run_parts,
-                                                   saved_protocols, summarise, timing_report)
-from fl_algorithms.experiments.rundir import RunDirectory
-from fl_algorithms.tasks.fedmcp import (BACKBONES, DEFAULT_METHODS, FULL_PRESET, METHODS, FedMCPClients, FedMCPSettings,
-                                        check_method)
-from fl_algorithms.training.adapter_trainer import FEDMCP_PROTOCOLS
-from fl_algorithms.training.dp_trainer import quiet_dp_libraries
+# heavy modules (torch, transformers) are imported where they are used, after the command line is parsed
+from fl_algorithms.choices import (BACKBONES, FEDMCP_DEFAULT_METHODS as DEFAULT_METHODS, FEDMCP_METHODS as METHODS,
+                                   FEDMCP_TRAINING_PROTOCOLS)
+from fl_algorithms.experiments.cli import check_run_location, protocol_lines
+from fl_algorithms.experiments.flags import add_common_flags
 from nlp_models._offline import ensure_offline
-from nlp_models.classifiers import make_head
-from nlp_models.device import DEVICES, deterministic_kernels, resolve_device
 from secagg.protocols import registry
 
+if TYPE_CHECKING:
+    from fl_algorithms.experiments.fedmcp_grid import Plan
+    from fl_algorithms.experiments.rundir import RunDirectory
+    from fl_algorithms.tasks.fedmcp import FedMCPSettings
+
 DEFAULT_OUT = Path("results/fedmcp")
+QUICK_PRESET = {"rounds": 2, "train_cap": 60, "test_cap": 100}
+"""--quick: 2 rounds, 60 training and (a smoke-run cap) 100 test examples per client; the default run's model."""
 
 
 # ---------------------------------------------------------------- command line
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--full", action="store_true", help="the paper's run: 25 rounds, clients capped to the smallest "
-                   "corpus, 128 tokens, batch 64, adapters in all 6 layers (explicit flags still override)")
-    p.add_argument("--algorithms", "--methods", dest="algorithms", type=comma_list(str, what="method", choices=METHODS),
-                   help=f"comma list from {','.join(METHODS)} (default {','.join(DEFAULT_METHODS)})")
+    add_common_flags(p, quick="2 rounds, 60 training and 100 test examples per client (a smoke run's test cap)",
+                     full="the paper's run: 25 rounds, clients capped to the smallest corpus, 128 tokens, batch 64, "
+                          "adapters in all 6 layers (explicit flags still override)",
+                     algorithms=METHODS, default_algorithms=DEFAULT_METHODS, algorithm_word="method", seeds="0",
+                     rounds="default 5; --quick 2; --full 25", protocols=[n for n in registry.names() if n != "plain"],
+                     runtime=True, device="auto", out=str(DEFAULT_OUT),
+                     resume="continue the run in RUN_DIR with its saved settings",
+                     workers="simulation: run each seed x method as its own process, N at a time, sharing this "
+                             "machine and its GPU (one process leaves a GPU idle between small kernels), then report "
+                             "them as one", progress=True, report=True)
     p.add_argument("--with-full-ft", action="store_true", help="add FedAvg (Full FT): all 22.7 M parameters")
-    p.add_argument("--protocol", choices=[n for n in registry.names() if n != "plain"],
-                   help="secure aggregation protocol (default secagg+)")
-    p.add_argument("--seeds", type=comma_list(int, what="seed"), help="comma list of seeds (default 0): mean and std over them")
-    p.add_argument("--device", choices=DEVICES, default="auto",
-                   help="torch device of the clients (default auto: CUDA when a GPU is visible)")
-    p.add_argument("--runtime", choices=RUNTIMES,
-                   help="sim: in memory (default); deploy: real client processes over tcp on loopback")
     p.add_argument("--backbone", choices=BACKBONES, help="minilm (default) or tiny: a random 3-layer BERT for smoke runs")
     p.add_argument("--tiny-backbone", dest="backbone", action="store_const", const="tiny", help=argparse.SUPPRESS)
-    p.add_argument("--rounds", type=int)
     p.add_argument("--train-cap", type=int, help="training examples per client after the 6:2:2 split "
                    "(default 180; 0: the smallest client's training split, as the paper)")
     p.add_argument("--test-cap", type=int, help="cap the test splits (smoke runs only; default: each corpus's whole 20%%)")
-    p.add_argument("--max-length", type=int)
+    p.add_argument("--max-length", type=int, help="tokens per example (default 64; --full 128)")
     p.add_argument("--adapter-layers", type=int, help="adapters in the top N encoder layers (default 2 of 6)")
-    p.add_argument("--bottleneck", type=int)
+    p.add_argument("--bottleneck", type=int, help="adapter bottleneck width (default 16)")
     p.add_argument("--head-hidden", type=int, help="MLP classifier width (0: linear classifiers)")
-    p.add_argument("--batch-size", type=int)
-    p.add_argument("--lr", type=float)
-    p.add_argument("--gamma", type=float)
-    p.add_argument("--mu", type=float)
-    p.add_argument("--fedrep-head-epochs", type=int)
+    p.add_argument("--batch-size", type=int, help="local batch size (default 16; --full 64, the paper's)")
+    p.add_argument("--lr", type=float, help="the clients' Adam lr (default 5e-4, the paper's)")
+    p.add_argument("--gamma", type=float, help="FedMCP's weight of the global-only loss L_b (default 0.5)")
+    p.add_argument("--mu", type=float, help="FedMCP's weight of the CKA model-contrastive loss L_c (default 0.05)")
+    p.add_argument("--fedrep-head-epochs", type=int, help="FedRep's head epochs per round (default 10)")
     p.add_argument("--moon-mu", type=float, help="MOON's contrastive weight (default 1)")
     p.add_argument("--moon-tau", type=float, help="MOON's temperature (default 0.5)")
     p.add_argument("--ditto-lambda", type=float, help="Ditto's proximal weight (default 0.1)")
     p.add_argument("--no-plain-check", action="store_true", help="skip FedMCP's plaintext-aggregation rerun")
     p.add_argument("--dp", action="store_true", default=None, help="Opacus DP-SGD on the adapters; epsilon per client")
-    p.add_argument("--dp-noise", type=float)
-    p.add_argument("--dp-clip", type=float)
-    p.add_argument("--dp-delta", type=float)
+    p.add_argument("--dp-noise", type=float, help="with --dp: DP-SGD's noise multiplier (default 1.0)")
+    p.add_argument("--dp-clip", type=float, help="with --dp: per-example gradient clipping norm (default 1.0)")
+    p.add_argument("--dp-delta", type=float, help="with --dp: the delta of each client's epsilon (default 1e-5)")
     p.add_argument("--threads", type=int, help="torch intra-op threads (default: 2 if the machine is idle, else 1)")
     p.add_argument("--backbone-dropout", action="store_true", default=None,
                    help="keep dropout in the frozen adapted layers")
     p.add_argument("--precision", choices=("fp32", "bf16", "auto"),
                    help="the declared protocol's precision: fp32, or bf16 autocast in the encoder layers (default "
                         "auto: bf16 where the device multiplies bf16 natively, as runs before; fp32 elsewhere)")
-    p.add_argument("--training-protocol", choices=tuple(FEDMCP_PROTOCOLS),
+    p.add_argument("--training-protocol", choices=FEDMCP_TRAINING_PROTOCOLS,
                    help="the clients' declared training protocol (docs/protocols.md): fedmcp (default) = the "
                         "paper's Adam (lr 5e-4) kept across rounds, as every run before; fedmcp-fresh = a fresh "
                         "Adam at every local run (the paper does not say which)")
-    p.add_argument("--out", help=f"parent directory of run directories (default {DEFAULT_OUT})")
-    p.add_argument("--run-name", help="run directory name (default: a timestamp)")
-    p.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR with its saved settings")
     p.add_argument("--deterministic", action="store_true",
                    help="bit-reproducible GPU kernels (slower): same seed, same numbers; secure vs plaintext "
                         "then differ only by the fixed-point encoding")
-    p.add_argument("--workers", type=int, default=1,
-                   help="simulation: run each seed x method as its own process, N at a time, sharing this machine "
-                        "and its GPU (one process leaves a GPU idle between small kernels), then report them as one")
     p.add_argument("--combine", nargs="+", metavar="RUN_DIR",
                    help="report finished runs of one setting made in parts (a seed or a group of methods each, e.g. "
                         "in parallel processes or on several GPUs) as one run, in a new run directory")
-    p.add_argument("--no-progress", action="store_true")
     p.add_argument("--verbose", action="store_true", help="print where the time goes")
     return p
 
 
 def _given_settings(args: argparse.Namespace) -> dict[str, Any]:
-    """The FedMCPSettings fields the command line sets (--full's preset, then explicit flags)."""
-    values: dict[str, Any] = dict(FULL_PRESET) if args.full else {}
+    """The FedMCPSettings fields the command line sets (--full's or --quick's preset, then explicit flags)."""
+    from fl_algorithms.tasks.fedmcp import FULL_PRESET, FedMCPSettings
+
+    values: dict[str, Any] = dict(FULL_PRESET) if args.full else dict(QUICK_PRESET) if args.quick else {}
     values.update({f.name: getattr(args, f.name) for f in fields(FedMCPSettings)
                    if getattr(args, f.name, None) is not None})
     if args.train_cap == 0:
@@ -208,6 +198,12 @@ def parse_settings(argv: Sequence[str] | None = None) -> tuple[argparse.Namespac
     """The command line as settings and plan (saved ones under --resume); a bad argument exits with code 2."""
     parser = _parser()
     args = parser.parse_args(argv)
+    from fl_algorithms.experiments.fedmcp_grid import Plan, combine_plans, read_saved
+    from fl_algorithms.tasks.fedmcp import FedMCPSettings, check_method
+    from nlp_models.device import resolve_device
+
+    if args.report and (not args.resume or args.combine or args.workers > 1):
+        parser.error("--report prints a finished run's report: give --resume RUN_DIR, without --combine or --workers")
     if args.threads is not None and args.threads < 1:
         parser.error("--threads must be at least 1")
     if args.workers < 1:
@@ -260,6 +256,8 @@ def open_run(args: argparse.Namespace, settings: FedMCPSettings, plan: Plan, *,
              protocols: dict[str, dict[str, Any]]) -> RunDirectory:
     """The resumed run directory, or a fresh one holding config.toml (settings, plan and each method's
     declared training protocol)."""
+    from fl_algorithms.experiments.rundir import RunDirectory
+
     if args.resume:
         return RunDirectory.open(Path(args.resume))
     try:
@@ -272,6 +270,8 @@ def open_run(args: argparse.Namespace, settings: FedMCPSettings, plan: Plan, *,
 
 def print_report(document: dict[str, Any], settings: FedMCPSettings, plan: Plan, *, verbose: bool,
                  run: RunDirectory) -> None:
+    from fl_algorithms.experiments.fedmcp_grid import PLAIN_TWIN, TITLES
+
     print()
     print(f"Test accuracy (%) after {settings.rounds} rounds, {len(plan.seeds)} seed(s) "
           f"({','.join(map(str, plan.seeds))}), runtime {plan.runtime}; aggregation: {plan.protocol}"
@@ -299,11 +299,44 @@ def print_report(document: dict[str, Any], settings: FedMCPSettings, plan: Plan,
     print(document["final_line"])
 
 
+def report_saved(args: argparse.Namespace, settings: FedMCPSettings, plan: Plan) -> dict[str, Any]:
+    """--resume RUN_DIR --report: print the finished run's report from its results.json, running nothing."""
+    from fl_algorithms.experiments.rundir import RunDirectory
+
+    run = RunDirectory.open(Path(args.resume))
+    path = run.path / "results.json"
+    if not path.is_file():
+        raise SystemExit(f"error: {run.path} has not finished (no results.json): finish it with --resume {run.path}")
+    try:
+        document = json.loads(path.read_text())["summary"]
+        print_report(document, settings, plan, verbose=args.verbose, run=run)
+    except (ValueError, KeyError) as error:
+        raise SystemExit(f"error: {path} cannot be reported ({error!r}; written by an older version?)") from None
+    return document
+
+
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     """Run every chosen method for every seed, print the table and return the results document."""
     ensure_offline()
     wall_start = time.perf_counter()
     args, settings, plan = parse_settings(argv)
+    if args.report:
+        return report_saved(args, settings, plan)
+    import numpy as np
+    import torch
+    from tqdm.auto import tqdm
+
+    from fl_algorithms.experiments.fedmcp_grid import (PLAIN_TWIN, TABLE_ORDER, TITLES, MethodRun, ablation_line,
+                                                       cache_clients, combined_runs, final_line, format_paired,
+                                                       format_point_differences, format_point_table, format_table,
+                                                       full_ft_estimate, paired_differences, percent_columns,
+                                                       plot_curves, point_differences, run_method, run_parts,
+                                                       saved_protocols, summarise, timing_report)
+    from fl_algorithms.tasks.fedmcp import FedMCPClients
+    from fl_algorithms.training.dp_trainer import quiet_dp_libraries
+    from nlp_models.classifiers import make_head
+    from nlp_models.device import deterministic_kernels
+
     progress = not args.no_progress
     if args.deterministic:
         deterministic_kernels()

@@ -74,36 +74,58 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
-import torch
-from tqdm import tqdm
-
-from fl_algorithms.engine.secure_sum import SecureAggregator
-from fl_algorithms.engine.sim import RoundRecord, RunConfig, SimulationRunner
-from fl_algorithms.experiments.cli import add_training_protocol_arg, check_run_location, comma_list, protocol_lines
-from fl_algorithms.experiments.results import write_results
-from fl_algorithms.experiments.rundir import RunDirectory
-from fl_algorithms.experiments.tables import pyplot, save_figure
-from fl_algorithms.experiments.task import Task
-from fl_algorithms.training.protocol import TrainingProtocol
-from fl_algorithms.tasks.fednlp import (BACKBONES, DEFAULT_METHODS, FEDOPT_SERVERS, METHODS, QUICK, FedNLPClients,
-                                        FedNLPSettings, make_algorithm, secure_config)
+# heavy modules (torch, transformers) are imported where they are used, after the command line is parsed
+from fl_algorithms.experiments.cli import add_training_protocol_arg, check_run_location, protocol_lines
+from fl_algorithms.experiments.flags import add_common_flags
+from fl_algorithms.tasks.fednlp_settings import BACKBONES, DEFAULT_METHODS, FEDOPT_SERVERS, METHODS, QUICK, FedNLPSettings
 from nlp_models._offline import ensure_offline
-from nlp_models.data.own import DataError, add_data_arguments
-from nlp_models.device import DEVICES, resolve_device
 from secagg.protocols import registry
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from fl_algorithms.api import Algorithm
+    from fl_algorithms.engine.sim import RoundRecord
+    from fl_algorithms.experiments.rundir import RunDirectory
+    from fl_algorithms.tasks.fednlp import FedNLPClients
 
 DEFAULT_OUT = Path(__file__).resolve().parents[1] / "results" / "fednlp"
 PLAIN_TWIN = "fedavg_plain"
 LABELS = {"fedavg": "FedAvg", "fedprox": "FedProx", "fedopt": "FedOPT", "fedadam": "FedAdam", PLAIN_TWIN: "FedAvg"}
 TASK_SPEC = "fl_algorithms.tasks.fednlp:build"
 Settings = FedNLPSettings  # one seed's settings; the run's seeds are listed beside them
+SETTING_HELP = {
+    "max_docs": "cap on BBC articles, stratified (default: every distinct one; --quick 600)",
+    "max_length": "tokens per article",
+    "clients": "clients the articles are partitioned over",
+    "alpha": "Dirichlet label-skew concentration (smaller: more skewed)",
+    "min_client_docs": "fewest articles a client may hold (the partition is redrawn until every client has them)",
+    "clients_per_round": "cohort size of a round",
+    "local_epochs": "local epochs per round",
+    "adapter_layers": "adapters in the top N encoder layers",
+    "bottleneck": "adapter bottleneck width",
+    "batch_size": "local batch size",
+    "client_lr": "the clients' AdamW lr (FedOPT's clients under fednlp; every client under the AdamW presets)",
+    "sgd_lr": "the lr of the clients a protocol runs with SGD (FedAvg and FedProx under fednlp)",
+    "fedprox_mu": "FedProx's proximal weight mu",
+    "server_lr": "FedAdam's server lr (FedOPT's too with --fedopt-server adam)",
+    "fedavgm_lr": "FedOPT's server SGD lr (FedNLP's scripts: 0.1; its text: 1.0)",
+    "fedavgm_momentum": "FedOPT's server momentum",
+    "clip": "fixed-point range of each uploaded delta coordinate (clipped values are counted)",
+    "min_release_group": "fewest clients in a released noise-free sum",
+}
+"""Help of the options made from FedNLPSettings' fields (each with its default and --quick's value)."""
+SETTING_TYPES = {"max_docs": int, "max_length": int, "clients": int, "min_client_docs": int, "clients_per_round": int,
+                 "local_epochs": int, "adapter_layers": int, "bottleneck": int, "batch_size": int,
+                 "min_release_group": int}
+"""The int-valued settings options (the others are floats)."""
 
 
 # ---- command line ------------------------------------------------------------------------------
@@ -111,39 +133,28 @@ Settings = FedNLPSettings  # one seed's settings; the run's seeds are listed bes
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--quick", action="store_true", help="600 articles, 8 clients (4 per round), 8 rounds, 64 tokens")
-    p.add_argument("--algorithms", type=comma_list(str, what="algorithm", choices=METHODS), default=None,
-                   help=f"comma list from {','.join(METHODS)} (default {','.join(DEFAULT_METHODS)})")
-    p.add_argument("--protocol", choices=registry.names(), default=None,
-                   help="secure-aggregation protocol of every upload (default secagg+)")
-    p.add_argument("--seeds", type=comma_list(int, what="seed"), default=None, help="comma list of seeds (default 0)")
-    p.add_argument("--device", choices=DEVICES, default="cpu", help="torch device of every client (default cpu)")
-    p.add_argument("--runtime", choices=("sim", "deploy"), default=None,
-                   help="sim: in memory; deploy: real client processes over tcp on loopback (default sim)")
-    p.add_argument("--backend", choices=("memory", "ray"), default=None,
-                   help="--runtime sim's clients: in this process (memory, default) or as Ray actors over every core "
-                        "(same results; pip install -e '.[ray]')")
+    add_common_flags(p, quick="600 articles, 8 clients (4 per round), 8 rounds, 64 tokens", algorithms=METHODS,
+                     default_algorithms=DEFAULT_METHODS, seeds="0", rounds="default 30; --quick 8",
+                     protocols=registry.names(), runtime=True, backend=True, data=True, device="cpu",
+                     out=str(DEFAULT_OUT), resume="continue a run from its checkpoints, with its settings", progress=True,
+                     report=True)
     p.add_argument("--ray-address", default=None, help="with --backend ray: a running Ray cluster (e.g. 'auto')")
     p.add_argument("--sampler", choices=("seeded", "fixed_size", "poisson"), default=None,
                    help="cohort sampler (default seeded in sim: the same cohorts for every method; fixed_size in deploy)")
     p.add_argument("--backbone", choices=BACKBONES, default=None,
                    help="minilm (default) or tiny: a random 2-layer BERT for smoke runs")
-    p.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its checkpoints, with its settings")
-    p.add_argument("--out", metavar="DIR", help=f"parent of the run directory (default {DEFAULT_OUT})")
-    p.add_argument("--run-name", metavar="NAME", help="run directory name (default: a time stamp)")
     p.add_argument("--threads", type=int, default=1, help="torch threads (default 1: robust on a shared machine)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bars")
     add_training_protocol_arg(p, default=None)
     p.add_argument("--fedopt-server", choices=FEDOPT_SERVERS, default=None,
                    help="FedOPT's server: sgdm (FedNLP's SGD with momentum, default) or adam (this example before)")
-    add_data_arguments(p)
     for field in dataclasses.fields(Settings):
-        if field.name in ("quick", "seed", "data", "text_col", "label_col", "training_protocol", "fedopt_server"):
+        if field.name not in SETTING_HELP:  # quick, seed, rounds, data and its columns, the protocol: above
             continue
-        kind = {"max_docs": int, "max_length": int, "clients": int, "min_client_docs": int, "rounds": int,
-                "clients_per_round": int, "local_epochs": int, "adapter_layers": int, "bottleneck": int,
-                "batch_size": int, "min_release_group": int}.get(field.name, float)
-        p.add_argument("--" + field.name.replace("_", "-"), type=kind, default=None, metavar=kind.__name__.upper())
+        values = [f"default {field.default}"] if field.default is not None else []  # (None: said in the help)
+        values += [f"--quick {QUICK[field.name]}"] if field.name in QUICK and field.default is not None else []
+        kind = SETTING_TYPES.get(field.name, float)
+        p.add_argument("--" + field.name.replace("_", "-"), type=kind, default=None, metavar=kind.__name__.upper(),
+                       help=SETTING_HELP[field.name] + (f" ({'; '.join(values)})" if values else ""))
     return p
 
 
@@ -193,6 +204,11 @@ def _explicit(args: argparse.Namespace, cls) -> dict[str, Any]:
 def parse_settings(argv: Sequence[str] | None = None) -> tuple[argparse.Namespace, Settings, Plan]:
     parser = _parser()
     args = parser.parse_args(argv)
+    from fl_algorithms.experiments.rundir import RunDirectory
+    from nlp_models.device import resolve_device
+
+    if args.report and not args.resume:
+        parser.error("--report prints a finished run's report: give --resume RUN_DIR")
     if args.threads < 1:
         parser.error("--threads must be at least 1")
     check_run_location(parser, args)
@@ -241,7 +257,16 @@ def parse_settings(argv: Sequence[str] | None = None) -> tuple[argparse.Namespac
 
 # ---- one seed ----------------------------------------------------------------------------------
 
+def make_algorithm(method: str, settings: Settings) -> Algorithm:
+    """`fl_algorithms.tasks.fednlp.make_algorithm`, imported at the first call (tests replace this name)."""
+    from fl_algorithms.tasks.fednlp import make_algorithm as make
+
+    return make(method, settings)
+
+
 def flat(params: Mapping[str, np.ndarray]) -> np.ndarray:
+    import numpy as np
+
     return np.concatenate([np.asarray(params[k], dtype=np.float64).ravel() for k in sorted(params)])
 
 
@@ -249,6 +274,12 @@ def run_method(method: str, clients: FedNLPClients, plan: Plan, run: RunDirector
                threads: int) -> tuple[list[RoundRecord], np.ndarray, dict[int, np.ndarray]]:
     """One method for one seed in the chosen runtime: its history, final global parameters and the
     global parameters after each round run by this process."""
+    from tqdm import tqdm
+
+    from fl_algorithms.engine.sim import RunConfig, SimulationRunner
+    from fl_algorithms.experiments.task import Task
+    from fl_algorithms.tasks.fednlp import secure_config
+
     settings = clients.settings
     name = "fedavg" if method == PLAIN_TWIN else method
     sizes = [len(s.train) for s in clients.corpus.splits]
@@ -326,6 +357,8 @@ def pooled_accuracy(record: RoundRecord) -> float:
 
 
 def method_summary(history: Sequence[RoundRecord]) -> dict[str, float]:
+    import numpy as np
+
     acc = curve(history)
     uploads = [b for r in history for b in r.bytes_uploaded.values()]
     seconds = sum(r.seconds for r in history)
@@ -339,6 +372,8 @@ def method_summary(history: Sequence[RoundRecord]) -> dict[str, float]:
 
 def over_seeds(per_seed: Sequence[Mapping[str, float]]) -> dict[str, Any]:
     """Mean of every figure over seeds; the spread (sample std) and per-seed values of the accuracies."""
+    import numpy as np
+
     keys = per_seed[0].keys()
     out: dict[str, Any] = {k: float(np.mean([s[k] for s in per_seed])) for k in keys}
     for k in ("rounds", "best_round", "clipped_values"):
@@ -352,6 +387,11 @@ def over_seeds(per_seed: Sequence[Mapping[str, float]]) -> dict[str, Any]:
 def secure_vs_plain(runs: Mapping[str, Any], settings: Settings, plan: Plan) -> dict[str, Any]:
     """How far FedAvg under the secure protocol ends from FedAvg under a plaintext sum, next to the
     encoder's bound (first seed)."""
+    import numpy as np
+
+    from fl_algorithms.engine.secure_sum import SecureAggregator
+    from fl_algorithms.tasks.fednlp import secure_config
+
     finals, snapshots, sizes = runs["finals"], runs["snapshots"], runs["sizes"]
     encoder = SecureAggregator(secure_config(settings, protocol=plan.protocol, max_weight=max(sizes.values()))).encoder
     return {
@@ -371,6 +411,8 @@ def secure_vs_plain(runs: Mapping[str, Any], settings: Settings, plan: Plan) -> 
 
 def plot_curves(path: Path, curves: Mapping[str, Sequence[float]], protocol: str, title: str, *,
                 split: str) -> Path:
+    from fl_algorithms.experiments.tables import pyplot, save_figure
+
     fig, ax = pyplot().subplots(figsize=(6.4, 4.2))
     styles = {"fedavg": "-o", "fedprox": "-s", "fedopt": "-^", "fedadam": "-d", PLAIN_TWIN: ":x"}
     for method, values in curves.items():
@@ -398,6 +440,10 @@ def format_table(summaries: Mapping[str, Mapping[str, Any]], protocol: str) -> s
 
 def print_report(summary: Mapping[str, Any], settings: Settings, plan: Plan, *, title: str, model_label: str,
                  layers: int, first_round: np.ndarray | None) -> None:
+    import numpy as np
+
+    from fl_algorithms.training.protocol import TrainingProtocol
+
     n_shared = summary["shared_parameters"]
     print(f"\nFedNLP text classification: {title}, {settings.rounds} rounds, {settings.max_length} tokens, "
           f"seeds {','.join(map(str, plan.seeds))}, runtime {plan.runtime}, sampler {plan.sampler}")
@@ -444,10 +490,50 @@ def last_line(summary: Mapping[str, Any], plan: Plan, settings: Settings) -> str
     return " ".join(parts)
 
 
+def report_saved(args: argparse.Namespace, settings: Settings, plan: Plan) -> dict[str, Any]:
+    """--resume RUN_DIR --report: the finished run's table, its secure-vs-plain check and its last line, read
+    from its results.json; runs nothing."""
+    from fl_algorithms.experiments.rundir import RunDirectory
+    from fl_algorithms.training.protocol import TrainingProtocol
+
+    run = RunDirectory.open(Path(args.resume))
+    path = run.path / "results.json"
+    if not path.is_file():
+        raise SystemExit(f"error: {run.path} has not finished (no results.json): finish it with --resume {run.path}")
+    try:
+        summary = json.loads(path.read_text())["summary"]
+        table, line = format_table(summary["methods"], plan.protocol), last_line(summary, plan, settings)
+    except (ValueError, KeyError) as error:
+        raise SystemExit(f"error: {path} cannot be reported ({error!r}; written by an older version?)") from None
+    print(f"FedNLP text classification: {run.path}, {settings.rounds} rounds, {settings.clients} clients, "
+          f"seeds {','.join(map(str, plan.seeds))}, runtime {plan.runtime}, sampler {plan.sampler}, {plan.protocol}")
+    protocols = summary.get("training_protocol", {})
+    print("\n".join(protocol_lines({m: TrainingProtocol.from_dict(protocols[m]) for m in plan.algorithms
+                                    if m in protocols})))
+    print(table)
+    if "secure_vs_plain_max_abs_diff" in summary:
+        print(f"\nsecure vs plain FedAvg (seed {plan.seeds[0]}): max |difference| of final global parameters "
+              f"{summary['secure_vs_plain_max_abs_diff']:.3e}; encoder error bound per round and coordinate "
+              f"{summary['encoder_mean_error_bound_per_round']:.3e}")
+    print(f"plot: {run.path / 'curve.png'}\nresults: {run.path / 'results.json'}")
+    print(line, flush=True)
+    return {"run_dir": run.path, "summary": summary, "last_line": line}
+
+
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     """Run the comparison and return the run directory, the summary and the printed last line."""
     ensure_offline()
     args, settings, plan = parse_settings(argv)
+    if args.report:
+        return report_saved(args, settings, plan)
+    import numpy as np
+    import torch
+
+    from fl_algorithms.experiments.results import write_results
+    from fl_algorithms.experiments.rundir import RunDirectory
+    from fl_algorithms.tasks.fednlp import FedNLPClients
+    from nlp_models.data.own import DataError
+
     torch.set_num_threads(args.threads)
     progress = not args.no_progress
     t_start = time.perf_counter()

@@ -4,14 +4,14 @@ releases and foreign adaptives travel sealed between clients.
 
     python examples/fedseit_continual.py --quick    # seed 0; FedSeIT K=3, FedWeIT, FedAvg(B), Local: < 10 min on 2 cores
     python examples/fedseit_continual.py            # 3 seeds; also FedSeIT K=5, random and no selection (a GPU-sized run)
-    python examples/fedseit_continual.py --methods fedseit_k3,fedseit_all,fedweit   # SIT against no selection
+    python examples/fedseit_continual.py --algorithms fedseit_k3,fedseit_all,fedweit   # SIT against no selection
     python examples/fedseit_continual.py --resume results/fedseit/<run>   # finish an interrupted grid
 
 Stand-ins (fl_algorithms.tasks.continual): 3 clients, each a seeded sequence of 5 binary tasks from a
 pool of 10 (BBC topic pairs, Rotten Tomatoes polarity and subjectivity, debates party, tweets with a
 person / geo-location); MiniLM's token embeddings replace GloVe as the CNN's frozen word vectors.
 
-Methods (`--methods`): fedseit_k3, fedseit_k5 (SIT), fedseit_random (the ablation), fedseit_all (FedSeIT
+Methods (`--algorithms`; `--methods` is its older name): fedseit_k3, fedseit_k5 (SIT), fedseit_random (the ablation), fedseit_all (FedSeIT
 without SIT: every foreign adaptive, unranked; no descriptors), fedweit, fedavg_b, local.
 
 Clients train under one declared protocol (`fedseit_protocol`, docs/protocols.md): Adam lr 1e-3 built
@@ -37,17 +37,16 @@ import dataclasses
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-
-from fl_algorithms.experiments.cli import add_run_args, comma_list, protocol_lines, start_grid
-from fl_algorithms.experiments.continual_grid import (COST_KEYS, METHODS, PROTOCOLS, ContinualClients, ContinualPlan,
-                                                      aggregate, cell_key, paired_differences, plot_curves,
-                                                      run_continual_cell, write_table)
-from fl_algorithms.experiments.results import write_results
-from fl_algorithms.experiments.rundir import CONFIG, RunDirectory
-from fl_algorithms.tasks.continual import task_statistics
+# heavy modules (torch, transformers) are imported in main(), after the command line is parsed
+from fl_algorithms.choices import CONTINUAL_METHODS as METHODS, SECURE_PROTOCOLS
+from fl_algorithms.experiments.cli import protocol_lines, start_grid
+from fl_algorithms.experiments.flags import add_common_flags
 from nlp_models._offline import ensure_offline
+
+if TYPE_CHECKING:
+    from fl_algorithms.experiments.continual_grid import ContinualPlan
 
 RESULTS = Path(__file__).resolve().parents[1] / "results" / "fedseit"
 QUICK = dict(seeds=(0,), methods=("fedseit_k3", "fedweit", "fedavg_b", "local"))
@@ -57,27 +56,28 @@ FULL = dict(seeds=(0, 1, 2), methods=METHODS)
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--quick", action="store_true", help="seed 0; FedSeIT K=3, FedWeIT, FedAvg on B, Local")
-    p.add_argument("--methods", type=comma_list(str, what="method", choices=METHODS), default=None)
-    p.add_argument("--seeds", type=comma_list(int, what="seed"), default=None)
-    p.add_argument("--rounds-per-task", type=int, default=None)
-    p.add_argument("--local-epochs", type=int, default=None)
+    add_common_flags(p, quick="seed 0; FedSeIT K=3, FedWeIT, FedAvg on B, Local", algorithms=METHODS,
+                     default_algorithms=METHODS, algorithm_word="method", seeds="0,1,2; --quick 0",
+                     protocols=SECURE_PROTOCOLS, protocol_default="secagg+", grid=True, report=True)
+    p.add_argument("--rounds-per-task", type=int, default=None,
+                   help="federated rounds on each task of a client's sequence (default 3; at least 2)")
+    p.add_argument("--local-epochs", type=int, default=None, help="local epochs per round (default 2)")
     p.add_argument("--max-train", type=int, default=None, help="training documents per client and task (a DP "
                    "descriptor needs about 90: with fewer, SIT's releases are refused and it selects nothing)")
     p.add_argument("--max-test", type=int, default=None, help="test documents per client and task (default 150)")
     p.add_argument("--descriptor-epsilon", type=float, default=None, help="epsilon of one task descriptor")
     p.add_argument("--mu", type=float, default=None, help="FedProx proximal weight on B (default 0: FedAvg)")
     p.add_argument("--projection", action="store_true", help="FedSeIT's W_f over the foreign features (paper Eq. 3)")
-    p.add_argument("--protocol", choices=PROTOCOLS, default="secagg+")
-    add_run_args(p)
     return p
 
 
 def build_plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> ContinualPlan:
+    from fl_algorithms.experiments.continual_grid import ContinualPlan
+
     base: dict[str, Any] = dict(QUICK if args.quick else FULL)
     defaults = ContinualPlan()
     data, descriptor = base.pop("data", defaults.data), base.pop("descriptor", defaults.descriptor)
-    chosen = {k: v for k, v in (("methods", args.methods), ("seeds", args.seeds),
+    chosen = {k: v for k, v in (("methods", args.algorithms), ("seeds", args.seeds),
                                 ("rounds_per_task", args.rounds_per_task), ("local_epochs", args.local_epochs),
                                 ("mu", args.mu))
               if v is not None}
@@ -100,8 +100,9 @@ def recorded_config(plan: ContinualPlan) -> dict[str, Any]:
     return {"plan": plan.record(), "training_protocol": {m: p.to_dict() for m, p in plan.training_protocols().items()}}
 
 
-PER_CELL = ("accuracy", "forgetting", "descriptor_epsilon", "seconds", *COST_KEYS)
-"""The per-seed, per-method values results.json keeps under summary.cells[method][seed]."""
+PER_CELL = ("accuracy", "forgetting", "descriptor_epsilon", "seconds")
+"""With `continual_grid.COST_KEYS` after them, the per-seed, per-method values results.json keeps under
+summary.cells[method][seed]."""
 
 
 def announce(plan: ContinualPlan) -> ContinualPlan:
@@ -113,6 +114,14 @@ def announce(plan: ContinualPlan) -> ContinualPlan:
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     ensure_offline()
     parser = _parser()
+    parser.parse_args(argv)  # --help and a bad option answer here, before the heavy imports
+    from fl_algorithms.experiments.continual_grid import (COST_KEYS, ContinualClients, ContinualPlan, aggregate,
+                                                          cell_key, paired_differences, plot_curves, run_continual_cell,
+                                                          write_table)
+    from fl_algorithms.experiments.results import write_results
+    from fl_algorithms.experiments.rundir import CONFIG, RunDirectory
+    from fl_algorithms.tasks.continual import task_statistics
+
     grid = start_grid(parser, argv, script=__file__, default_out=RESULTS,
                       build=lambda args: announce(build_plan(args, parser)),
                       load=lambda raw: announce(ContinualPlan.from_record(raw)), record=ContinualPlan.record,
@@ -143,7 +152,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
 
     cells: dict[str, dict[str, dict[str, Any]]] = {}
     for row in rows:
-        cells.setdefault(row["method"], {})[str(row["seed"])] = {k: row.get(k) for k in PER_CELL}
+        cells.setdefault(row["method"], {})[str(row["seed"])] = {k: row.get(k) for k in (*PER_CELL, *COST_KEYS)}
     write_results(grid.run / "results.json", config=recorded_config(plan), runs={},
                   summary={"methods": table, "cells": cells, "paired": paired_differences(rows),
                            "training_protocol": {m: row["training_protocol"] for m, row in

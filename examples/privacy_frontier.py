@@ -36,19 +36,15 @@ import re
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-from tqdm.auto import tqdm
-
-from fl_algorithms.experiments.frontier import COHORT_TAIL, MECHANISMS, FrontierConfig, audit_ddp, run_frontier
-from fl_algorithms.experiments.frontier_report import (combine, csv_text, load_results, markdown, plot_cost,
-                                                       plot_frontier, summarise)
-from fl_algorithms.training.dp_trainer import quiet_dp_libraries
+# heavy modules (torch, transformers) are imported where they are used, after the command line is parsed
+from fl_algorithms.choices import BACKBONES, COHORT_TAIL, FRONTIER_MECHANISMS as MECHANISMS, FRONTIER_SAMPLERS
+from fl_algorithms.experiments.flags import add_common_flags
 from nlp_models._offline import ensure_offline
-from nlp_models.adapter_sentiment import AdapterTaskConfig, load_adapter_task
-from nlp_models.bag_of_tokens import BagTaskConfig, load_bag_task
-from nlp_models.device import DEVICES, resolve_device
+
+if TYPE_CHECKING:
+    from fl_algorithms.experiments.frontier import FrontierConfig
 
 DEFAULT_OUT = Path(__file__).resolve().parents[1] / "results" / "privacy_frontier"
 LEDGERS_FORMAT = "fedsecure-nlp/privacy-frontier-ledgers/v2"
@@ -56,39 +52,56 @@ AUDIT_KEYS = ("claimed_eps", "empirical_eps", "eps_lower_bound")
 """What `--audit` adds to the audited setting's result (its leakage report), beside the full "audit" entry."""
 
 
-def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true", help="100 clients, cohort 20, 8 rounds, eps 8, one seed")
+    add_common_flags(p, quick="100 clients, cohort 20, 8 rounds, eps 8, one seed", seeds="0 1 2; --quick 0",
+                     seeds_spaces=True, rounds="default 20; --quick 8", device="cpu", out=str(DEFAULT_OUT),
+                     device_note="; where the adapter model trains and is attacked (the bag model runs on the CPU)",
+                     out_default=DEFAULT_OUT, resume="with --report only: the run directory to report (a frontier "
+                                                     "run is not resumed: run the missing cells as a part and "
+                                                     "--combine)", progress=True, report=True)
     p.add_argument("--model", choices=("bag", "adapter"), default="bag",
                    help="bag-of-embeddings (token attacks apply) or MiniLM adapters (membership attack only)")
-    p.add_argument("--backbone", choices=("minilm", "tiny"), default="minilm",
+    p.add_argument("--backbone", choices=BACKBONES, default="minilm",
                    help="the adapter model's encoder ('tiny': a random 3-layer BERT, for tests)")
-    p.add_argument("--device", choices=DEVICES, default="cpu",
-                   help="where the adapter model trains and is attacked (the bag model runs on the CPU)")
-    p.add_argument("--out", type=Path, default=DEFAULT_OUT)
-    p.add_argument("--run-name", default=None)
-    p.add_argument("--clients", type=int, default=None)
-    p.add_argument("--cohorts", type=int, nargs="+", default=None)
-    p.add_argument("--rounds", type=int, default=None)
-    p.add_argument("--seeds", type=int, nargs="+", default=None)
-    p.add_argument("--epsilons", type=float, nargs="+", default=None)
-    p.add_argument("--mechanisms", nargs="+", choices=MECHANISMS, default=list(MECHANISMS))
-    p.add_argument("--sampler", choices=("poisson", "fixed_size", "seeded"), default="poisson")
+    p.add_argument("--clients", type=int, default=None, help="clients in the population (default 200; --quick 100)")
+    p.add_argument("--cohorts", type=int, nargs="+", default=None,
+                   help="expected cohort sizes, one run each (default 5 20 50; --quick 20)")
+    p.add_argument("--epsilons", type=float, nargs="+", default=None,
+                   help="target epsilons of every DP mechanism (default 1 2 4 8; --quick 8)")
+    p.add_argument("--mechanisms", nargs="+", choices=MECHANISMS, default=list(MECHANISMS),
+                   help="DP mechanisms besides plaintext and SecAgg+: ddp (distributed), central, dpsgd (local "
+                        "DP-SGD) (default all)")
+    p.add_argument("--sampler", choices=FRONTIER_SAMPLERS, default="poisson",
+                   help="cohort sampler: poisson (default; amplification by subsampling), fixed_size, or seeded "
+                        "(reproducible, no amplification)")
     p.add_argument("--cohort-tail", type=float, default=COHORT_TAIL,
                    help="Poisson cohorts: DDP's noise is sized for this lower quantile of the cohort size; rounds "
                         "below it release nothing (default %(default)g)")
-    p.add_argument("--local-epochs", type=int, default=5)
-    p.add_argument("--max-examples", type=int, default=None)
+    p.add_argument("--local-epochs", type=int, default=5, help="local epochs per round (default 5)")
+    p.add_argument("--max-examples", type=int, default=None, help="cap on the corpus' examples (default: all)")
     p.add_argument("--no-baselines", action="store_true",
                    help="skip plaintext and SecAgg+: more epsilons for cells another run measured (then --combine both)")
     p.add_argument("--save-transcripts", action="store_true", help="export each run's server transcript (large)")
-    p.add_argument("--no-progress", action="store_true")
     p.add_argument("--audit", action="store_true",
                    help="audit the largest-epsilon DDP setting's claim with canary clients (dp.audit; about 10 s per run)")
     p.add_argument("--combine", nargs="+", type=Path, metavar="RUN_DIR", default=None,
                    help="report finished runs (made in parallel, e.g. one per cohort) as one: writes the tables, "
                         "plots and last line under --out/--run-name; runs nothing")
+    return p
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    """The command line, checked (a bad combination is an argparse error, exit code 2)."""
+    p = _parser()
     args = p.parse_args(argv)
+    if args.resume and not args.report:
+        p.error("--resume is for --report here: a frontier run is not resumed (run the missing cells as a part, "
+                "then --combine the parts)")
+    if args.report and (not args.resume or args.combine):
+        p.error("--report rewrites a run's tables from its results.json: give --resume RUN_DIR, without --combine")
+    from nlp_models.device import resolve_device
+
     try:
         args.device = str(resolve_device(args.device))
     except ValueError as error:
@@ -99,6 +112,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def configs(args: argparse.Namespace) -> list[FrontierConfig]:
+    from fl_algorithms.experiments.frontier import FrontierConfig
+    from nlp_models.adapter_sentiment import AdapterTaskConfig
+    from nlp_models.bag_of_tokens import BagTaskConfig
+
     q = args.quick
     clients = args.clients or (100 if q else 200)
     out = []
@@ -131,9 +148,48 @@ def training_protocol(model: str, task: Any):
     return (bag_trainer if model == "bag" else adapter_sentiment_trainer).training_protocol(task)
 
 
+def load_bag_task(config: Any) -> Any:
+    """`nlp_models.bag_of_tokens.load_bag_task`, imported at the first call (tests replace this name)."""
+    from nlp_models.bag_of_tokens import load_bag_task as load
+
+    return load(config)
+
+
+def run_frontier(task: Any, config: FrontierConfig, **options: Any) -> Any:
+    """`fl_algorithms.experiments.frontier.run_frontier`, imported at the first call (tests replace this name)."""
+    from fl_algorithms.experiments.frontier import run_frontier as run
+
+    return run(task, config, **options)
+
+
+def report_saved(run: Path) -> dict[str, Any]:
+    """--resume RUN_DIR --report: RUN_DIR's tables, plots and last line rewritten from its results.json (the
+    settings it has finished), running nothing."""
+    from fl_algorithms.experiments.frontier_report import load_results
+
+    try:
+        doc = load_results([run])[0][1]
+        sampler = re.search(r"sampler='(\w+)'", doc["runs"][0]["config"]).group(1)
+    except (OSError, ValueError, KeyError, IndexError, AttributeError) as error:
+        raise SystemExit(f"error: {run}: no frontier run's results.json ({error!r})") from None
+    sources = [Path(p) for p in doc.get("combined_from", [])]
+    return report(doc["runs"], run, sampler=sampler, seconds=doc.get("seconds"),
+                  ledgers=[p / "ledger.json" for p in sources] or [run / "ledger.json"], combined_from=sources or None)
+
+
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     ensure_offline()
     args = parse_args(argv)
+    if args.report:
+        return report_saved(Path(args.resume))
+    import torch
+    from tqdm.auto import tqdm
+
+    from fl_algorithms.experiments.frontier import audit_ddp
+    from fl_algorithms.experiments.frontier_report import combine, load_results
+    from fl_algorithms.training.dp_trainer import quiet_dp_libraries
+    from nlp_models.adapter_sentiment import load_adapter_task
+
     quiet_dp_libraries()
     torch.set_num_threads(1)
     run_name = args.run_name or (time.strftime("%Y%m%d-%H%M%S") + ("-quick" if args.quick else "")
@@ -181,6 +237,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
 def report(runs: list[dict[str, Any]], out: Path, *, sampler: str, seconds: float | None, ledgers: list[Path],
            combined_from: list[Path] | None = None) -> dict[str, Any]:
     """Tables, plots, results.json and the last line for `runs` (one run or combined parts)."""
+    from fl_algorithms.experiments.frontier_report import csv_text, markdown, plot_cost, plot_frontier, summarise
+
     rows = summarise(runs)
     (out / "table.md").write_text(markdown(rows) + "\n")
     (out / "table.csv").write_text(csv_text(rows) + "\n")

@@ -33,9 +33,9 @@ from secagg.messages import AbortError
 from secagg.protocols import registry
 from secagg.protocols.base import MAX_VECTOR_LENGTH, WrappedClient
 from secagg.ring import Ring
-from transport.cli import MAX_CLIENTS, check_client_params, check_server_params
-from transport.client import ClientConfig, ProtocolMismatchError, RegistrationError, run_client
-from transport.server import ServerDriver
+from fl_algorithms.experiments.flags import add_common_flags
+
+# transport (ZeroMQ) is imported where it is used, so that --help answers at once
 
 MAX_WEIGHT = 1000  # largest example count a client may have
 
@@ -73,6 +73,8 @@ class _DropOnRequest(WrappedClient):
 
 
 def run_client_process(args: argparse.Namespace) -> int:
+    from transport.client import ClientConfig, ProtocolMismatchError, RegistrationError, run_client
+
     x, weight = client_data(args.seed, args.id, args.dim)
     encoder = encoder_for(args.clients, args.protocol)
     client_cls = registry.client_class(args.protocol)
@@ -98,6 +100,8 @@ def run_client_process(args: argparse.Namespace) -> int:
 # ---- server (this process) -----------------------------------------------------------------
 
 def run_demo(args: argparse.Namespace) -> int:
+    from transport.server import ServerDriver
+
     rng = np.random.default_rng(args.seed)
     droppers = set(rng.choice(np.arange(1, args.clients + 1), size=args.dropout, replace=False).tolist())
     encoder = encoder_for(args.clients, args.protocol)
@@ -176,7 +180,7 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--clients", type=int, default=8, help="client processes to start (at least 2)")
     p.add_argument("--dim", type=int, default=100_000, help="length of each client's float vector")
-    p.add_argument("--protocol", default="secagg+", choices=registry.names(), help="default secagg+")
+    add_common_flags(p, protocols=registry.names(), protocol_default="secagg+")
     p.add_argument("--dropout", type=int, default=1, help="how many clients crash during the round")
     p.add_argument("--drop-stage", default="input",
                    help="'input' (the masked-input stage) or k: crash on the k-th server request")
@@ -195,6 +199,8 @@ def parser() -> argparse.ArgumentParser:
 def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """Every value the demo would otherwise hang or trace back on is an argparse error (exit code 2);
     sets args.params and args.client_params, the checked protocol keywords."""
+    from transport.cli import MAX_CLIENTS, check_client_params, check_server_params
+
     if not 2 <= args.clients <= MAX_CLIENTS:
         p.error(f"--clients must be at least 2 (a secure sum of one client is that client's input) "
                 f"and at most {MAX_CLIENTS}, got {args.clients}")

@@ -36,6 +36,7 @@ from fl_algorithms.algorithms.fedbn import FedAvgFT, FedBN
 from fl_algorithms.algorithms.fedprox import FedProx
 from fl_algorithms.algorithms.local import Local
 from fl_algorithms.api import ClientBroadcast, ClientContext, Masked, Upload
+from fl_algorithms.choices import ATC_DITTO_WORK as DITTO_WORK, ATC_METHODS as METHODS
 from fl_algorithms.engine.secure_sum import SecureAggregationConfig
 from fl_algorithms.engine.sim import RoundRecord, RunConfig, SimulationRunner
 from fl_algorithms.experiments.config import check_choices, check_seeds
@@ -45,7 +46,6 @@ from fl_algorithms.training.hetero_trainer import (METRIC, PROTOCOL_NAMES, Heter
                                                    HeteroTrainer, hetero_protocol)
 from nlp_models.device import device_name
 
-METHODS = ("atc_secure", "atc_reference", "assign_only", "fedavg", "fedavg_ft", "isolated", "ditto", "fedprox", "fedbn")
 SECURE = tuple(m for m in METHODS if m != "atc_reference")
 ASSIGNING = ("atc_secure", "atc_reference", "assign_only")
 """The methods that run ATC's ASSIGN rounds before the task rounds."""
@@ -55,9 +55,6 @@ EVALUATION = {"atc_secure": "personal model", "atc_reference": "personal model",
               "fedavg": "after aggregation", "fedavg_ft": "after local adaptation", "isolated": "personal model",
               "ditto": "personal model", "fedprox": "after aggregation", "fedbn": "after aggregation"}
 """Where each method's clients are evaluated (the protocol's `evaluation`)."""
-DITTO_WORK = ("split-epoch", "two-epochs")
-"""Ditto's local work per round: 'split-epoch', its global and personal problems on alternate batches of
-one epoch (every method's budget); 'two-epochs', one epoch each (the grid before issue 55)."""
 
 
 @dataclasses.dataclass(frozen=True)

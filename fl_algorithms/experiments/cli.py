@@ -75,20 +75,24 @@ def add_run_args(parser: argparse.ArgumentParser, *, resume_help: str = "", cach
     """The options every grid example takes that say where and how it runs, not what it computes
     (RUN_OPTIONS, which `--resume` accepts): --device, --backbone, --threads, --out, --run-name,
     --resume, --no-progress, --workers (and `--cache DIR` where the grid keeps a pre-trained cache)."""
+    from fl_algorithms.choices import BACKBONES
     from nlp_models.device import DEVICES
 
-    parser.add_argument("--device", choices=DEVICES, default="auto")
-    parser.add_argument("--backbone", choices=("minilm", "tiny"), default="minilm")
+    parser.add_argument("--device", choices=DEVICES, default="auto",
+                        help="torch device: auto (CUDA when a GPU is visible), cpu or cuda (default auto)")
+    parser.add_argument("--backbone", choices=BACKBONES, default="minilm",
+                        help="minilm (default) or tiny: a small random BERT for smoke runs and tests")
     parser.add_argument("--threads", type=int, default=min(2, os.cpu_count() or 1),
                         help="torch threads (default: 2, or 1 on a one-core machine)")
     if cache_help is not None:
         parser.add_argument("--cache", metavar="DIR", help=cache_help)
-    parser.add_argument("--out", metavar="DIR")
-    parser.add_argument("--run-name", metavar="NAME")
+    parser.add_argument("--out", metavar="DIR", help="parent directory of the run directory (default: the "
+                                                      "example's folder under results/)")
+    parser.add_argument("--run-name", metavar="NAME", help="the run directory's name (default: a time stamp)")
     parser.add_argument("--resume", metavar="RUN_DIR",
                         help="finish a grid: its saved plan, finished cells skipped; it refuses options that would "
                              f"change the plan{resume_help}")
-    parser.add_argument("--no-progress", action="store_true")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars (for logs and tests)")
     add_worker_args(parser)
 
 
@@ -219,9 +223,12 @@ class Grid:
         return self.run / "cells.jsonl"
 
     def todo(self) -> Iterator[Mapping[str, Any]]:
-        """The unfinished cells in plan order; under --worker only those whose claim this process wins."""
+        """The unfinished cells in plan order; under --worker only those whose claim this process wins; none
+        under --report."""
         from fl_algorithms.experiments.parallel import pending
 
+        if getattr(self.args, "report", False):
+            return iter(())
         return pending(self.plan.cells(), self.done, key=self.key, run=self.run if self.args.worker else None)
 
     def record(self, cell: Mapping[str, Any], compute: Callable[[], dict[str, Any]]) -> dict[str, Any]:
@@ -253,11 +260,21 @@ def start_grid(parser: argparse.ArgumentParser, argv: Sequence[str] | None, *, s
                forward: Sequence[str] = ("backbone",)) -> Grid:
     """A grid example's whole start: `parse_grid_args`, `open_grid` (`build(args)` makes a new plan), then
     `start_workers`, so under --workers N the unfinished cells have run in N processes when this returns.
-    `forward` names the options (their dests) that the workers get too, where set."""
+    `forward` names the options (their dests) that the workers get too, where set. Under `--report` (with
+    --resume) it runs nothing: every cell must be finished, else it stops naming those that are not."""
     args, device = parse_grid_args(parser, argv)
-    run, plan, cells_path, _ = open_grid(parser, args, device, default_out=default_out, build=lambda: build(args),
-                                         load=load, record=record, key=key)
+    report = getattr(args, "report", False)
+    if report and (not args.resume or args.workers > 1 or args.worker):
+        parser.error("--report writes a grid's tables from its finished cells: give --resume RUN_DIR, without --workers")
+    run, plan, cells_path, done = open_grid(parser, args, device, default_out=default_out, build=lambda: build(args),
+                                            load=load, record=record, key=key)
     started = time.perf_counter()
+    if report:
+        if missing := [key(cell) for cell in plan.cells() if key(cell) not in done]:
+            shown = ", ".join(missing[:8]) + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")
+            raise SystemExit(f"error: {run}: {len(missing)} of {len(plan.cells())} cells are not finished ({shown}); "
+                             f"finish them with --resume {run}")
+        return Grid(args=args, device=device, run=run, plan=plan, key=key, done=done, started=started)
     options = [part for name in forward if (value := getattr(args, name)) is not None
                for part in (f"--{name.replace('_', '-')}", str(value))]
     done = start_workers(args, run, script=script, device=device, cells=plan.cells(), cells_path=cells_path,

@@ -29,6 +29,7 @@ from dp.centroids import CentroidConfig, DPCentroids
 from dp.ledger import Ledger
 from fl_algorithms.algorithms.fedseit import (ContinualFedAvg, FedSeIT, FedWeIT, LocalContinual, Schedule,
                                               max_candidates)
+from fl_algorithms.choices import CONTINUAL_METHODS, SECURE_PROTOCOLS
 from fl_algorithms.engine.peer_channel import PeerDirectory
 from fl_algorithms.engine.secure_sum import SecureAggregationConfig
 from fl_algorithms.engine.sim import RoundRecord, RunConfig, SimulationRunner
@@ -42,13 +43,13 @@ from fl_algorithms.training.protocol import TrainingProtocol
 from nlp_models.backbone import load_named_backbone
 from nlp_models.decomposed_cnn import DecomposedConfig
 
-METHODS = ("fedseit_k3", "fedseit_k5", "fedseit_random", "fedseit_all", "fedweit", "fedavg_b", "local")
+METHODS = CONTINUAL_METHODS
 """'fedseit_all' is FedSeIT without SIT: every candidate foreign adaptive, unranked (the paper's Table 2
 'Without SIT' column, whose claim is that SIT with K = 3 matches it at a lower cost)."""
 LABELS = {"fedseit_k3": "FedSeIT, SIT, K = 3", "fedseit_k5": "FedSeIT, SIT, K = 5",
           "fedseit_random": "FedSeIT, random K = 3 (ablation)", "fedseit_all": "FedSeIT without SIT (every foreign A)",
           "fedweit": "FedWeIT", "fedavg_b": "FedAvg on B", "local": "Local continual"}
-PROTOCOLS = ("secagg", "secagg+", "lightsecagg")
+PROTOCOLS = SECURE_PROTOCOLS
 COST_KEYS = ("upload_bytes_per_round", "download_bytes_per_round", "relay_bytes_sent", "relay_bytes_received",
              "descriptor_bytes", "secure_bytes_uploaded", "foreign_per_task")
 """Per cell, per client (mean over clients): mean bytes uploaded / downloaded per round (secure-sum

@@ -27,6 +27,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from fl_algorithms.engine.round import RoundRecord
+from fl_algorithms.choices import RUNTIMES
 from fl_algorithms.engine.secure_sum import SecureAggregationConfig
 from fl_algorithms.engine.sim import RunConfig, SimulationRunner
 from fl_algorithms.experiments.parallel import run_pool
@@ -44,7 +45,6 @@ TITLES = {"fedavg_full": "FedAvg (Full FT)", "local": "Local", "fedavg_peft": "F
           PLAIN_TWIN: "FedMCP (plaintext agg.)"}
 TABLE_ORDER = ("fedavg_full", "local", "fedavg_peft", "fedlr", "fedrep", "moon", "ditto", "fedmcp", "fedmcp_no_cl",
                "fedmcp_no_bl", PLAIN_TWIN)
-RUNTIMES = ("sim", "deploy")
 TASK_SPEC = "fl_algorithms.tasks.fedmcp:build"
 POINTS = {"after_aggregation": "accuracy", "before_aggregation": BEFORE_AGGREGATION}
 """Evaluation point -> the clients' metric: after the server's aggregation (the table's main number), and

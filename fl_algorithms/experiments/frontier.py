@@ -60,6 +60,7 @@ from dp.leakage.differencing import random_cohorts, simulate_differencing_shadow
 from dp.ledger import Ledger, LedgerConfig, NonPrivateMechanism, Observer, PrivacyUnit
 from dp.sampling import boundary_delta
 from fl_algorithms.algorithms.fedavg import FedAvg
+from fl_algorithms.choices import COHORT_TAIL, FRONTIER_MECHANISMS
 from fl_algorithms.engine.secure_sum import SecureAggregationConfig
 from fl_algorithms.engine.sim import RoundRecord, RunConfig, SimulationRunner
 from dp.leakage.membership import calibrated_loss_attack, loss_threshold_attack
@@ -68,7 +69,7 @@ from fl_algorithms.training import bag_trainer as bag
 from fl_algorithms.training.bag_trainer import bag_trainer, shadow_clients
 from nlp_models.bag_of_tokens import EMBEDDING_PART, HEAD_PART, BagTask, BagTaskConfig
 
-MECHANISMS = ("ddp", "central", "dpsgd")
+MECHANISMS = FRONTIER_MECHANISMS
 MIA_TARGET_FPR = 0.05
 """The realistic membership attacker's threshold: this quantile of its losses on the public split."""
 
@@ -102,8 +103,6 @@ def model_kit(task: Any) -> ModelKit:
                         adapter.build_dp_trainers, adapter.example_losses, adapter.public_losses, token_attacks=False)
     raise TypeError(f"no frontier model for {type(task).__name__}")
 
-COHORT_TAIL = 1e-3
-"""Poisson cohorts: DDP noise is calibrated, by default, to this lower quantile of the cohort size."""
 RING_TAIL = 1e-9
 """... and its ring sized for the RING_TAIL upper quantile (a larger cohort stops the run)."""
 

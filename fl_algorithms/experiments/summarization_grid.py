@@ -31,6 +31,7 @@ import numpy as np
 from fl_algorithms.algorithms.adafedselectkd import ADAPTER_PART, LOCAL, AdaFedKD, AdaFedSelectKD, scaled_threshold
 from fl_algorithms.algorithms.fedavg import FedAvg
 from fl_algorithms.algorithms.local import Local
+from fl_algorithms.choices import SECURE_PROTOCOLS, SUMMARY_METHODS, SUMMARY_TRAINING_PROTOCOLS
 from fl_algorithms.engine.sim import RoundRecord, RunConfig, SimulationRunner
 from fl_algorithms.engine.secure_sum import SecureAggregationConfig
 from fl_algorithms.experiments.config import check_choices, check_seeds
@@ -38,12 +39,12 @@ from fl_algorithms.experiments.tables import grouped, paired_difference, plot_me
 from fl_algorithms.tasks.summarization import SETTINGS, SummaryClients, SummarySettings, SummaryTrainer
 from fl_algorithms.training.protocol import FRESH, KEPT, OptimizerConfig, TrainingProtocol
 
-METHODS = ("adafedselectkd", "adafedkd", "adafedavg", "adacentralized", "local")
+METHODS = SUMMARY_METHODS
 DISTILLING = ("adafedselectkd", "adafedkd")
 ROUGE = ("rouge1", "rouge2", "rougeL")
-PROTOCOLS = ("secagg", "secagg+", "lightsecagg")
+PROTOCOLS = SECURE_PROTOCOLS
 FEDERATED = ("adafedselectkd", "adafedkd", "adafedavg")
-TRAINING_PROTOCOLS = ("adafedselectkd", "kept-adamw")
+TRAINING_PROTOCOLS = SUMMARY_TRAINING_PROTOCOLS
 """'adafedselectkd': the paper's protocol where it states one, reasoned where it does not (`summary_protocol`);
 'kept-adamw': AdamW kept across rounds, the last round reported (every run before 2026-11-29)."""
 BEST = "best validation round"

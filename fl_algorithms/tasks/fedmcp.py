@@ -37,6 +37,7 @@ from fl_algorithms.algorithms.fedrep import FedRep
 from fl_algorithms.algorithms.local import Local
 from fl_algorithms.algorithms.moon import MOON
 from fl_algorithms.api import Algorithm
+from fl_algorithms.choices import FEDMCP_ABLATIONS, FEDMCP_DEFAULT_METHODS, FEDMCP_METHODS
 from fl_algorithms.experiments.task import Task, check_options, int_option, settings_option
 from fl_algorithms.training.adapter_trainer import (BASELINE_MODEL, FEDMCP_MODEL, FEDMCP_PROTOCOLS, LOCAL_MODEL,
                                                     LORA_MODEL, MOON_MODEL, AdapterTrainer, FullFineTuneTrainer,
@@ -49,10 +50,10 @@ from nlp_models.data.dataset import DatasetSplits, TextDataset
 from nlp_models.device import resolve_device
 from nlp_models.frozen_prefix import CachedSplit, prefix_split
 
-ABLATIONS = ("fedmcp_no_cl", "fedmcp_no_bl")
+ABLATIONS = FEDMCP_ABLATIONS
 """FedMCP's Table II: without the contrastive loss L_c (mu = 0) and without the global-only loss L_b (gamma = 0)."""
-METHODS = ("fedmcp", "fedavg_peft", "local", "fedrep", "fedavg_full", "fedlr", "moon", "ditto", *ABLATIONS)
-DEFAULT_METHODS = ("fedmcp", "fedavg_peft", "local", "fedrep")
+METHODS = FEDMCP_METHODS
+DEFAULT_METHODS = FEDMCP_DEFAULT_METHODS
 """What the 10-minute CPU demo runs; FedAvg (Full FT) trains and uploads every backbone weight, and
 the other baselines and the ablations are named in the demo's output as left out (--algorithms adds them)."""
 SPECS: Mapping[str, MethodModel] = {"fedmcp": FEDMCP_MODEL, "fedmcp_no_cl": FEDMCP_MODEL, "fedmcp_no_bl": FEDMCP_MODEL,

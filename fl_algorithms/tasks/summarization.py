@@ -42,6 +42,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from fl_algorithms.algorithms.adafedselectkd import ADAPTER_PART, GLOBAL, LOCAL
+from fl_algorithms.choices import SUMMARY_LR, SUMMARY_SETTINGS
 from fl_algorithms.experiments.parallel import file_lock
 from fl_algorithms.tasks.seq2seq import HeadlineBatch, HeadlineSplit, encode_headlines, headline_loss, headline_metrics
 from fl_algorithms.training.loop import run_epochs, seeded, sequence_seed, tagged_seed
@@ -57,7 +58,7 @@ DOMAINS = ("business", "politics", "tech")
 PUBLIC_DOMAINS = ("sports", "entertainment")
 """BBC topics no client holds: the generator is pre-trained on them (the paper's pre-trained BART)."""
 EXTREME_DOMAIN = "tweets"
-SETTINGS = ("non_iid", "iid_balanced", "non_iid_balanced", "extreme")
+SETTINGS = SUMMARY_SETTINGS
 EVAL_BATCH = 64
 
 
@@ -77,7 +78,7 @@ class SummarySettings:
     """Top decoder layers that carry the adapters (the paper: the top decoder layers only)."""
     bottleneck: int = 64
     batch_size: int = 16
-    lr: float = 3e-3
+    lr: float = SUMMARY_LR
     """The paper's 2e-4 barely moves the adapters in the few epochs a CPU run has (validation ROUGE-L
     after 5 local epochs, 30% of the data, mean of 3 clients: 1e-3 0.142, 3e-3 0.151, from 0.121)."""
     weight_decay: float = 0.01

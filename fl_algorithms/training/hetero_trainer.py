@@ -41,6 +41,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from fl_algorithms.choices import ATC_TRAINING_PROTOCOLS
 from fl_algorithms.tasks.hetero import HeteroClient
 from fl_algorithms.tasks.qa import QASplit, encode as encode_qa, qa_loss, qa_metrics
 from fl_algorithms.tasks.seq2seq import HeadlineSplit, headline_loss, headline_metrics
@@ -114,7 +115,8 @@ schedule over all of a stage's steps and one optimiser per stage (FederatedScope
 STAGES = ("pretrain", "task", "finetune")
 """ASSIGN's pre-training runs, task training (every method's rounds, CONTRAST's included), and FedAvg+FT's
 evaluation-time fine-tuning (a stage of its own: a fresh optimiser whose schedule spans its one run)."""
-PROTOCOL_NAMES = ("atc-paper", "kept-adamw")
+PROTOCOL_NAMES = ATC_TRAINING_PROTOCOLS
+"""The declared protocols by name (`fl_algorithms.choices`, where the parsers read them)."""
 
 _FS = "FederatedScope (the ATC paper's public code, federatedscope/nlp/hetero_tasks)"
 _FS_TRAINER = "its trainer/trainer.py, ATCTrainer"

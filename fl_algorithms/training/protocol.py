@@ -28,10 +28,11 @@ import json
 import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-from torch import nn
+if TYPE_CHECKING:  # torch is imported where an optimiser is built: parsers read PRESETS before torch loads
+    import torch
+    from torch import nn
 
 OPTIMIZERS = ("sgd", "adam", "adamw")
 FRESH, KEPT = "fresh each round", "kept across rounds"
@@ -79,6 +80,8 @@ class OptimizerConfig:
             raise ValueError(f"optimizer eps must be positive, got {self.eps}")
 
     def build(self, params: Iterable[nn.Parameter]) -> torch.optim.Optimizer:
+        import torch
+
         params = list(params)
         if self.name == "adamw":
             return torch.optim.AdamW(params, lr=self.lr, betas=self.betas, eps=self.eps, weight_decay=self.weight_decay)

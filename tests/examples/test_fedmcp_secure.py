@@ -66,6 +66,8 @@ def test_main_runs_end_to_end_and_resumes(tmp_path, capsys):
     fedmcp_secure.main(["--resume", str(run), "--no-progress"])  # everything finished: nothing retrains
     assert _last_line(capsys) == lines[-1]
     assert len((run / "metrics.jsonl").read_text().splitlines()) == len(logged)  # nothing logged twice
+    fedmcp_secure.main(["--resume", str(run), "--report"])  # `fedsecure report RUN`: the saved report, run none
+    assert capsys.readouterr().out.strip().splitlines()[-2:] == lines[-2:]
 
 
 def test_resume_after_a_crash_finishes_like_an_uninterrupted_run(tmp_path, capsys, monkeypatch):
@@ -145,8 +147,10 @@ def test_device_cuda_without_a_gpu_is_a_clear_error(capsys):
 
 
 def test_shared_options_and_presets():
+    from fl_algorithms.experiments.fedmcp_grid import Plan
+
     _, settings, plan = fedmcp_secure.parse_settings([])
-    assert plan == fedmcp_secure.Plan() and plan.seeds == (0,) and plan.runtime == "sim"
+    assert plan == Plan() and plan.seeds == (0,) and plan.runtime == "sim"
     assert plan.run_list() == ["local", "fedavg_peft", "fedrep", "fedmcp", "fedmcp_plain"]
     assert settings == fedmcp_task.FedMCPSettings()
     _, _, plan = fedmcp_secure.parse_settings(["--seeds", "3"])
@@ -159,6 +163,10 @@ def test_shared_options_and_presets():
                                                "--tiny-backbone"])
     assert (full.rounds, full.train_cap, full.max_length, full.adapter_layers, full.batch_size) == (3, None, 128, 6, 64)
     assert full.head_hidden is None and full.backbone == "tiny"
+    _, quick, _ = fedmcp_secure.parse_settings(["--quick"])  # fewer rounds and examples, the default's model
+    assert (quick.rounds, quick.train_cap, quick.test_cap) == (2, 60, 100) and quick.max_length == settings.max_length
+    _, chosen, _ = fedmcp_secure.parse_settings(["--quick", "--rounds", "3"])  # explicit flags still win
+    assert chosen.rounds == 3 and chosen.train_cap == 60
 
 
 def test_resume_errors_and_old_run_directories(tmp_path, capsys):

@@ -69,6 +69,8 @@ def test_main_end_to_end_prints_the_line_and_saves_plot_and_results(tmp_path, ca
         assert record["fedopt"]["optimizer"]["name"] == "adamw" and record["fedavg_plain"] == record["fedavg"]
         assert record["fedavg"]["lifetime"] == "fresh each round" and record["fedavg"]["max_grad_norm"] == 1.0
     assert 'lifetime = "fresh each round"' in (run / "config.toml").read_text()
+    reported = fednlp.main(["--resume", str(run), "--report"])  # `fedsecure report RUN`: from results.json
+    assert _last_line(capsys) == line == reported["last_line"]
 
 
 def test_resume_after_a_crash_finishes_the_run_like_an_uninterrupted_one(tmp_path, capsys, monkeypatch):

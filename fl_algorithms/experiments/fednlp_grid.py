@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -59,13 +60,18 @@ TASK_DEFAULTS: dict[str, dict[str, Any]] = {
     # {3e-3, 1e-2} at 128 tokens: validation F1 0.311 / 0.415); seq2seq from a centralised pilot of
     # the decoder (3e-4). QA reads 128 tokens: at 64 the passage is so short that its first entity
     # is the answer half the time (first-entity F1 0.61 against 0.46 at 128).
-    # SGD's lr (FedAvg and FedProx under the 'fednlp' protocol): classification's 3.0 is the one chosen on
-    # validation for examples/fednlp_classification.py (same corpus, backbone and adapters; 2026-11-29); the
-    # other tasks' SGD clients still run at the task's lr, as FedNLP's scripts pass one lr (not selected yet).
+    # SGD's lr (FedAvg and FedProx under the 'fednlp' protocol; `GridPlan.sgd_lrs`, saved with every plan):
+    # classification's 3.0 is the one chosen on validation for examples/fednlp_classification.py (same
+    # corpus, backbone and adapters; 2026-11-29). Tagging's, QA's and seq2seq's from quick-grid pilots of
+    # FedAvg under SecAgg+ (seed 0, `--sgd-lr TASK=LR` over a log grid widened until its best was inside;
+    # final-round validation score; docs/protocols.md, 2026-11-29): tagging 3 (span F1 0.186; 1: 0.079,
+    # 10: diverged to 0), QA 3 (F1 0.462; 1: 0.457, 10: 0.121; chosen for the quick grid's top two layers
+    # trained whole, the full grid's adapter reader was not piloted), seq2seq 3 (ROUGE-L 0.079; 0.1: 0.069,
+    # 10: 0.004).
     "classification": dict(lr=1e-2, sgd_lr=3.0, max_length=64),
-    "tagging": dict(lr=1e-2, max_length=64),
-    "qa": dict(lr=1e-2, max_length=128),
-    "seq2seq": dict(lr=3e-4, max_length=64),
+    "tagging": dict(lr=1e-2, sgd_lr=3.0, max_length=64),
+    "qa": dict(lr=1e-2, sgd_lr=3.0, max_length=128),
+    "seq2seq": dict(lr=3e-4, sgd_lr=3.0, max_length=64),
 }
 
 
@@ -89,6 +95,11 @@ class AlgorithmSettings:
         if not (self.fedavgm_lr > 0 and self.adaptive_lr > 0):
             raise ValueError(f"server lrs must be positive; got fedavgm_lr={self.fedavgm_lr}, "
                              f"adaptive_lr={self.adaptive_lr}")
+
+
+def selected_sgd_lrs() -> dict[str, float]:
+    """The SGD lr of every task that has one chosen on validation (`TASK_DEFAULTS[task]['sgd_lr']`)."""
+    return {task: float(d["sgd_lr"]) for task, d in TASK_DEFAULTS.items() if d.get("sgd_lr") is not None}
 
 
 def make_algorithm(name: str, settings: AlgorithmSettings = AlgorithmSettings()) -> Algorithm:
@@ -146,15 +157,25 @@ class GridPlan:
     """FormulationSettings fields for one task (over `formulation`), e.g. a larger corpus cap where
     a task's examples are short and cheap."""
     algorithm: AlgorithmSettings = AlgorithmSettings()
-    selected_sgd_lrs: bool = True
-    """Whether SGD clients use the per-task SGD lrs of `TASK_DEFAULTS` (chosen on validation; False: the
-    task's one lr, as grids saved before 2026-11-29 ran)."""
+    sgd_lrs: Mapping[str, float] = field(default_factory=selected_sgd_lrs)
+    """SGD's client lr per task (FedAvg's and FedProx's clients under the 'fednlp' protocol; AdamW keeps
+    the task's `lr`). Default: the lrs chosen on validation (`TASK_DEFAULTS[task]['sgd_lr']`); a task not
+    named trains SGD at its one lr, as FedNLP's scripts (`fednlp_benchmark.py --sgd-lr TASK=LR` sets one).
+    Saved in plan.json, so a resumed grid keeps the lrs it ran whatever `TASK_DEFAULTS` says later."""
     training_protocol: str = "fednlp"
     """The clients' training protocol, a preset name ('fednlp', 'federated-norm', 'kept-adamw'), built per
     algorithm at each task's client lr (`protocol_for`)."""
 
     def __post_init__(self) -> None:
         preset(self.training_protocol)  # an unknown name fails here, naming the choices
+        object.__setattr__(self, "sgd_lrs", dict(self.sgd_lrs))  # the caller's mapping, copied (and JSON-ready)
+        if set(self.sgd_lrs) - set(TASKS):
+            raise ValueError(f"sgd_lrs names unknown tasks {sorted(set(self.sgd_lrs) - set(TASKS))}; "
+                             f"choose from {', '.join(TASKS)}")
+        bad_lrs = {t: lr for t, lr in self.sgd_lrs.items()
+                   if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not (math.isfinite(lr) and lr > 0)}
+        if bad_lrs:
+            raise ValueError(f"an SGD lr must be a positive finite number; got {bad_lrs}")
         for values, allowed, what in ((self.tasks, TASKS, "task"), (self.algorithms, ALGORITHMS, "algorithm"),
                                       (self.protocols, PROTOCOLS, "protocol")):
             bad = [v for v in values if v not in allowed]
@@ -178,9 +199,8 @@ class GridPlan:
                                                            local_epochs=self.algorithm.local_epochs)
 
     def settings(self, task: str, *, partition: str, seed: int) -> FormulationSettings:
-        defaults = dict(TASK_DEFAULTS[task])
-        if not self.selected_sgd_lrs:
-            defaults.pop("sgd_lr", None)  # a grid saved before 2026-11-29 ran its SGD clients at the task's lr
+        defaults = {k: v for k, v in TASK_DEFAULTS[task].items() if k != "sgd_lr"}  # the plan's own, below
+        defaults["sgd_lr"] = self.sgd_lrs.get(task)  # None: SGD at the task's lr
         return FormulationSettings(**{**defaults, **self.formulation, **self.per_task.get(task, {}),
                                       "partition": partition, "seed": seed})
 
@@ -506,18 +526,26 @@ def plot_partition_curves(rows: Sequence[Mapping[str, Any]], *, path: Path, prot
 def plan_record(plan: GridPlan) -> dict[str, Any]:
     """The plan as JSON-ready data (saved in the run directory; `plan_from_record` inverts it)."""
     return {**dataclasses.asdict(plan), "formulation": dict(plan.formulation),
-            "per_task": {task: dict(values) for task, values in plan.per_task.items()}}
+            "per_task": {task: dict(values) for task, values in plan.per_task.items()},
+            "sgd_lrs": dict(plan.sgd_lrs)}
+
+
+SGD_LRS_2026_11_29 = {"classification": 3.0}
+"""The SGD lrs of plans saved with `selected_sgd_lrs: true` (2026-11-29, before plans recorded each task's
+SGD lr): classification's, chosen on validation for the classification example; every other task at its one lr."""
 
 
 def plan_from_record(raw: Mapping[str, Any]) -> GridPlan:
-    fields = {k: tuple(v) if isinstance(v, list) else v for k, v in raw.items() if k != "algorithm"}
+    fields = {k: tuple(v) if isinstance(v, list) else v for k, v in raw.items()
+              if k not in ("algorithm", "selected_sgd_lrs")}
     fields.setdefault("per_task", {})  # plans saved before per-task settings existed
     fields.setdefault("training_protocol", "kept-adamw")  # plans saved before protocols were declared ran that
-    fields.setdefault("selected_sgd_lrs", False)  # and before 2026-11-29 every client ran at the task's one lr
+    if "sgd_lrs" not in fields:  # saved before plans recorded each task's SGD lr: what that plan ran
+        fields["sgd_lrs"] = dict(SGD_LRS_2026_11_29) if raw.get("selected_sgd_lrs") else {}  # before 2026-11-29: one lr
     return GridPlan(**fields, algorithm=AlgorithmSettings(**raw["algorithm"]))
 
 
 __all__ = ["FORMULATIONS", "ALGORITHMS", "PROTOCOLS", "METRIC_NAMES", "TASK_DEFAULTS", "AlgorithmSettings",
-           "make_algorithm", "formulation_class", "load_formulation", "whole_layer_tasks", "GridPlan", "WIDENABLE", "cell_key", "secure_config", "flat_vector", "shared_vector", "run_cell",
+           "make_algorithm", "formulation_class", "load_formulation", "whole_layer_tasks", "GridPlan", "WIDENABLE", "selected_sgd_lrs", "SGD_LRS_2026_11_29", "cell_key", "secure_config", "flat_vector", "shared_vector", "run_cell",
            "encoder_bound", "aggregate", "paired_comparisons", "write_paired", "write_table", "plot_curves", "plot_partition_curves", "plan_record",
            "plan_from_record", "partition_for", "untwinned"]

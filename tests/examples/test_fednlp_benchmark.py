@@ -216,6 +216,35 @@ def test_the_training_protocol_is_a_plan_setting_fednlps_by_default(tmp_path, ca
     assert "invalid choice: 'adamw'" in capsys.readouterr().err
 
 
+def test_sgd_lr_sets_one_tasks_sgd_clients_and_a_resumed_grid_keeps_what_it_ran(tmp_path, capsys):
+    from fl_algorithms.experiments.fednlp_grid import plan_from_record, plan_record, selected_sgd_lrs
+
+    parser = bench._parser()
+    default = bench.build_plan(parser.parse_args(["--quick"]), parser)
+    assert default.sgd_lrs == selected_sgd_lrs()  # the lrs chosen on validation
+    chosen = bench.build_plan(parser.parse_args(["--quick", "--sgd-lr", "tagging=0.25, seq2seq=2e-1"]), parser)
+    assert chosen.sgd_lrs == {**selected_sgd_lrs(), "tagging": 0.25, "seq2seq": 0.2}
+    tagging = chosen.settings("tagging", partition="iid", seed=0)
+    assert chosen.protocol_for("fedavg", tagging).optimizer.lr == 0.25  # SGD's lr
+    assert chosen.protocol_for("fedopt", tagging).optimizer.lr == default.protocol_for("fedopt", tagging).optimizer.lr
+    record = json.loads(json.dumps(plan_record(chosen)))
+    assert record["sgd_lrs"]["tagging"] == 0.25 and plan_from_record(record) == chosen  # in plan.json
+    (tmp_path / "plan.json").write_text(json.dumps(record))
+    with pytest.raises(SystemExit):  # a finished cell's meaning is fixed by its plan
+        bench.main(["--resume", str(tmp_path), "--sgd-lr", "tagging=1", "--no-progress"])
+    assert "fixes --sgd-lr" in capsys.readouterr().err
+    for bad, said in (("tagging", "TASK=LR"), ("tagging=", "TASK=LR"), ("translation=1", "unknown task 'translation'"),
+                      ("tagging=fast", "not a number"), ("tagging=0", "positive finite"), ("qa=-1", "positive finite"),
+                      ("qa=inf", "positive finite"), ("qa=1,qa=2", "named twice")):
+        with pytest.raises(SystemExit):
+            bench.main(["--quick", "--sgd-lr", bad, "--out", str(tmp_path / "new")])
+        assert said in capsys.readouterr().err, bad
+    with pytest.raises(SystemExit):  # the freezing study has its own lr
+        bench.main(["--quick", "--freezing", "0", "--sgd-lr", "classification=1", "--out", str(tmp_path / "new")])
+    assert "--freezing-lr" in capsys.readouterr().err
+    assert not (tmp_path / "new").exists()
+
+
 def test_quick_qa_trains_its_top_two_layers_whole_and_the_other_tasks_adapters():
     parser = bench._parser()
     plan = bench.build_plan(parser.parse_args(["--quick"]), parser)

@@ -5,9 +5,10 @@ import pytest
 from fl_algorithms.algorithms.fedavg import FedAvg
 from fl_algorithms.algorithms.fedopt import FedAvgM, FedYogi
 from fl_algorithms.algorithms.fedprox import FedProx
-from fl_algorithms.experiments.fednlp_grid import (AlgorithmSettings, GridPlan, aggregate, cell_key, make_algorithm,
-                                                   paired_comparisons, write_paired,
-                                                   plan_from_record, plan_record, untwinned)
+from fl_algorithms.experiments.fednlp_grid import (SGD_LRS_2026_11_29, TASK_DEFAULTS, AlgorithmSettings, GridPlan,
+                                                   aggregate, cell_key, make_algorithm, paired_comparisons,
+                                                   plan_from_record, plan_record, selected_sgd_lrs, untwinned,
+                                                   write_paired)
 
 
 def test_fedopt_is_fednlps_server_sgd_with_momentum_and_the_others_are_named():
@@ -195,14 +196,38 @@ def test_algorithm_settings_refuse_values_no_run_could_use():
 
 def test_sgd_clients_use_the_lr_chosen_for_sgd_and_older_grids_keep_their_one_lr():
     plan = GridPlan(tasks=("classification", "tagging"))
+    assert plan.sgd_lrs == selected_sgd_lrs() == {t: d["sgd_lr"] for t, d in TASK_DEFAULTS.items() if "sgd_lr" in d}
+    # each chosen on validation (docs/protocols.md, 2026-11-29): classification's for the classification example,
+    # the other three from the quick grid's pilots
+    assert selected_sgd_lrs() == {"classification": 3.0, "tagging": 3.0, "qa": 3.0, "seq2seq": 3.0}
     cls = plan.settings("classification", partition="iid", seed=0)
     assert (cls.lr, cls.sgd_lr) == (1e-2, 3.0)
     assert plan.protocol_for("fedavg", cls).optimizer.lr == 3.0 and plan.protocol_for("fedavg", cls).optimizer.name == "sgd"
     assert plan.protocol_for("fedopt", cls).optimizer.lr == 1e-2  # AdamW keeps the task's lr
-    tag = plan.settings("tagging", partition="iid", seed=0)
-    assert tag.sgd_lr is None and plan.protocol_for("fedavg", tag).optimizer.lr == tag.lr  # not selected: one lr
     record = plan_record(plan)
-    del record["selected_sgd_lrs"]  # a grid saved before 2026-11-29
-    old = plan_from_record(record)
-    assert old.settings("classification", partition="iid", seed=0).sgd_lr is None
-    assert old.protocol_for("fedavg", old.settings("classification", partition="iid", seed=0)).optimizer.lr == 1e-2
+    assert record["sgd_lrs"] == plan.sgd_lrs and plan_from_record(record) == plan  # saved with the plan
+    # a grid saved on 2026-11-29 before plans recorded the lrs: classification's 3.0, every other task one lr
+    day = {**{k: v for k, v in record.items() if k != "sgd_lrs"}, "selected_sgd_lrs": True}
+    assert plan_from_record(day).sgd_lrs == SGD_LRS_2026_11_29 == {"classification": 3.0}
+    tag = plan_from_record(day).settings("tagging", partition="iid", seed=0)
+    assert tag.sgd_lr is None and plan.protocol_for("fedavg", tag).optimizer.lr == tag.lr == 1e-2
+    # and one saved before 2026-11-29 (no such field, or False): one lr for every client
+    for old in ({k: v for k, v in record.items() if k != "sgd_lrs"}, {**day, "selected_sgd_lrs": False}):
+        older = plan_from_record(old)
+        assert older.sgd_lrs == {} and older.settings("classification", partition="iid", seed=0).sgd_lr is None
+        assert older.protocol_for("fedavg", older.settings("classification", partition="iid", seed=0)).optimizer.lr == 1e-2
+
+
+def test_a_plans_sgd_lrs_set_one_tasks_sgd_clients_and_are_checked():
+    plan = GridPlan(tasks=("tagging", "qa"), sgd_lrs={**selected_sgd_lrs(), "tagging": 0.25})
+    tag = plan.settings("tagging", partition="iid", seed=0)
+    assert (tag.lr, tag.sgd_lr) == (TASK_DEFAULTS["tagging"]["lr"], 0.25)
+    assert plan.protocol_for("fedprox", tag).optimizer.lr == 0.25 and plan.protocol_for("fedopt", tag).optimizer.lr == tag.lr
+    assert plan.settings("qa", partition="iid", seed=0).sgd_lr == selected_sgd_lrs().get("qa")
+    assert plan_from_record(plan_record(plan)) == plan
+    one_lr = GridPlan(tasks=("tagging",), sgd_lrs={})  # no task named: SGD at the task's lr
+    assert one_lr.protocol_for("fedavg", one_lr.settings("tagging", partition="iid", seed=0)).optimizer.lr == 1e-2
+    for bad, match in (({"translation": 1.0}, "unknown tasks"), ({"tagging": 0.0}, "positive finite"),
+                       ({"tagging": float("nan")}, "positive finite"), ({"tagging": "1"}, "positive finite")):
+        with pytest.raises(ValueError, match=match):
+            GridPlan(tasks=("tagging",), sgd_lrs=bad)

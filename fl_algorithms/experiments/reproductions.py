@@ -39,6 +39,7 @@ import numpy as np
 from scipy import stats
 
 from dp.leakage.stats import mean_ci
+from fl_algorithms.experiments.tables import fewest_seeds
 
 ROOT = Path(__file__).resolve().parents[2]
 LEDGER = ROOT / "docs" / "reproductions.json"
@@ -169,10 +170,8 @@ def seeds_needed(values: Sequence[float], *, level: float = 0.95, cap: int = 100
         return None
     if sd == 0:
         return 2
-    for n in range(2, cap + 1):
-        if float(stats.t.ppf(0.5 + level / 2, df=n - 1)) * sd / math.sqrt(n) < abs(mean):
-            return n
-    return cap + 1
+    n = fewest_seeds(sd, half_width=abs(mean), level=level, most=cap)
+    return cap + 1 if n is None else n
 
 
 # ---- extractors: a run directory's results.json -> per-seed values per method ---------------------------

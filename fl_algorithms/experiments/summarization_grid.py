@@ -35,7 +35,8 @@ from fl_algorithms.choices import SECURE_PROTOCOLS, SUMMARY_METHODS, SUMMARY_TRA
 from fl_algorithms.engine.sim import RoundRecord, RunConfig, SimulationRunner
 from fl_algorithms.engine.secure_sum import SecureAggregationConfig
 from fl_algorithms.experiments.config import check_choices, check_seeds
-from fl_algorithms.experiments.tables import grouped, paired_difference, plot_mean_curves, pyplot, save_figure, summarise
+from fl_algorithms.experiments.tables import (fewest_seeds, grouped, paired_difference, plot_mean_curves, pyplot,
+                                             save_figure, summarise)
 from fl_algorithms.tasks.summarization import SETTINGS, SummaryClients, SummarySettings, SummaryTrainer
 from fl_algorithms.training.protocol import FRESH, KEPT, OptimizerConfig, TrainingProtocol
 
@@ -369,14 +370,7 @@ def seeds_needed(std: float, *, gap: float, level: float = 0.95, most: int = 10_
     """The fewest seeds n >= 2 whose Student-t interval of a paired mean difference (std `std`) is narrower
     than `gap`: 2 t_{(1+level)/2, n-1} std / sqrt(n) < gap. None when `std` is unknown (nan) or more than
     `most` would be needed."""
-    from scipy import stats
-
-    if not math.isfinite(std) or gap <= 0:
-        return None
-    for n in range(2, most + 1):
-        if 2 * float(stats.t.ppf(0.5 + level / 2, df=n - 1)) * std / math.sqrt(n) < gap:
-            return n
-    return None
+    return fewest_seeds(std, half_width=gap / 2, level=level, most=most)
 
 
 def aggregate(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:

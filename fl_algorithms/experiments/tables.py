@@ -38,6 +38,22 @@ def paired_difference(ours: Mapping[Hashable, float], theirs: Mapping[Hashable, 
     return {"mean": mean, "low": low, "high": high, "seeds": len(common)}
 
 
+def fewest_seeds(std: float, *, half_width: float, level: float = 0.95, most: int = 10_000) -> int | None:
+    """The fewest seeds n >= 2 whose Student-t interval of a mean (sample std `std`) has a half-width below
+    `half_width`: t_{(1+level)/2, n-1} std / sqrt(n) < half_width. None when `std` is not finite, the target
+    is not positive, or more than `most` would be needed. The one rule behind every 'seeds needed'."""
+    import math
+
+    from scipy import stats
+
+    if not math.isfinite(std) or not half_width > 0:
+        return None
+    for n in range(2, most + 1):
+        if float(stats.t.ppf(0.5 + level / 2, df=n - 1)) * std / math.sqrt(n) < half_width:
+            return n
+    return None
+
+
 def pyplot():
     """matplotlib's pyplot on the file-only Agg backend (no display needed)."""
     import matplotlib
@@ -64,10 +80,14 @@ def plot_mean_curves(ax: Any, rows: Sequence[Mapping[str, Any]], methods: Sequen
 
 
 def save_figure(fig: Any, path: Path, *, legend: bool = True) -> Path:
-    """Grid, a legend on every axis (unless the caller placed its own: `legend=False`), tight layout,
-    120 dpi, closed."""
+    """Grid, a legend on every axis (unless the caller placed its own: `legend=False`), integer ticks on
+    an x axis labelled 'round...' (rounds are whole: no 1.5), tight layout, 120 dpi, closed."""
+    from matplotlib.ticker import MaxNLocator
+
     for ax in fig.axes:
         ax.grid(alpha=0.3)
+        if ax.get_xlabel().startswith("round"):
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         if legend:
             ax.legend(fontsize=7)
     fig.tight_layout()

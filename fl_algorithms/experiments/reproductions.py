@@ -36,7 +36,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from scipy import stats
 
 from dp.leakage.stats import mean_ci
 from fl_algorithms.experiments.tables import fewest_seeds

@@ -33,16 +33,22 @@ import time
 import numpy as np
 
 
-def _encode_seconds(encoder, *, dim: int, samples: int, layers) -> float:
+def _encode_seconds(encoder, *, dim: int, samples: int, layers) -> tuple[float, list]:
+    """Mean seconds of one client's encoding, and the layer secrets each sample encoded with (their
+    excess functions hold what encoding kept)."""
     rng = np.random.default_rng(0)
-    times = []
+    times, kept = [], []
     for client in range(1, samples + 1):
         x = rng.normal(0, 0.01, dim)
-        secrets = None if layers is None else layers()
+        secrets = None
+        if layers is not None:
+            secrets = layers()
+            secrets = dataclasses.replace(secrets, excess=encoder.excess_fn(secrets, client=client))
         t0 = time.perf_counter()
         encoder.encode(x, round_seed=1, noise_layers=secrets, client=client)
         times.append(time.perf_counter() - t0)
-    return float(np.mean(times))
+        kept.append(secrets)
+    return float(np.mean(times)), kept
 
 
 def measure(*, clients: int, dim: int, floor_fraction: float, dropouts: list[float], encode_samples: int) -> list[dict]:
@@ -57,8 +63,9 @@ def measure(*, clients: int, dim: int, floor_fraction: float, dropouts: list[flo
     encoder = DistributedDPEncoder.from_config(config, dim=dim)
     spec = config.layer_spec()
     length = encoder.length
-    enc_plain = _encode_seconds(encoder, dim=dim, samples=encode_samples, layers=None)
-    enc_exact = _encode_seconds(encoder, dim=dim, samples=encode_samples, layers=lambda: LayerSecrets.fresh(spec))
+    enc_plain, _ = _encode_seconds(encoder, dim=dim, samples=encode_samples, layers=None)
+    enc_exact, encoded = _encode_seconds(encoder, dim=dim, samples=encode_samples * len(dropouts),
+                                         layers=lambda: LayerSecrets.fresh(spec))
     decode_t0 = time.perf_counter()
     encoder.decode(np.zeros(length, np.uint32), round_seed=1, n_clients=clients)
     decode = time.perf_counter() - decode_t0
@@ -67,7 +74,7 @@ def measure(*, clients: int, dim: int, floor_fraction: float, dropouts: list[flo
     stand_in = rng.integers(0, 2**20, length, dtype=np.uint32)  # each survivor's excess, timed apart below
     secrets = {c: dataclasses.replace(LayerSecrets.fresh(spec), excess=lambda index: stand_in) for c in vectors}
     rows = []
-    for dropout in dropouts:
+    for row_index, dropout in enumerate(dropouts):
         dropped = set(range(1, round(dropout * clients) + 1))
         seconds, sent = {}, {}
         for exact in (False, True):
@@ -80,10 +87,12 @@ def measure(*, clients: int, dim: int, floor_fraction: float, dropouts: list[flo
             result = run_round(server, protos, drop_at={"masked": dropped} if dropped else None, bytes_sent=sent[exact])
             seconds[exact] = time.perf_counter() - t0
         index = result.layer_index
-        mine = LayerSecrets.fresh(spec)
-        t0 = time.perf_counter()
-        encoder.excess_fn(mine, client=1)(index)
-        excess = time.perf_counter() - t0
+        times = []
+        for sample in encoded[row_index * encode_samples:(row_index + 1) * encode_samples]:
+            t0 = time.perf_counter()
+            sample.excess(index)  # what encoding kept (prefix sums), or its layers redrawn when too large to keep
+            times.append(time.perf_counter() - t0)
+        excess = float(np.mean(times))
         t0 = time.perf_counter()
         encoder.remove_layers(result.ring_sum, spec=spec, index=index, revealed=result.layer_secrets,
                               excess=result.layer_excess)

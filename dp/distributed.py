@@ -374,7 +374,9 @@ class DistributedDPEncoder:
         if noise_layers is None:
             r += self._noise(rng)
         else:
-            r += self.plan.layered(noise_layers.spec).client_noise(noise_layers, client=client, dim=p.padded_dim, rng=rng)
+            cache = noise_layers.excess if isinstance(noise_layers.excess, ClientExcess) else None
+            r += self.plan.layered(noise_layers.spec).client_noise(
+                noise_layers, client=client, dim=p.padded_dim, rng=rng, prefixes=cache.keep if cache else None)
         half = p.modulus // 2
         wrapped = int(np.count_nonzero((r < -half) | (r >= p.modulus - half)))
         return self._reduce(r), EncodeReport(clipped=clipped, norm=norm, rounding_attempts=attempts, wrapped=wrapped)
@@ -431,21 +433,10 @@ class DistributedDPEncoder:
             self.ring.sub_(out, excess)
         return self.ring.add_(out, ring_sum)
 
-    def excess_fn(self, secrets: "LayerSecrets", *, client: int):
-        """The client's own excess noise for a removal index: its layers 0..index regenerated from its
-        secrets, as a ring vector (what `LayerSecrets.excess` sends instead of leaving the server to
-        regenerate them)."""
-        from secagg.noise_layers import layer_key
-
-        layered = self.plan.layered(secrets.spec)
-
-        def excess(index: int) -> np.ndarray:
-            out = np.zeros(self.plan.padded_dim, dtype=np.int64)
-            for j in range(index + 1):
-                out += layered.layer(layer_key(secrets.secrets[j], client=client, index=j), j, self.plan.padded_dim)
-            return self._reduce(out)
-
-        return excess
+    def excess_fn(self, secrets: "LayerSecrets", *, client: int) -> "ClientExcess":
+        """The client's own excess noise for a removal index: its layers 0..index as a ring vector (what
+        `LayerSecrets.excess` sends instead of leaving the server to regenerate them)."""
+        return ClientExcess(encoder=self, secrets=secrets, client=client)
 
     def noise_record(self, *, spec: "LayerSpec | None", survivors: int, index: int = -1,
                      colluders: int = 0) -> "NoiseRecord":
@@ -541,3 +532,42 @@ class DistributedDPEncoder:
         return Released(payload=mean, unit=PrivacyUnit.CLIENT, contributors=frozenset(contributors),
                         summary_key=summary_key, mechanism=description, charges=tuple(charges),
                         round_id=round_id, _capability=_mint.MINT)
+
+
+EXCESS_CACHE_BYTES = 256 << 20
+"""A client keeps its layers' prefix sums (mod the ring) from encoding when they fit in this many bytes,
+so sending its excess costs nothing more; above it, it redraws the removed layers from their keys."""
+
+
+class ClientExcess:
+    """A client's excess noise for the removal index the survivors warrant: its layers 0..index, reduced
+    mod the ring. Kept from encoding (`keep`, called with each prefix sum) when small enough, else redrawn
+    from the layer keys."""
+
+    def __init__(self, *, encoder: DistributedDPEncoder, secrets: "LayerSecrets", client: int) -> None:
+        self.encoder, self.secrets, self.client = encoder, secrets, client
+        count, dim = secrets.spec.count, encoder.plan.padded_dim
+        self._cache: np.ndarray | None = np.empty((count, dim), dtype=np.uint32) \
+            if 0 < count * dim * 4 <= EXCESS_CACHE_BYTES else None
+        self._kept = 0
+
+    def keep(self, j: int, prefix: np.ndarray) -> None:
+        if self._cache is not None and j == self._kept:
+            self._cache[j] = self.encoder._reduce(prefix)
+            self._kept += 1
+
+    def __call__(self, index: int) -> np.ndarray:
+        if index < 0:
+            return np.zeros(0, dtype=np.uint32)
+        if self._cache is not None and index < self._kept:
+            out = self._cache[index].copy()
+        else:
+            from secagg.noise_layers import layer_key
+
+            layered, dim = self.encoder.plan.layered(self.secrets.spec), self.encoder.plan.padded_dim
+            total = np.zeros(dim, dtype=np.int64)
+            for j in range(index + 1):
+                total += layered.layer(layer_key(self.secrets.secrets[j], client=self.client, index=j), j, dim)
+            out = self.encoder._reduce(total)
+        self._cache = None  # one removal per round: the cache is not needed again
+        return out

@@ -31,7 +31,7 @@ survivor (`benchmarks/xnoise_cost.py` measures both).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -74,14 +74,18 @@ class LayeredNoise:
         return self.target_variance / (self.spec.floor + index + 1)
 
     # ---- sampling -----------------------------------------------------------------------
-    def client_noise(self, secrets: LayerSecrets, *, client: int, dim: int, rng: CryptoRandom) -> np.ndarray:
-        """Base (from `rng`, never revealed) plus every layer (each from its own key)."""
+    def client_noise(self, secrets: LayerSecrets, *, client: int, dim: int, rng: CryptoRandom,
+                     prefixes: Callable[[int, np.ndarray], None] | None = None) -> np.ndarray:
+        """Base (from `rng`, never revealed) plus every layer (each from its own key). `prefixes(j, P_j)`
+        receives each prefix sum P_j = layers 0..j as it is formed (the client's own excess cache)."""
         if secrets.spec != self.spec:
             raise ValueError("layer secrets of another spec")
-        out = skellam(self.base_variance / 2.0, dim, rng)
+        layers = np.zeros(dim, dtype=np.int64)
         for j, s in enumerate(secrets.secrets):
-            out += self.layer(layer_key(s, client=client, index=j), j, dim)
-        return out
+            layers += self.layer(layer_key(s, client=client, index=j), j, dim)
+            if prefixes is not None:
+                prefixes(j, layers)
+        return layers + skellam(self.base_variance / 2.0, dim, rng)
 
     def layer(self, key: bytes, j: int, dim: int) -> np.ndarray:
         return skellam(self.layer_variance(j) / 2.0, dim, CryptoRandom(key))

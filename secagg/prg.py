@@ -7,6 +7,7 @@ PRGs seeded from a folded 32-bit integer). Peak extra memory is one chunk, whate
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 
 import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
@@ -76,6 +77,33 @@ def apply_mask_(target: np.ndarray, key: bytes, ring: Ring, *, sign: int = 1) ->
     # one value in 2^31, so resampling is rare. Rejected words are redrawn from a second stream.
     mask = field_mask(key, ring, target.shape[0])
     op(target, mask)
+    return target
+
+
+def apply_masks_(target: np.ndarray, masks: Sequence[tuple[bytes, int]], ring: Ring) -> np.ndarray:
+    """target <- target + sum_i sign_i * PRG(key_i) (mod ring), in place, for `masks` = [(key_i, sign_i)]:
+    the same result as `apply_mask_` once per key, but chunk-major: each chunk of target is read and
+    written once for all the masks (it stays in cache while every keystream is added to it), so at large
+    d the cost is the keystreams' plus one pass over target instead of one pass per mask. Extra memory:
+    one keystream chunk and one AES context per key."""
+    masks = list(masks)
+    if any(sign not in (1, -1) for _, sign in masks):
+        raise ValueError("sign must be +1 or -1")
+    if not ring.is_power_of_two or len(masks) < 2:
+        for key, sign in masks:
+            apply_mask_(target, key, ring, sign=sign)
+        return target
+    streams = [(_keystream(key), ring.add_ if sign == 1 else ring.sub_) for key, sign in masks]
+    length = target.shape[0]
+    buf = np.empty(min(CHUNK, max(length, 1)), dtype=np.uint32)
+    raw = memoryview(buf).cast("B")
+    zeros = bytes(raw.nbytes)
+    for start in range(0, length, buf.shape[0]):
+        n = min(buf.shape[0], length - start)
+        segment, ks = target[start : start + n], buf[:n]
+        for enc, op in streams:
+            enc.update_into(zeros[: 4 * n], raw)
+            op(segment, ks)
     return target
 
 

@@ -69,7 +69,7 @@ from secagg.noise_layers import MAX_LAYERS, LayerSecrets, LayerSpec
 from secagg.messages import (
     MAX_CLIENT_ID, AbortError, Array, Bytes, BytesMap, Int, IntList, Message, ProtocolError, Schema,
 )
-from secagg.prg import apply_mask_
+from secagg.prg import apply_masks_
 from secagg.protocols.base import MAX_VECTOR_LENGTH, ClientProtocol, InputFn, RoundResult, ServerProtocol
 from secagg.protocols.consistency import Floors, require_signatures, sign_survivors, survivor_statement
 from secagg.ring import RING_2_32, Ring
@@ -408,14 +408,14 @@ class SecAggPlusServer(ServerProtocol):
         index = self.layer_index()
         own = self.excess_from  # survivors that sent their own excess
         layers = self._reconstruct(replies, responders, self._u3 - own, "layer_shares") if index >= 0 else {}
-        for u, seed in seeds.items():
-            apply_mask_(acc, _self_mask_key(self.round_id, u, seed), self.ring, sign=-1)
+        masks = [(_self_mask_key(self.round_id, u, seed), -1) for u, seed in seeds.items()]
         for v, sk in sks.items():
             pair = KeyPair.from_private_bytes(shamir.to_bytes(sk))
             for u in masked_with_dropped[v]:
                 key = crypto.agree(pair, self._keys[u][crypto.PUBLIC_KEY_BYTES:], _mask_info(self.round_id, u, v))
                 # u added sign(u, v) * PRG(s_uv); take it back out.
-                apply_mask_(acc, key, self.ring, sign=-_sign(u, v))
+                masks.append((key, -_sign(u, v)))
+        apply_masks_(acc, masks, self.ring)   # one pass over the sum for all the masks, in place
         self._result = dataclasses.replace(self._finish(acc, self._u3), layer_index=index, layer_secrets=layers,
                                            layer_excess=self.excess_sum)
         self.excess_sum = None
@@ -620,9 +620,8 @@ class SecAggPlusClient(ClientProtocol):
         mask_keys = {v: self._agree(self.s_pair, self.peer_keys[v][crypto.PUBLIC_KEY_BYTES:],
                                     _mask_info(self.round_id, self.client_id, v)) for v in mask_with}
         y = self._input(self.length, self.ring).copy()
-        apply_mask_(y, _self_mask_key(self.round_id, self.client_id, self.seed), self.ring)
-        for v, key in mask_keys.items():
-            apply_mask_(y, key, self.ring, sign=_sign(self.client_id, v))
+        apply_masks_(y, [(_self_mask_key(self.round_id, self.client_id, self.seed), 1),
+                         *((key, _sign(self.client_id, v)) for v, key in mask_keys.items())], self.ring)
         self.masked_with = mask_with
         return self._reply("masked_input", vector=y), ("consistency_request",)
 

@@ -3,6 +3,7 @@ client, an abort is recorded rather than fatal, the exponent fit and the LightSe
 points right, and the CLI ends with one `scale protocol=...` line per protocol."""
 import re
 
+import numpy as np
 import pytest
 
 from benchmarks.scale_curve import PROTOCOLS, Point, crossovers, growth_exponent, main, run_point
@@ -65,3 +66,33 @@ def test_cli_writes_tables_and_ends_with_one_line_per_protocol(tmp_path, capsys)
     with pytest.raises(SystemExit):
         main(["--sizes", "2", "--out", str(tmp_path)])
     assert "need N >= 3" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("protocol", ["plain", "secagg+", "lightsecagg"])
+def test_a_lazy_round_regenerates_inputs_and_still_sums_exactly(protocol):
+    from benchmarks.scale_curve import lazy_input
+    from secagg.protocols import registry
+
+    ring = registry.default_ring(protocol)
+    x = lazy_input(0, 3, ring, 1000)
+    assert np.array_equal(x, lazy_input(0, 3, ring, 1000)) and not np.array_equal(x, lazy_input(0, 4, ring, 1000))
+    assert x.dtype == np.uint32 and int(x.max()) < ring.modulus
+    p = run_point(protocol, n=10, d=2000, dropout=0.1, lazy=True)     # raises if the secure sum were wrong
+    assert not p.aborted and p.survivors == 9 and p.up_B >= 4 * 2000
+
+
+def test_a_child_point_measures_its_own_peak_rss_and_the_cli_ends_with_scale_d_lines(tmp_path, capsys):
+    from benchmarks.scale_curve import estimated_bytes, run_child
+
+    p = run_child("secagg+", n=6, d=200_000, dropout=0.0)
+    assert not p.aborted and p.survivors == 6
+    # the child holds the running sum, one client's input and its masked copy: about 3 x 4d over its start
+    assert p.base_rss_MB > 0 and 0 < p.peak_rss_MB - p.base_rss_MB < 3 * 0.8 + 40
+    assert estimated_bytes("plain", n=1000, d=10**8, dropout=0.1) == 3 * 4e8          # whatever N
+    assert estimated_bytes("lightsecagg", n=50, d=10**7, dropout=0.0) > 6 * 2**30     # relayed pieces: O(N d)
+    main(["--sizes", "5", "--dims", "2e4", "--lazy-from", "2e4", "--protocols", "plain,secagg+",
+          "--dropouts", "0,0.2", "--out", str(tmp_path), "--no-memory"])
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert re.match(r"^scale_d protocol=secagg\+ d_max=2e\+04 n=5 seconds=\d+\.\d\d plain_seconds=\d+\.\d\d "
+                    r"peak_rss_mb=\d+$", lines[-1]), lines[-1]
+    assert (tmp_path / "scale_d.png").stat().st_size > 0

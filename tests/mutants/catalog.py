@@ -37,7 +37,7 @@ def _secagg_no_pairwise_masks(mp: Patcher) -> None:
 
     pairwise: set[bytes] = set()
     prefix = crypto.context("pairwise-mask")
-    agree, apply_mask_ = crypto.agree, sa.apply_mask_
+    agree, apply_masks_ = crypto.agree, sa.apply_masks_
 
     def recording_agree(own: Any, peer_public: bytes, info: bytes) -> bytes:
         key = agree(own, peer_public, info)
@@ -45,11 +45,11 @@ def _secagg_no_pairwise_masks(mp: Patcher) -> None:
             pairwise.add(key)
         return key
 
-    def skip_pairwise(target: np.ndarray, key: bytes, ring: Any, *, sign: int = 1) -> np.ndarray:
-        return target if key in pairwise else apply_mask_(target, key, ring, sign=sign)
+    def skip_pairwise(target: np.ndarray, masks: Any, ring: Any) -> np.ndarray:
+        return apply_masks_(target, [(key, sign) for key, sign in masks if key not in pairwise], ring)
 
     mp.setattr(crypto, "agree", recording_agree)
-    mp.setattr(sa, "apply_mask_", skip_pairwise)
+    mp.setattr(sa, "apply_masks_", skip_pairwise)
 
 
 @mutant("secagg_no_self_mask",
@@ -61,18 +61,18 @@ def _secagg_no_self_mask(mp: Patcher) -> None:
     from secagg.protocols import secagg as sa
 
     self_masks: set[bytes] = set()
-    self_mask_key, apply_mask_ = sa._self_mask_key, sa.apply_mask_
+    self_mask_key, apply_masks_ = sa._self_mask_key, sa.apply_masks_
 
     def recording_key(round_id: int, client: int, seed: int) -> bytes:
         key = self_mask_key(round_id, client, seed)
         self_masks.add(key)
         return key
 
-    def skip_self(target: np.ndarray, key: bytes, ring: Any, *, sign: int = 1) -> np.ndarray:
-        return target if key in self_masks else apply_mask_(target, key, ring, sign=sign)
+    def skip_self(target: np.ndarray, masks: Any, ring: Any) -> np.ndarray:
+        return apply_masks_(target, [(key, sign) for key, sign in masks if key not in self_masks], ring)
 
     mp.setattr(sa, "_self_mask_key", recording_key)
-    mp.setattr(sa, "apply_mask_", skip_self)
+    mp.setattr(sa, "apply_masks_", skip_self)
 
 
 @mutant("lightsecagg_zero_mask",

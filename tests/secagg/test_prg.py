@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from scipy import stats
 
 from secagg import prg
-from secagg.prg import CHUNK, apply_mask_, field_mask, mask, random_vector
+from secagg.prg import CHUNK, apply_mask_, apply_masks_, field_mask, mask, random_vector
 from secagg.ring import FIELD_P31, MERSENNE_31, RING_2_32, Ring
 
 FAST = settings(max_examples=25, deadline=None)
@@ -173,3 +173,21 @@ def test_crypto_random_uniforms_lie_in_their_intervals():
     u, v = rng.uniform(20_000), rng.uniform_open(20_000)
     assert u.min() >= 0.0 and u.max() < 1.0 and v.min() > 0.0 and v.max() <= 1.0
     assert stats.kstest(u, "uniform").pvalue > P_FLOOR
+
+
+@pytest.mark.parametrize("ring", [RING_2_32, FIELD_P31])
+@pytest.mark.parametrize("n", [1, CHUNK - 3, CHUNK, 2 * CHUNK + 5])
+def test_applying_many_masks_at_once_equals_applying_them_one_by_one(ring, n):
+    """apply_masks_ walks the target chunk by chunk for all keys at once (one pass over the target):
+    the same vector as apply_mask_ per key, signs included, across chunk boundaries."""
+    keys = [(os.urandom(32), sign) for sign in (1, -1, 1, 1, -1)]
+    x = random_vector(ring, n)
+    one_by_one = x.copy()
+    for key, sign in keys:
+        apply_mask_(one_by_one, key, ring, sign=sign)
+    at_once = x.copy()
+    assert apply_masks_(at_once, keys, ring) is at_once
+    assert np.array_equal(at_once, one_by_one)
+    assert np.array_equal(apply_masks_(at_once, [(k, -s) for k, s in keys], ring), x)   # and they come off again
+    with pytest.raises(ValueError):
+        apply_masks_(x, [(keys[0][0], 2), (keys[1][0], 1)], ring)

@@ -14,8 +14,10 @@ observer cannot predict. Hence:
   accepted against this sampler only (`check_without_replacement`), and its label is accounted
   replace-one (`dp.ledger`). Skellam and discrete Gaussian have no such bound here: no amplification.
   A fixed-size cohort never falls below a floor at or under its size, so it adds no boundary delta.
-* `SeededSampler(size, seed)`: a numpy generator seeded from the config, reproducible for
-  simulation studies. Anyone who knows the seed knows every cohort: no amplification.
+* `SeededSampler(size, seed)`: a numpy generator seeded from the config, a public schedule for
+  runs compared cohort for cohort (a simulation and its deployment, a secure run and its plaintext
+  twin). Anyone who knows the seed knows every cohort: no amplification, whatever the runtime
+  (`check_amplification` and `check_without_replacement` refuse a claim backed by its record).
 * `EveryoneSampler()`: every client, every round (q = 1).
 
 Each sampler produces a `SamplingRecord` (scheme, population, rate, min_cohort), which the ledger
@@ -195,7 +197,7 @@ class FixedSizeSampler:
 
 
 class SeededSampler:
-    """Reproducible fixed-size cohorts from a seeded numpy generator (simulation only)."""
+    """Reproducible fixed-size cohorts from a seeded numpy generator: a public schedule, never amplified."""
 
     def __init__(self, *, size: int, seed: int) -> None:
         if type(size) is not int or size < 1:

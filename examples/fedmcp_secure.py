@@ -382,7 +382,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         runs = combined_runs([Path(p) for p in args.combine], plan, run, logged)
         protocol_docs.update(saved_protocols([Path(p) for p in args.combine]))  # as the parts ran
         print(f"combined {len(args.combine)} parts: seeds {list(plan.seeds)}, methods {plan.run_list()}")
-    outer = tqdm(plan_runs, desc="methods", disable=not progress, leave=False)
+    outer = tqdm(plan_runs, desc="methods", disable=None if progress else True, leave=False)
     prefix_seconds = 0.0
     for seed, method in outer:
         outer.set_postfix_str(f"{method} seed {seed}")

@@ -26,7 +26,9 @@ are several seeds; `secure_vs_plain_max_abs_diff` appears when FedAvg runs under
 `protocol=` names the clients' training protocol), where that figure is the largest absolute
 difference between the final global parameters of
 FedAvg run with SecAgg+ and FedAvg run with a plaintext sum, all seeds equal: only the fixed-point
-encoder's stochastic rounding differs (its per-round error bound is printed next to it).
+encoder's stochastic rounding differs (its per-round error bound is printed next to it). It is
+`n/a` when the two runs drew different cohorts (a CSPRNG sampler, --sampler fixed_size or poisson):
+their difference would measure the cohorts, not the secure sum.
 
 Setup and choices (and where they depart from FedNLP):
 - Model: all-MiniLM-L6-v2, frozen; Houlsby adapters (bottleneck 16) only in the top 2 of its 6
@@ -64,9 +66,11 @@ Setup and choices (and where they depart from FedNLP):
   on the same validation pilot), which is what this example's "FedOPT (Adam)" was before. Nothing was
   chosen on test accuracy.
 - Cohort: a random subset of clients each round (4 of 8 in --quick, 10 of 20 by default), as in
-  FedNLP's cross-device setting; every method sees the same cohorts (the seeded sampler: no DP
-  runs here, so no amplification is claimed; `--runtime deploy` draws fixed-size cohorts from the
-  OS CSPRNG instead, so its cohorts differ from the simulation's). --quick uses one torch thread:
+  FedNLP's cross-device setting; every method sees the same cohorts (the seeded sampler: a public
+  schedule from the seed; no DP runs here, so no amplification is claimed). `--runtime deploy` draws
+  fixed-size cohorts from the OS CSPRNG by default, so its cohorts differ from the simulation's;
+  `--runtime deploy --sampler seeded` follows the simulation's public schedule (recorded so in
+  config.toml's [cohorts]) and ends with its accuracies, the encoder's rounding aside. --quick uses one torch thread:
   on a shared 2-core machine two threads were 3-4x slower than one (OpenMP threads wait on each
   other when a co-tenant holds a core); --threads 2 is faster on an idle machine.
 """
@@ -140,7 +144,8 @@ def _parser() -> argparse.ArgumentParser:
                      report=True)
     p.add_argument("--ray-address", default=None, help="with --backend ray: a running Ray cluster (e.g. 'auto')")
     p.add_argument("--sampler", choices=("seeded", "fixed_size", "poisson"), default=None,
-                   help="cohort sampler (default seeded in sim: the same cohorts for every method; fixed_size in deploy)")
+                   help="cohort sampler (default seeded in sim: a public schedule, the same cohorts for every method "
+                        "and runtime; fixed_size in deploy: the OS CSPRNG)")
     p.add_argument("--backbone", choices=BACKBONES, default=None,
                    help="minilm (default) or tiny: a random 2-layer BERT for smoke runs")
     p.add_argument("--threads", type=int, default=1, help="torch threads (default 1: robust on a shared machine)")
@@ -174,17 +179,15 @@ class Plan:
     """The split evaluated every round ('validation': test only in the last round, so that no choice looks
     at test scores; 'test': every round, as runs saved before 2026-11-29 did)."""
     sampler: str = "seeded"
-    """'seeded' (simulation: every method of a seed sees the same cohorts; no DP here, so nothing is
-    amplified), or 'fixed_size' / 'poisson' from the OS CSPRNG ('fixed_size' is the deploy default:
-    a deployment refuses seeded cohorts, so its cohorts differ from the simulation's)."""
+    """'seeded' (a public schedule from the seed: every method of a seed, and either runtime, sees the
+    same cohorts; no DP here, so nothing is amplified), or 'fixed_size' / 'poisson' from the OS CSPRNG
+    ('fixed_size' is the deploy default; its cohorts differ from run to run)."""
 
     def __post_init__(self) -> None:
         if self.curve not in ("validation", "test"):
             raise ValueError(f"curve must be 'validation' or 'test', got {self.curve!r}")
         if self.sampler not in ("seeded", "fixed_size", "poisson"):
             raise ValueError(f"--sampler is seeded, fixed_size or poisson, got {self.sampler!r}")
-        if self.runtime == "deploy" and self.sampler == "seeded":
-            raise ValueError("--runtime deploy draws cohorts from the OS CSPRNG: --sampler fixed_size or poisson")
         if self.backend not in ("memory", "ray") or (self.backend == "ray" and self.runtime != "sim"):
             raise ValueError("--backend is memory or ray, and ray needs --runtime sim")
 
@@ -227,7 +230,7 @@ def parse_settings(argv: Sequence[str] | None = None) -> tuple[argparse.Namespac
             except (FileNotFoundError, ValueError) as error:
                 parser.error(f"--resume {args.resume}: {error}")
             # a run saved before --sampler existed continues with Poisson cohorts (the engine's default when
-            # it was saved; still older runs had seeded ones, which a deployment would refuse)
+            # it was saved; still older runs had seeded ones)
             # and one saved before 2026-11-29 evaluated the test split every round
             saved_plan = {"sampler": "poisson", "curve": "test", **saved["plan"]}
             # a run saved before protocols were declared trained AdamW kept across rounds, its FedOPT server Adam
@@ -236,6 +239,12 @@ def parse_settings(argv: Sequence[str] | None = None) -> tuple[argparse.Namespac
                               "sgd_lr": None, **saved["settings"]}
             settings, plan = Settings(**saved_settings), Plan(**{k: tuple(v) if isinstance(v, list) else v
                                                                  for k, v in saved_plan.items()})
+            more = chosen.pop("rounds", settings.rounds)
+            if more < settings.rounds:
+                parser.error(f"--resume: --rounds {more} is fewer than the {settings.rounds} the run was saved with "
+                             "(a resumed run keeps its rounds or extends them)")
+            args.extended_from = settings.rounds if more > settings.rounds else None
+            settings = dataclasses.replace(settings, rounds=more)  # a finished run extended by the extra rounds
             clash = {k: v for k, v in chosen.items() if getattr(settings, k) != v}
             clash.update({k: v for k, v in planned.items() if getattr(plan, k) != v})
             if clash:
@@ -256,6 +265,16 @@ def parse_settings(argv: Sequence[str] | None = None) -> tuple[argparse.Namespac
 
 
 # ---- one seed ----------------------------------------------------------------------------------
+
+def cohort_schedule(settings: Settings, plan: Plan) -> dict[str, Any]:
+    """How the run's cohorts are drawn, for config.toml and results.json (`engine.sim.describe_cohorts`):
+    'seeded' is a public schedule that claims no amplification (no DP here), shared by every method and
+    runtime; a CSPRNG sampler's cohorts differ between runs."""
+    from fl_algorithms.engine.sim import RunConfig, describe_cohorts
+
+    return describe_cohorts(RunConfig(rounds=settings.rounds, clients_per_round=settings.clients_per_round,
+                                      seed=settings.seed, sampler=plan.sampler))
+
 
 def make_algorithm(method: str, settings: Settings) -> Algorithm:
     """`fl_algorithms.tasks.fednlp.make_algorithm`, imported at the first call (tests replace this name)."""
@@ -310,7 +329,7 @@ def run_method(method: str, clients: FedNLPClients, plan: Plan, run: RunDirector
         return list(history), flat(algorithm.shared_parameters(runner.state)), snapshots
     from fl_algorithms.engine.launch import run_on_loopback
 
-    bar = tqdm(total=settings.rounds, desc=f"{method} (deployed)", disable=not progress, leave=False)
+    bar = tqdm(total=settings.rounds, desc=f"{method} (deployed)", disable=None if progress else True, leave=False)
 
     def deployed_round(rec: RoundRecord, server) -> None:
         on_round(rec, lambda: server.state)
@@ -384,15 +403,26 @@ def over_seeds(per_seed: Sequence[Mapping[str, float]]) -> dict[str, Any]:
     return out
 
 
+def shared_cohorts(histories: Mapping[str, Sequence[RoundRecord]]) -> bool:
+    """Whether FedAvg and its plaintext twin drew the same cohort in every round (their difference then
+    measures the secure sum alone)."""
+    secure, plain = histories["fedavg"], histories[PLAIN_TWIN]
+    return len(secure) == len(plain) and all(a.cohort == b.cohort for a, b in zip(secure, plain))
+
+
 def secure_vs_plain(runs: Mapping[str, Any], settings: Settings, plan: Plan) -> dict[str, Any]:
     """How far FedAvg under the secure protocol ends from FedAvg under a plaintext sum, next to the
-    encoder's bound (first seed)."""
+    encoder's bound (first seed); None ('n/a' in the last line) when the twins drew different cohorts."""
     import numpy as np
 
     from fl_algorithms.engine.secure_sum import SecureAggregator
     from fl_algorithms.tasks.fednlp import secure_config
 
     finals, snapshots, sizes = runs["finals"], runs["snapshots"], runs["sizes"]
+    if not shared_cohorts(runs["histories"]):
+        return {"secure_vs_plain_max_abs_diff": None,
+                "secure_vs_plain_not_compared": f"the {plan.sampler} sampler drew FedAvg and its plaintext twin "
+                                                "different cohorts (--sampler seeded shares them)"}
     encoder = SecureAggregator(secure_config(settings, protocol=plan.protocol, max_weight=max(sizes.values()))).encoder
     return {
         "secure_vs_plain_max_abs_diff": float(np.max(np.abs(finals["fedavg"] - finals[PLAIN_TWIN]))),
@@ -466,7 +496,9 @@ def print_report(summary: Mapping[str, Any], settings: Settings, plan: Plan, *, 
           f"best round on the {plan.curve} split\n")
     print(format_table(summary["methods"], plan.protocol))
     clipped = sum(s["clipped_values"] for s in summary["methods"].values())
-    if "secure_vs_plain_max_abs_diff" in summary:
+    if summary.get("secure_vs_plain_max_abs_diff", 0.0) is None:
+        print(f"\nsecure vs plain FedAvg: n/a, {summary['secure_vs_plain_not_compared']}")
+    elif "secure_vs_plain_max_abs_diff" in summary:
         diff, bound = summary["secure_vs_plain_max_abs_diff"], summary["encoder_mean_error_bound_per_round"]
         print(f"\nsecure vs plain FedAvg (seed {plan.seeds[0]}): max |difference| of final global parameters "
               f"{diff:.3e}; encoder error bound per round and coordinate {bound:.3e}; clipped values {clipped}")
@@ -485,7 +517,8 @@ def last_line(summary: Mapping[str, Any], plan: Plan, settings: Settings) -> str
         if len(plan.seeds) > 1:
             parts.append(f"{m}_acc_std={summary['methods'][m]['final_accuracy_std']:.4f}")
     if "secure_vs_plain_max_abs_diff" in summary:
-        parts.append(f"secure_vs_plain_max_abs_diff={summary['secure_vs_plain_max_abs_diff']:.3e}")
+        diff = summary["secure_vs_plain_max_abs_diff"]
+        parts.append(f"secure_vs_plain_max_abs_diff={'n/a' if diff is None else format(diff, '.3e')}")
     parts.append(f"protocol={settings.training_protocol}")
     return " ".join(parts)
 
@@ -511,7 +544,9 @@ def report_saved(args: argparse.Namespace, settings: Settings, plan: Plan) -> di
     print("\n".join(protocol_lines({m: TrainingProtocol.from_dict(protocols[m]) for m in plan.algorithms
                                     if m in protocols})))
     print(table)
-    if "secure_vs_plain_max_abs_diff" in summary:
+    if summary.get("secure_vs_plain_max_abs_diff", 0.0) is None:
+        print(f"\nsecure vs plain FedAvg: n/a, {summary['secure_vs_plain_not_compared']}")
+    elif "secure_vs_plain_max_abs_diff" in summary:
         print(f"\nsecure vs plain FedAvg (seed {plan.seeds[0]}): max |difference| of final global parameters "
               f"{summary['secure_vs_plain_max_abs_diff']:.3e}; encoder error bound per round and coordinate "
               f"{summary['encoder_mean_error_bound_per_round']:.3e}")
@@ -554,15 +589,32 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     print("\n".join(protocol_lines({m: per_seed[0].protocol(m) for m in plan.algorithms})), flush=True)
     if args.resume:
         run = RunDirectory.open(Path(args.resume))
+        if getattr(args, "extended_from", None):  # more rounds than saved: config.toml says how many it runs now
+            saved = run.read_config()
+            run.write_config({**saved, "settings": {**saved["settings"], "rounds": settings.rounds}})
+            print(f"extending the run from {args.extended_from} to {settings.rounds} rounds", flush=True)
     else:
         try:
             run = RunDirectory.create(Path(args.out) if args.out else DEFAULT_OUT, name=args.run_name)
         except FileExistsError as error:
             raise SystemExit(f"error: {error}") from None
-        run.write_config({"settings": settings, "plan": plan, "training_protocol": protocols})
+        run.write_config({"settings": settings, "plan": plan, "training_protocol": protocols,
+                          "cohorts": cohort_schedule(settings, plan)})
 
-    seeds = [run_seed(c, plan, run, resume=bool(args.resume), progress=progress, threads=args.threads)
-             for c in per_seed]
+    from fl_algorithms.engine.deploy import DeploymentStopped
+    from fl_algorithms.experiments.interrupt import (STOPPED_EXIT, exit_interrupted, reached, resume_command,
+                                                     script_command)
+
+    command = resume_command(program=script_command(__file__), run_dir=run.path,
+                             argv=sys.argv[1:] if argv is None else argv)
+    try:
+        seeds = [run_seed(c, plan, run, resume=bool(args.resume), progress=progress, threads=args.threads)
+                 for c in per_seed]
+    except KeyboardInterrupt:  # one line: where it got to and how to go on, no traceback
+        exit_interrupted(what=reached(run.rounds(), rounds=settings.rounds), command=command)
+    except DeploymentStopped as error:
+        print(f"error: {error}\nresume with: {command}", file=sys.stderr, flush=True)
+        raise SystemExit(STOPPED_EXIT) from None
     first, clients = seeds[0], per_seed[0]
     histories = {m: h for m, h in first["histories"].items()}
     curves = {m: list(np.mean([curve(s["histories"][m]) for s in seeds], axis=0)) for m in plan.methods}
@@ -590,7 +642,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     runs = histories if len(seeds) == 1 else {f"{m}@seed{s}": h for s, r in zip(plan.seeds, seeds)
                                                for m, h in r["histories"].items()}
     results_path = write_results(run.path / "results.json", config={"settings": settings, "plan": plan,
-                                                                    "training_protocol": protocols},
+                                                                    "training_protocol": protocols,
+                                                                    "cohorts": cohort_schedule(settings, plan)},
                                  runs=runs, summary=summary)
     model = clients.backbone[0]
     label = ("all-MiniLM-L6-v2" if plan.backbone == "minilm" else "tiny random BERT") + \
@@ -604,4 +657,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except KeyboardInterrupt:  # before the run directory exists (loading, partitioning) or while writing results
+        print("interrupted: outside the rounds (nothing lost; a run directory, if made, resumes with --resume)",
+              file=sys.stderr)
+        raise SystemExit(130) from None

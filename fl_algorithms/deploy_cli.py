@@ -19,7 +19,17 @@ frames): a client receives the model (one frame per part), the server the secure
 The server prints one JSON line per round as the round completes, then a final evaluation line.
 Server and clients must agree on the configuration (protocol, encoding, DP): a client that differs
 is refused with an error that names both sides. `--checkpoint-dir` holds the server's checkpoint
-(and `ledger.json` under distributed DP) or the client's own; `--resume` continues the server's run.
+(and `ledger.json` under distributed DP) or the client's own; `--resume` continues the server's run,
+with more `--rounds` than it was saved with if given (a finished run is extended). `--run-dir` also
+gets config.toml (the run config, task, algorithm and how cohorts are drawn), metrics.jsonl/.csv per
+round, curve.png, results.json and ledger.json.
+
+Ends and exit status. The server exits 0 after a finished run; 3 when it stopped because fewer
+clients are connected than a secure sum needs (before a round that could release nothing) or when
+rounds released nothing; 130 on SIGINT, printing one line with the round reached and the exact
+command that resumes the run. It tells every client why the run ended; a client prints
+`{"client": K, "exit": "finished", ...}` and exits 0, or says that the server stopped the run (why,
+after which round) or went away (its connection closed without a word) and exits 1.
 """
 from __future__ import annotations
 
@@ -29,13 +39,17 @@ import json
 import logging
 import sys
 from pathlib import Path
+from typing import Any
 
-from fl_algorithms.engine.deploy import DeployedClient, DeployedServer, DeploymentConfig, describe_round
-from fl_algorithms.engine.sim import RunConfig
+from fl_algorithms.engine.deploy import (DeployedClient, DeployedServer, DeploymentConfig, DeploymentStopped, client_exit,
+                                         describe_round)
+from fl_algorithms.engine.sim import RunConfig, describe_cohorts
+from fl_algorithms.experiments.interrupt import INTERRUPTED_EXIT, STOPPED_EXIT, interrupted_line, reached
 from fl_algorithms.experiments.config import load_toml
-from fl_algorithms.experiments.task import load_task
+from fl_algorithms.experiments.task import Task, load_task
 from secagg.protocols import registry
 from transport.cli import add_limit_options, frame_limits
+from transport.framing import FrameLimits
 
 
 def _options(pairs: list[str], parser: argparse.ArgumentParser) -> dict[str, str]:
@@ -107,8 +121,22 @@ def run_config(args: argparse.Namespace, ap: argparse.ArgumentParser) -> RunConf
         ap.error(f"--config {args.config}: {exc}")
 
 
+PROGRAM = "python -m fl_algorithms.deploy_cli"
+
+
+def resume_command(argv: list[str], args: argparse.Namespace) -> str | None:
+    """The server's command line again with --resume (None without --checkpoint-dir or --run-dir: nothing to
+    resume from)."""
+    import shlex
+
+    if not (args.checkpoint_dir or args.run_dir):
+        return None
+    return " ".join([PROGRAM, *map(shlex.quote, argv), *([] if args.resume else ["--resume"])])
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = ap.parse_args(argv)
     if args.role == "server" and args.clients is None:
         ap.error("server needs --clients N")
@@ -137,57 +165,93 @@ def main(argv: list[str] | None = None) -> int:
     deployment = DeploymentConfig(broadcast_timeout=args.broadcast_timeout, stage_timeout=args.stage_timeout)
     limits = frame_limits(args)
     if args.role == "server":
-        from transport.server import ServerConfig, ServerDriver
-
-        ledger = None
-        if config.secure.distributed_dp is not None:
-            from dp.ledger import Ledger
-
-            ledger = Ledger()
-        with ServerDriver(args.bind, curve=curve, config=ServerConfig(limits=limits)) as driver:
-            got = driver.wait_for_clients(count=args.clients, timeout=args.register_timeout)
-            if len(got) < args.clients:
-                print(f"error: only {len(got)} of {args.clients} clients registered", file=sys.stderr)
-                return 1
-            run = None
-            if args.run_dir:
-                from fl_algorithms.experiments.rundir import RunDirectory
-
-                run = RunDirectory(Path(args.run_dir))
-                run.path.mkdir(parents=True, exist_ok=True)
-                run.write_config({"run": config, "task": args.task, "options": _options(args.option, ap)})
-
-            def on_round(rec) -> None:
-                print(describe_round(rec), flush=True)
-                if run is not None:
-                    run.log_round(dataclasses.asdict(rec))
-
-            server = DeployedServer(task=task, config=config, driver=driver, deployment=deployment, ledger=ledger,
-                                    on_round=on_round, roster=roster)
-            if args.resume and server.load() and run is not None:
-                run.truncate_rounds(after=len(server.history))
-            server.run()
-            final = server.history[-1].metrics if server.history else server.evaluate()
-            accs = [m["accuracy"] for m in final.values() if "accuracy" in m]
-            summary = {"final_accuracy": sum(accs) / max(len(accs), 1), "clients": sorted(final)}
-            if run is not None:
-                run.write_results({"summary": summary, "rounds": [dataclasses.asdict(r) for r in server.history]})
-                if ledger is not None:
-                    ledger.write(run.ledger_path)
-            print(json.dumps(summary), flush=True)
-            driver.shutdown()
-        return 0
+        try:
+            return serve(args, ap, argv=argv, config=config, task=task, deployment=deployment, limits=limits,
+                         curve=curve, roster=roster)
+        except KeyboardInterrupt:  # during registration (the run itself answers in serve)
+            print(interrupted_line(what="no round had started", command=resume_command(argv, args)),
+                  file=sys.stderr, flush=True)
+            return INTERRUPTED_EXIT
     from transport.client import ClientConfig, ProtocolMismatchError, RegistrationError, run_client
 
     client = DeployedClient(client_id=args.id, task=task, config=config, checkpoint_dir=args.checkpoint_dir,
                             deployment=deployment, identity=identity)
+    client_config = ClientConfig(limits=limits)
     try:
         summary = run_client(endpoint=args.connect, client_id=args.id, factory=client.protocol_for,
-                             handlers=client.handlers(), curve=curve, config=ClientConfig(limits=limits))
+                             handlers=client.handlers(), curve=curve, config=client_config)
     except (ProtocolMismatchError, RegistrationError) as exc:
         print(f"error: client {args.id}: {exc}", file=sys.stderr)
         return 2
-    print(json.dumps({"client": args.id, "exit": summary.exit_reason, "rounds": len(summary.rounds)}), flush=True)
+    except KeyboardInterrupt:
+        print(f"interrupted: client {args.id} after round {client.last_round}", file=sys.stderr, flush=True)
+        return INTERRUPTED_EXIT
+    end = client_exit(client_id=args.id, exit_reason=summary.exit_reason, end=client.server_end,
+                      last_round=client.last_round, idle_timeout=client_config.idle_timeout)
+    print(json.dumps(end.line), flush=True)
+    if end.message:
+        print(end.message, file=sys.stderr, flush=True)
+    return end.code
+
+
+def serve(args: argparse.Namespace, ap: argparse.ArgumentParser, *, argv: list[str], config: RunConfig, task: Task,
+          deployment: DeploymentConfig, limits: FrameLimits, curve: Any, roster: Any) -> int:
+    """The server side of main: wait for the clients, run the rounds, write the run directory."""
+    from transport.server import ServerConfig, ServerDriver
+
+    ledger = None
+    if config.secure.distributed_dp is not None:
+        from dp.ledger import Ledger
+
+        ledger = Ledger()
+    with ServerDriver(args.bind, curve=curve, config=ServerConfig(limits=limits)) as driver:
+        got = driver.wait_for_clients(count=args.clients, timeout=args.register_timeout)
+        if len(got) < args.clients:
+            print(f"error: only {len(got)} of {args.clients} clients registered", file=sys.stderr)
+            return 1
+        run = None
+        if args.run_dir:
+            from fl_algorithms.experiments.rundir import RunDirectory
+
+            run = RunDirectory(Path(args.run_dir))
+            run.path.mkdir(parents=True, exist_ok=True)
+            run.write_config({"run": config, "task": args.task, "algorithm": task.algorithm.name,
+                              "options": _options(args.option, ap), "cohorts": describe_cohorts(config)})
+
+        def on_round(rec) -> None:
+            if run is not None:  # logged before it is announced: whoever reads the line finds it in the run
+                run.log_round(dataclasses.asdict(rec))
+            print(describe_round(rec), flush=True)
+
+        server = DeployedServer(task=task, config=config, driver=driver, deployment=deployment, ledger=ledger,
+                                on_round=on_round, roster=roster)
+        if args.resume and server.load() and run is not None:
+            run.truncate_rounds(after=len(server.history))
+        try:
+            server.run()
+        except KeyboardInterrupt:
+            what = reached([{"round": r.round} for r in server.history], rounds=config.rounds)  # the checkpointed ones
+            print(interrupted_line(what=what, command=resume_command(argv, args)), file=sys.stderr, flush=True)
+            return INTERRUPTED_EXIT
+        except DeploymentStopped as exc:
+            print(f"error: {exc}", file=sys.stderr, flush=True)
+            command = resume_command(argv, args)
+            if command:
+                print(f"when enough clients are back: {command}", file=sys.stderr, flush=True)
+            return STOPPED_EXIT
+        finally:
+            if run is not None:
+                run.write_curve(title=f"{task.algorithm.name}, {args.task}")
+                if ledger is not None:
+                    ledger.write(run.ledger_path)
+                run.close()
+        final = server.history[-1].metrics if server.history else server.evaluate()
+        accs = [m["accuracy"] for m in final.values() if "accuracy" in m]
+        summary = {"final_accuracy": sum(accs) / max(len(accs), 1), "clients": sorted(final)}
+        if run is not None:
+            run.write_results({"summary": summary, "rounds": [dataclasses.asdict(r) for r in server.history]})
+        print(json.dumps(summary), flush=True)
+        driver.shutdown()
     return 0
 
 

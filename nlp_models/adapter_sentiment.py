@@ -159,7 +159,7 @@ def cache_prefix(backbone: nn.Module, tokenizer: Any, texts: Sequence[str], labe
     order = torch.argsort(lengths, descending=True, stable=True)
     rows: list[torch.Tensor | None] = [None] * len(texts)
     with tqdm(total=len(texts), desc=f"frozen prefix (layers 0-{split - 1})", unit="snippet",
-              disable=not progress) as bar:
+              disable=None if progress else True) as bar:
         for shard in order.split(SHARD):
             width = int(lengths[shard].max())
             cache = build_prefix_cache(backbone, ids[shard, :width], mask[shard, :width], split=split,

@@ -92,7 +92,7 @@ def build_prefix_cache(backbone: nn.Module, input_ids: torch.Tensor, attention_m
             lengths = attention_mask.sum(dim=1)
             order = torch.argsort(lengths, descending=True, stable=True)
             hidden = torch.zeros(*input_ids.shape, backbone.config.hidden_size, dtype=dtype, device=input_ids.device)
-            for start in tqdm(range(0, len(order), batch_size), desc="frozen prefix", disable=not progress,
+            for start in tqdm(range(0, len(order), batch_size), desc="frozen prefix", disable=None if progress else True,
                               leave=False):
                 rows = order[start : start + batch_size]
                 width = int(lengths[rows].max())
@@ -101,7 +101,7 @@ def build_prefix_cache(backbone: nn.Module, input_ids: torch.Tensor, attention_m
                 hidden[rows, :width] = states.to(hidden.device, dtype)
         else:
             out = []
-            for start in tqdm(range(0, input_ids.shape[0], batch_size), desc="frozen prefix", disable=not progress,
+            for start in tqdm(range(0, input_ids.shape[0], batch_size), desc="frozen prefix", disable=None if progress else True,
                               leave=False):
                 ids = input_ids[start : start + batch_size]
                 mask = attention_mask[start : start + batch_size]

@@ -18,6 +18,15 @@ ledger, exactly as in simulation), Sealed ciphertexts for peers, client-reported
 clipped-coordinate counts (scalars, in the clear: diagnostics outside the privacy boundary;
 `report_metrics=False` turns both off) and protocol messages.
 
+How a run ends. Before each round the server checks that enough clients are still connected for a
+secure sum to be released (`DeployedServer.group_minimum`: the survivor floor, min_release_group or
+distributed DP's n_min, plus the colluders); below it the run stops with `TooFewClientsError` after
+the last checkpointed round instead of training rounds nothing can come of. After the last round,
+rounds whose cohort reached that minimum but released nothing (clients lost mid-round, aborted sums)
+raise `NothingReleasedError`, so a command line exits non-zero. Whatever the end, the server tells
+every client why (`wire.END`: finished, interrupted, stopped, failed) before the transport's shutdown,
+and `client_exit` turns that (or its absence: the server went away) into the client's last words.
+
 The server reads a ready message up to what the run lets a client send (`wire.max_ready_bytes`:
 metadata, `DeploymentConfig.max_sealed_bytes` of Sealed, the algorithm's declared releases) and an
 evaluation up to `wire.MAX_EVALUATED_BYTES`; bigger ones are dropped before decoding, so a client
@@ -41,7 +50,7 @@ from fl_algorithms.engine.roles import ClientRole, ServerRole
 from fl_algorithms.engine.round import (EVAL_SLOT, ClientEndpoint, ClientReady, RelayQueue, RoundMachine, RoundRecord,
                                         record_empty_round, transport_round)
 from fl_algorithms.engine.secure_sum import SecureAggregator
-from fl_algorithms.engine.sim import RunConfig, draw_cohort
+from fl_algorithms.engine.sim import RunConfig, claimed_sampler, draw_cohort
 from fl_algorithms.experiments.task import Task
 from secagg.messages import SERVER, AbortError, Message, ProtocolError
 from secagg.protocols import registry
@@ -51,6 +60,22 @@ log = logging.getLogger(__name__)
 
 class ClientSetupError(RuntimeError):
     """A client cannot take part: its configuration or model differs from the server's."""
+
+
+class DeploymentStopped(RuntimeError):
+    """The deployment cannot release (any more): the run stopped, checkpointed after round `round`."""
+
+    def __init__(self, message: str, *, round: int) -> None:
+        super().__init__(message)
+        self.round = round
+
+
+class TooFewClientsError(DeploymentStopped):
+    """Fewer clients are connected than a secure sum needs to be released: the next round cannot give anything."""
+
+
+class NothingReleasedError(DeploymentStopped):
+    """Every round ran, but some whose cohort reached the group minimum released nothing."""
 
 
 @dataclass(frozen=True)
@@ -66,11 +91,6 @@ class DeploymentConfig:
     allows MAX_SEALED_PER_CLIENT of up to MAX_SEALED_BYTES each, 1 GiB). The server sizes the ready
     messages it reads from it; a client with more reports an error naming it. Raise it (on both
     sides, and the transport's limits with it) for an algorithm that relays more."""
-
-    allow_seeded_cohorts: bool = False
-    """TESTS ONLY (comparing a deployment with a simulation cohort for cohort): accept RunConfig's
-    'seeded' sampler, whose cohorts anyone who knows the config can predict. A deployment otherwise
-    refuses it and draws cohorts by Poisson (or fixed-size) sampling from the OS CSPRNG."""
 
     def __post_init__(self) -> None:
         if not self.broadcast_timeout > 0 or not self.stage_timeout > 0:
@@ -94,11 +114,12 @@ class DeployedServer:
                  ledger=None, on_round: Callable[[RoundRecord], None] | None = None, roster=None) -> None:
         """`roster` (from enrolment): secure sums drop a client whose round keys are not signed by
         its enrolled key (clients check each other's signatures either way)."""
-        if (config.sampler == "seeded" and config.clients_per_round is not None
-                and not deployment.allow_seeded_cohorts):
-            raise ValueError("a deployment draws its cohorts with sampler='poisson' (or 'fixed_size') from the OS "
-                             "CSPRNG; 'seeded' cohorts are predictable from the config and are for simulations "
-                             "(DeploymentConfig.allow_seeded_cohorts exists for tests)")
+        if config.sampler == "seeded" and config.clients_per_round is not None and claimed_sampler(config):
+            # RunConfig refuses this already; the deployment does not rely on it (and the ledger checks again)
+            raise ValueError("a seeded cohort schedule is public (anyone with the config predicts it) and backs no "
+                             f"amplification, but the DP config claims '{claimed_sampler(config)}' sampling: draw "
+                             "cohorts from the OS CSPRNG (sampler='poisson' or 'fixed_size') or account at "
+                             "sampling_rate=1")
         self.task, self.config, self.driver, self.deployment = task, config, driver, deployment
         self.roster = roster
         self.algorithm = task.algorithm
@@ -162,6 +183,53 @@ class DeployedServer:
         if blob.get("secure") is not None:
             self.aggregator.load_state_dict(blob["secure"])
         return True
+
+    # ---- what a round needs ---------------------------------------------------------------------
+    @property
+    def group_minimum(self) -> tuple[int, str]:
+        """(fewest connected clients a secure sum can be released from, the settings that say so): the
+        survivor floor (min_release_group, or distributed DP's n_min) plus the colluders."""
+        floor, why = self.config.secure.survivor_floor()
+        c = self.config.secure.colluders
+        return floor + c, f"{why}={floor}" + (f" + colluders={c}" if c else "")
+
+    def check_live(self, t: int) -> None:
+        """TooFewClientsError when fewer clients are connected than round `t` needs to release anything."""
+        live = sorted(self.driver.clients)
+        need, why = self.group_minimum
+        if len(live) < need:
+            raise TooFewClientsError(
+                f"only {len(live)} clients are still connected ({live}), fewer than the {need} a secure sum needs "
+                f"({why}): round {t} could release nothing, so the run stops after round {t - 1}"
+                + (" (checkpointed)" if self._ckpt() is not None else ""), round=t - 1)
+
+    @property
+    def unreleased(self) -> dict[int, dict[str, str]]:
+        """Rounds whose cohort reached the group minimum but released nothing, with their failed sums (a
+        smaller cohort, drawn so by a sampler, releases nothing by design: `dp.sampling`)."""
+        need, _ = self.group_minimum
+        return {r.round: dict(r.failed) for r in self.history if len(r.cohort) >= need and not r.contributors}
+
+    def check_released(self) -> None:
+        """NothingReleasedError when some round released nothing (`unreleased`), naming the rounds and why."""
+        bad = self.unreleased
+        if bad:
+            why = "; ".join(f"round {t}: {', '.join(f'{k}: {v}' for k, v in failed.items()) or 'no sum'}"
+                            for t, failed in sorted(bad.items()))
+            raise NothingReleasedError(f"{len(bad)} of {len(self.history)} rounds released nothing ({why[:2000]})",
+                                       round=len(self.history))
+
+    def announce_end(self, reason: str, detail: str = "") -> None:
+        """Tell every connected client why the run ends (`wire.END`), before the transport's shutdown.
+        Never raises: the run is ending anyway."""
+        if self.driver is None:
+            return
+        try:
+            end = wire.RunEnd(reason=reason, round=len(self.history), detail=detail)
+            for c in sorted(self.driver.clients):
+                self._send(wire.END, transport_round(len(self.history), EVAL_SLOT), c, wire.end_fields(end))
+        except Exception as exc:  # a broken connection must not hide why the run ended
+            log.warning("could not tell the clients that the run ends (%s): %s", reason, exc)
 
     # ---- rounds --------------------------------------------------------------------------------
     def sample(self):
@@ -270,20 +338,36 @@ class DeployedServer:
                               lambda c: self.server.client_parameters(state=self.state, client_id=c))
 
     def run(self, *, resume: bool = False) -> list[RoundRecord]:
+        """Run the remaining rounds (a resumed run may have more than it was saved with: it continues).
+        Raises TooFewClientsError before a round that cannot release, NothingReleasedError after the last
+        round if some released nothing; tells the clients how the run ended in every case (SIGINT too)."""
         if resume:
             self.load()
-        for t in range(len(self.history) + 1, self.config.rounds + 1):
-            rec = self.run_round(t)
-            self.history.append(rec)
-            self.save()
-            # with a curve split, rounds before the last report only that split's accuracy
-            score = "accuracy" if self.config.curve_split is None or t == self.config.rounds \
-                else f"{self.config.curve_split}_accuracy"
-            log.info("round %d: %d/%d contributors, mean %s %.4f, %.2f s (secure %.2f s)%s", t,
-                     len(rec.contributors), len(rec.cohort), score, rec.mean(score), rec.seconds, rec.secure_seconds,
-                     f", failed sums {rec.failed}" if rec.failed else "")
-            if self.on_round is not None:
-                self.on_round(rec)
+        try:
+            for t in range(len(self.history) + 1, self.config.rounds + 1):
+                self.check_live(t)
+                rec = self.run_round(t)
+                self.history.append(rec)
+                self.save()
+                # with a curve split, rounds before the last report only that split's accuracy
+                score = "accuracy" if self.config.curve_split is None or t == self.config.rounds \
+                    else f"{self.config.curve_split}_accuracy"
+                log.info("round %d: %d/%d contributors, mean %s %.4f, %.2f s (secure %.2f s)%s", t,
+                         len(rec.contributors), len(rec.cohort), score, rec.mean(score), rec.seconds,
+                         rec.secure_seconds, f", failed sums {rec.failed}" if rec.failed else "")
+                if self.on_round is not None:
+                    self.on_round(rec)
+            self.check_released()
+        except KeyboardInterrupt:
+            self.announce_end("interrupted", "SIGINT at the server")
+            raise
+        except DeploymentStopped as exc:
+            self.announce_end("stopped" if isinstance(exc, TooFewClientsError) else "failed", str(exc))
+            raise
+        except Exception as exc:
+            self.announce_end("failed", f"{type(exc).__name__}: {exc}")
+            raise
+        self.announce_end("finished")
         return self.history
 
 
@@ -302,6 +386,10 @@ class DeployedClient:
                                        curve_split=config.curve_split, rounds=config.rounds)
         self.digest = _config_digest(config, task.algorithm)
         self.sizes = {k: int(v.size) for k, v in self.trainer.get_shared().items()}
+        self.server_end: wire.RunEnd | None = None
+        """Why the server ended the run, once it has said so (`wire.END`)."""
+        self.last_round = 0
+        """The last round this client was asked to train in."""
         self._pending: dict[int, Any] = {}  # round id -> EncodedInput
         self.ckpt = Path(checkpoint_dir) if checkpoint_dir else None
         if self.ckpt is not None:
@@ -315,7 +403,13 @@ class DeployedClient:
         return self.endpoint.state
 
     def handlers(self):
-        return {wire.TRAIN: self.on_train, wire.EVALUATE: self.on_evaluate}
+        return {wire.TRAIN: self.on_train, wire.EVALUATE: self.on_evaluate, wire.END: self.on_end}
+
+    def on_end(self, msg: Message) -> None:
+        """The server says why the run ends (a malformed notice raises ProtocolError: dropped, logged)."""
+        self.server_end = wire.parse_end(msg.fields)
+        log.info("client %d: the server ends the run after round %d (%s)", self.client_id, self.server_end.round,
+                 self.server_end.reason)
 
     def _check(self, broadcast, server_config: Mapping[str, Any]) -> str | None:
         mismatch = wire.config_mismatch(server_config, self.digest)
@@ -331,6 +425,7 @@ class DeployedClient:
         from transport.session import reply_to
 
         broadcast, round_ids, server_config = wire.parse_broadcast(msg.fields)
+        self.last_round = max(self.last_round, int(broadcast.round))
         problem = self._check(broadcast, server_config)
         if problem is None:
             try:
@@ -375,6 +470,39 @@ class DeployedClient:
             policy = {**policy, "noise_layers": enc.noise_layers}
         return client_cls(client_id=self.client_id, round_id=round_id, input_fn=lambda: vec,
                           **registry.with_enrolment(client_cls, policy, identity=self.identity))
+
+
+@dataclass(frozen=True)
+class ClientExit:
+    """How a client process reports the end of its run: a JSON line, a sentence for a person, an exit status."""
+
+    line: dict[str, Any]
+    message: str | None
+    code: int
+
+
+def client_exit(*, client_id: int, exit_reason: str, end: wire.RunEnd | None, last_round: int,
+                idle_timeout: float | None = None) -> ClientExit:
+    """What a client says when its loop ends (`transport.client.ClientSummary.exit_reason`): 'finished'
+    when the server said so; 'server_stopped' (why and after which round) when it ended the run early;
+    'server_gone' when its connection closed without a word (killed, crashed) and 'idle' when it fell
+    silent. Anything but a finished run exits non-zero."""
+    if end is not None and end.reason == "finished":
+        return ClientExit({"client": client_id, "exit": "finished", "round": end.round}, None, 0)
+    if end is not None:
+        detail = f": {end.detail}" if end.detail else ""
+        return ClientExit({"client": client_id, "exit": "server_stopped", "why": end.reason, "round": end.round},
+                          f"client {client_id}: the server ended the run after round {end.round} ({end.reason}{detail})",
+                          1)
+    line = {"client": client_id, "exit": exit_reason, "round": last_round}
+    if exit_reason == "server_gone":
+        return ClientExit(line, f"client {client_id}: the server went away after round {last_round} (its connection "
+                                "closed without a word): restart it with --resume, then this client", 1)
+    if exit_reason == "idle":
+        quiet = f" for {idle_timeout:.0f} s" if idle_timeout else ""
+        return ClientExit(line, f"client {client_id}: no word from the server{quiet} after round {last_round}: "
+                                "giving up", 1)
+    return ClientExit(line, None, 0)  # 'shutdown' from a server that does not say why, or 'stopped' (threads)
 
 
 def describe_round(rec: RoundRecord) -> str:

@@ -9,6 +9,11 @@ Every launch enrols its clients afresh in `<log_dir>/keys` (`transport.enrolment
 loopback run is authenticated and encrypted (CurveZMQ, signed round keys) like a real deployment.
 `limits` (the transport's `FrameLimits`) applies to the server and, as `--max-message-mib` and
 `--max-frames`, to every client process: raise it for models above the 64 MiB default.
+
+Client processes run in their own session, so a terminal's Ctrl-C reaches the server alone: it tells
+every client why the run ends (`DeployedServer.run`), shuts the transport down and gives them
+`STOP_GRACE` seconds to say so in their logs before killing what is left; the KeyboardInterrupt (or
+`DeploymentStopped`) then reaches the caller, which prints one line.
 """
 from __future__ import annotations
 
@@ -31,6 +36,10 @@ from fl_algorithms.experiments.task import Task
 from transport.framing import DEFAULT_LIMITS, FrameLimits
 
 log = logging.getLogger(__name__)
+
+STOP_GRACE = 10.0
+"""Seconds client processes get to exit after the transport's shutdown when the run ended early (60 after a
+finished run: a client may be finishing an evaluation)."""
 
 
 class LaunchError(RuntimeError):
@@ -109,6 +118,7 @@ def run_on_loopback(*, task: Task, task_spec: str, options: Mapping[str, str], c
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     procs: dict[int, subprocess.Popen] = {}
     logs: dict[int, Path] = {}
+    early = started = False
     with ServerDriver("tcp://127.0.0.1:*", curve=curve, config=ServerConfig(limits=limits)) as driver:
         try:
             for cid in range(1, clients + 1):
@@ -119,7 +129,7 @@ def run_on_loopback(*, task: Task, task_spec: str, options: Mapping[str, str], c
                                        endpoint=driver.endpoint, keys=keys, limits=limits)
                     + ([] if client_checkpoints is None
                        else ["--checkpoint-dir", str(client_checkpoints / f"client-{cid}")]),
-                        stdout=out, stderr=subprocess.STDOUT, env=env)
+                        stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
             deadline = time.monotonic() + register_timeout
             while len(driver.clients) < clients:
                 dead = {c: p.returncode for c, p in procs.items() if p.poll() is not None}
@@ -132,6 +142,7 @@ def run_on_loopback(*, task: Task, task_spec: str, options: Mapping[str, str], c
                     raise LaunchError(f"clients {missing} did not register within {register_timeout:.0f} s; "
                                       f"see {log_dir}")
                 driver.wait_for_clients(count=clients, timeout=1.0)
+            started = True  # every client registered: from here on the server tells them how the run ends
             server = DeployedServer(task=task, config=config, driver=driver, deployment=deployment, ledger=ledger,
                                     roster=roster)
             if on_round is not None:
@@ -140,23 +151,37 @@ def run_on_loopback(*, task: Task, task_spec: str, options: Mapping[str, str], c
                 server.load()
             server.run()
         except BaseException:
-            for p in procs.values():
-                if p.poll() is None:
-                    p.kill()
+            early = True
+            if not started:  # still registering: nobody has been told anything
+                _kill(procs)
             raise
         finally:
-            driver.shutdown()  # tells every registered client to exit
-            for cid, p in procs.items():
-                try:
-                    p.wait(timeout=60)
-                except subprocess.TimeoutExpired:
-                    p.kill()
-                    p.wait()
-                    log.warning("client %d did not exit after shutdown; killed", cid)
+            driver.shutdown()  # tells every registered client to exit (the server has said why: DeployedServer.run)
+            deadline = time.monotonic() + (STOP_GRACE if early else 60.0)
+            try:
+                for cid, p in procs.items():
+                    try:
+                        p.wait(timeout=max(0.1, deadline - time.monotonic()))
+                    except subprocess.TimeoutExpired:
+                        p.kill()
+                        p.wait()
+                        log.warning("client %d did not exit after shutdown; killed", cid)
+            except KeyboardInterrupt:  # a second Ctrl-C: stop waiting
+                _kill(procs)
+                raise
     failed = {c: p.returncode for c, p in procs.items() if p.returncode not in (0, None)}
     if failed:
         log.warning("client processes exited with errors %s; see %s", failed, log_dir)
     return server
 
 
-__all__ = ["LaunchError", "run_on_loopback", "client_command", "write_client_config"]
+def _kill(procs: Mapping[int, subprocess.Popen]) -> None:
+    """Kill the client processes still running (each by its own pid) and reap them."""
+    for p in procs.values():
+        if p.poll() is None:
+            p.kill()
+    for p in procs.values():
+        p.wait()
+
+
+__all__ = ["STOP_GRACE", "LaunchError", "run_on_loopback", "client_command", "write_client_config"]

@@ -45,8 +45,10 @@ class RunConfig:
     replay the cohorts from the config; the only sampler that justifies an outsider's amplified
     epsilon), 'fixed_size' (OS CSPRNG: the without-replacement bound, replace-one, for central DP's
     Gaussian against outsiders; no amplification for distributed DP), 'seeded' (reproducible from
-    `seed`, for simulation studies that compare runs cohort for cohort; no amplification, and a
-    deployment refuses it). Ignored when clients_per_round is None (everyone)."""
+    `seed`: a public schedule anyone who knows the config can predict, for runs compared cohort for
+    cohort, a simulation with its deployment or a secure run with its plaintext twin; it backs no
+    amplification, so a DP config claiming some is refused, here and by the ledger). Ignored when
+    clients_per_round is None (everyone)."""
     dropout: float = 0.0
     """Simulated probability that a sampled client drops at the masked-input stage (simulation only)."""
     eval_split: str = "test"
@@ -86,16 +88,36 @@ class RunConfig:
     def _check_amplification(self) -> None:
         """Refuse, before any training, a DP config that claims amplification this sampler cannot give
         (the ledger would refuse the first release: `dp.sampling`)."""
-        dp_config = self.secure.central_dp or self.secure.distributed_dp
-        if dp_config is None or dp_config.sampling_rate >= 1:
+        wanted = claimed_sampler(self)
+        if wanted is None:
             return
-        wanted = getattr(dp_config, "sampler", "poisson")
-        size = getattr(dp_config, "sample_size", None)
+        size = getattr(self.secure.central_dp or self.secure.distributed_dp, "sample_size", None)
         if self.sampler != wanted or (wanted == "fixed_size" and self.clients_per_round != size):
             raise ValueError(f"the DP config claims amplification by the '{wanted}' sampler"
                              + (f" of {size} clients" if wanted == "fixed_size" else "")
                              + f", but the run samples '{self.sampler}' cohorts of {self.clients_per_round}: "
                              "configure the same sampler, or account at sampling_rate=1")
+
+
+def claimed_sampler(config: RunConfig) -> str | None:
+    """The sampler whose amplification the run's DP accounting relies on ('poisson' or 'fixed_size'), or
+    None when it claims none (no DP, or accounted at sampling_rate 1)."""
+    dp_config = config.secure.central_dp or config.secure.distributed_dp
+    if dp_config is None or dp_config.sampling_rate >= 1:
+        return None
+    return getattr(dp_config, "sampler", "poisson")
+
+
+def describe_cohorts(config: RunConfig) -> dict[str, Any]:
+    """How the run draws its cohorts, for `config.toml`: the sampler, whether its schedule is public
+    (predictable from the config: 'seeded') and the amplification the DP accounting claims ('none'
+    or the sampler it relies on). A public schedule never backs a claim (`RunConfig` refuses it)."""
+    everyone = config.clients_per_round is None
+    sampler = "everyone" if everyone else config.sampler
+    source = {"everyone": "every client, every round", "seeded": "public: numpy seeded from the run's seed",
+              "poisson": "OS CSPRNG", "fixed_size": "OS CSPRNG"}[sampler]
+    return {"sampler": sampler, "clients_per_round": config.clients_per_round, "schedule": source,
+            "public": sampler in ("seeded", "everyone"), "amplification": claimed_sampler(config) or "none"}
 
 
 def sample_cohort(rng: np.random.Generator, clients: Iterable[int], size: int | None) -> list[int]:
@@ -277,16 +299,25 @@ class SimulationRunner:
 
     def run(self, *, resume: bool = False, progress: bool = True, desc: str = "rounds",
             metric: str = "accuracy") -> list[RoundRecord]:
-        """Run the remaining rounds; the progress bar shows the clients' mean `metric` after each."""
+        """Run the remaining rounds; the progress bar (`progress`, and only when stderr is a terminal: a
+        redirected log gets no carriage returns) shows the clients' mean `metric` after each, on the
+        curve split in rounds before the last when the run has one."""
         if resume:
             self.load()
         start = len(self.history) + 1
-        bar = tqdm(range(start, self.config.rounds + 1), desc=desc, disable=not progress, leave=False)
-        for t in bar:
-            rec = self.run_round(t)
-            self.history.append(rec)
-            self.save()
-            bar.set_postfix({metric: f"{rec.mean(metric):.3f}"})
-            if self.on_round is not None:
-                self.on_round(rec)
+        bar = tqdm(range(start, self.config.rounds + 1), desc=desc, disable=None if progress else True, leave=False)
+        try:
+            for t in bar:
+                rec = self.run_round(t)
+                self.history.append(rec)
+                self.save()
+                # with a curve split, rounds before the last evaluate only that split
+                split = self.config.curve_split
+                score = metric if split is None or t == self.config.rounds or metric.startswith(f"{split}_") \
+                    else f"{split}_{metric}"
+                bar.set_postfix({score: f"{rec.mean(score):.3f}"})
+                if self.on_round is not None:
+                    self.on_round(rec)
+        finally:  # an interrupted run leaves no half-drawn bar behind its message
+            bar.close()
         return self.history

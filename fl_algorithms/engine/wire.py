@@ -11,6 +11,9 @@
                                     release payloads in one float64 array 'r' (admitted by the round machine)
     server -> client  fl_evaluate   the parameters this client evaluates ('p/…')
     client -> server  fl_evaluated  'meta' (JSON metrics)
+    server -> client  fl_end        'meta' (JSON: why the run ended, one of END_REASONS, the last round
+                                    completed and a short detail), sent before the transport's
+                                    shutdown so that a client can tell a finished run from a stopped one
 
 Packing keeps a ready message at four frames whatever its number of sealed messages and releases
 (one frame each would be up to 82, over the transport's default of 64), and a broadcast's relays in
@@ -23,6 +26,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -33,7 +37,11 @@ from fl_algorithms.engine.secure_sum import MAX_PARTS, Layout
 from dp.released import MAX_RELEASE_VALUES, ReleaseRecord
 from secagg.messages import ProtocolError, Value
 
-TRAIN, READY, EVALUATE, EVALUATED = "fl_train", "fl_ready", "fl_evaluate", "fl_evaluated"
+TRAIN, READY, EVALUATE, EVALUATED, END = "fl_train", "fl_ready", "fl_evaluate", "fl_evaluated", "fl_end"
+END_REASONS = ("finished", "interrupted", "stopped", "failed")
+"""Why a deployment ended: every round ran; the operator interrupted the server (SIGINT); the server
+stopped it (too few live clients to release anything); the server failed (an error)."""
+MAX_END_DETAIL = 512
 MAX_META_BYTES = 1 << 20
 MAX_FIELDS = 4096
 MAX_METRICS = 256
@@ -264,6 +272,41 @@ def evaluated_fields(metrics: Mapping[str, float]) -> dict[str, Value]:
 def parse_evaluated(fields: Mapping[str, Value]) -> dict[str, float]:
     _check_field_names(fields, ())
     return _metrics(_parse_meta(fields).get("metrics"))
+
+
+# ---- the end of a run -----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class RunEnd:
+    """What the server tells every client when the run ends (`END`)."""
+
+    reason: str
+    """One of END_REASONS."""
+    round: int
+    """The last round the server completed (0: none)."""
+    detail: str = ""
+
+    def __post_init__(self) -> None:
+        if self.reason not in END_REASONS:
+            raise ValueError(f"an end reason is one of {END_REASONS}, got {self.reason!r}")
+        if type(self.round) is not int or self.round < 0:
+            raise ValueError(f"the last round is a non-negative int, got {self.round!r}")
+
+
+def end_fields(end: RunEnd) -> dict[str, Value]:
+    return {"meta": _meta({"reason": end.reason, "round": end.round, "detail": end.detail[:MAX_END_DETAIL]})}
+
+
+def parse_end(fields: Mapping[str, Value]) -> RunEnd:
+    _check_field_names(fields, ())
+    meta = _parse_meta(fields)
+    try:
+        detail = meta.get("detail", "")
+        if not isinstance(detail, str) or len(detail) > MAX_END_DETAIL or type(meta["round"]) is not int:
+            raise ValueError("detail is a short string, round an int")
+        return RunEnd(reason=meta["reason"], round=meta["round"], detail=detail)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ProtocolError(f"malformed end-of-run message: {exc}") from exc
 
 
 def config_mismatch(server: Mapping[str, Any], client: Mapping[str, Any]) -> str | None:

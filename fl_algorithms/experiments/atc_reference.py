@@ -46,7 +46,7 @@ def run_reference(trainers: Mapping[int, HeteroTrainer], *, plan: Any, seed: int
     labels = {i: 0 for i in ids}                       # everyone in one cluster before the first clustering
     updates: dict[int, np.ndarray] = {}
     rounds = plan.atc.assign_rounds + plan.rounds
-    for t in tqdm(range(1, rounds + 1), desc="atc_reference", disable=not progress, leave=False):
+    for t in tqdm(range(1, rounds + 1), desc="atc_reference", disable=None if progress else True, leave=False):
         if t <= config.assign_rounds:
             coin = objectives_for(seed=seed, round=t, clusters=config.clusters)
             trained = {}

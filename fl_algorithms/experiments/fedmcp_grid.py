@@ -277,7 +277,7 @@ def run_method(method: str, seed: int, clients: FedMCPClients, plan: Plan, run: 
     else:
         from fl_algorithms.engine.launch import run_on_loopback
 
-        bar = tqdm(total=config.rounds, desc=f"{method} seed {seed} (deployed)", disable=not progress, leave=False)
+        bar = tqdm(total=config.rounds, desc=f"{method} seed {seed} (deployed)", disable=None if progress else True, leave=False)
 
         def on_round(rec: RoundRecord, server: Any) -> None:
             log(rec)
@@ -588,7 +588,7 @@ def cache_clients(clients: FedMCPClients, *, seed: int, progress: bool) -> float
     """Simulation: every client's splits of `seed` cached below the adapted layers once, for all methods
     of that seed; seconds taken."""
     start = time.perf_counter()
-    bar = tqdm(total=clients.num_clients, desc=f"frozen prefix (seed {seed})", disable=not progress, leave=False)
+    bar = tqdm(total=clients.num_clients, desc=f"frozen prefix (seed {seed})", disable=None if progress else True, leave=False)
     for info in clients.info:
         clients.client_data(info.client_id, seed=seed)
         bar.update(1)

@@ -136,7 +136,7 @@ def run_workers(run: Path, *, script: str | Path, workers: int, forward: Sequenc
     cells = run / "cells.jsonl"
     command = [sys.executable, str(script), "--resume", str(run), "--worker", *forward]
     print(f"{workers} worker processes: logs in {run / 'logs'}", flush=True)
-    bar = tqdm(total=total, initial=_count_lines(cells), desc="cells", disable=not progress)
+    bar = tqdm(total=total, initial=_count_lines(cells), desc="cells", disable=None if progress else True)
     try:
         codes = _run_children([command] * workers, workers=workers, logs=logs, poll=poll,
                               tick=lambda _: bar.update(_count_lines(cells) - bar.n))
@@ -157,7 +157,7 @@ def run_pool(commands: Sequence[Sequence[str]], *, workers: int, logs: Sequence[
     its log; wait for all and return the indices of those that failed."""
     if len(logs) != len(commands) or workers < 1:
         raise ValueError("one log per command and at least one worker")
-    bar = tqdm(total=len(commands), desc=desc, disable=not progress)
+    bar = tqdm(total=len(commands), desc=desc, disable=None if progress else True)
     try:
         codes = _run_children(commands, workers=workers, logs=logs, poll=poll, tick=lambda done: bar.update(done - bar.n))
     finally:

@@ -9,15 +9,22 @@
 
 `metrics.jsonl` is the record of truth: each round is appended, flushed and fsynced before
 `log_round` returns, so a crash loses at most the round being written (a torn last line, which
-`rounds()` ignores and the next `log_round` cuts off). `metrics.csv` is derived from it (nested
-dicts flattened to dotted columns, the header grown to the union of all columns) and rebuilt from
-the JSONL whenever they may disagree. TensorBoard scalars go under `tb/` when the `tensorboard`
-package is installed (skipped silently otherwise).
+`rounds()` ignores and the next `log_round` cuts off). `metrics.csv` is derived from it in long
+format, one number per row (`long_rows`): the record's identifying fields (its strings, e.g. the
+method, and its seed) as leading columns, then `round, client, split, metric, value`, where client
+is a client id or 'all' (run-level numbers), split is 'train', 'validation' or 'test' when the
+metric's name starts with one ('validation_accuracy' -> validation, accuracy) and empty otherwise,
+and a list counts as its length (`cohort_count`). It is rebuilt from the JSONL whenever they may
+disagree (a file in the older wide format included). TensorBoard event files go under `tb/` (step:
+the round) when the `tensorboard` extra is installed (`pip install 'fedsecure-nlp[tensorboard]'`);
+without it a note says so once per process and the JSONL and CSV are the log. `write_curve()`
+draws curve.png from the logged rounds: the mean over clients per round, integer round ticks.
 """
 from __future__ import annotations
 
 import csv
 import dataclasses
+import math
 import enum
 import datetime
 import io
@@ -38,7 +45,16 @@ import tomli_w
 from fl_algorithms.experiments.checkpoint import fsync_dir
 
 CONFIG, JSONL, CSV, RESULTS, LEDGER = "config.toml", "metrics.jsonl", "metrics.csv", "results.json", "ledger.json"
+CURVE = "curve.png"
 NONE_KEY = "_none"  # config.toml: where the keys of dropped None values are listed
+LONG_COLUMNS = ("round", "client", "split", "metric", "value")
+"""metrics.csv's columns after the identifying ones (`long_rows`)."""
+ID_FIELDS = ("seed",)
+"""Numeric fields of a round record that identify its series rather than measure it (strings always do)."""
+SPLITS = ("train", "validation", "test")
+TENSORBOARD_HINT = ("TensorBoard is not installed: per-round metrics go to metrics.jsonl and metrics.csv only "
+                    "(pip install 'fedsecure-nlp[tensorboard]' adds event files under tb/)")
+_tensorboard_noted = False  # the note above is printed once per process
 
 
 def _plain(obj: Any) -> Any:
@@ -114,18 +130,67 @@ def _none_entry(where: list[str | int]) -> str | list[str | int]:
 
 
 # ---- metrics -----------------------------------------------------------------------------------
-def _flatten(record: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    """Nested dicts as dotted columns; lists as JSON text in one cell."""
-    out: dict[str, Any] = {}
-    for k, v in record.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, Mapping):
-            out.update(_flatten(v, f"{key}."))
-        elif isinstance(v, list):
-            out[key] = json.dumps(v)
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _split_of(name: str) -> tuple[str, str]:
+    """('validation', 'accuracy') for 'validation_accuracy'; ('', name) when no split prefixes it."""
+    for split in SPLITS:
+        if name.startswith(split + "_") and len(name) > len(split) + 1:
+            return split, name[len(split) + 1:]
+    return "", name
+
+
+def _numbers(value: Any, name: str) -> list[tuple[str, float]]:
+    """(dotted name, number) pairs under `value`: numbers as they are, a list as its length (name
+    + '_count'), nested mappings dotted; strings and booleans are not numbers and are left out."""
+    if _is_number(value):
+        return [(name, value)]
+    if isinstance(value, list):
+        return [(f"{name}_count", len(value))]
+    if isinstance(value, Mapping):
+        return [pair for k, v in value.items() for pair in _numbers(v, f"{name}.{k}" if name else str(k))]
+    return []
+
+
+def _per_client(value: Any) -> bool:
+    """A mapping keyed by client ids (ints, or their digit strings after a JSON round trip)."""
+    return isinstance(value, Mapping) and bool(value) and all(
+        (isinstance(k, int) and not isinstance(k, bool)) or (isinstance(k, str) and k.isdigit()) for k in value)
+
+
+def identity(record: Mapping[str, Any]) -> dict[str, Any]:
+    """The fields of a round record that say which series it belongs to: its strings (e.g. the method)
+    and its `ID_FIELDS` (the seed), in record order."""
+    return {k: v for k, v in record.items() if k != "round" and (isinstance(v, str) or k in ID_FIELDS)}
+
+
+def long_rows(record: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """One row per number of a round record (module doc): identity columns, then round, client ('all' or
+    the client's id), split, metric, value. A mapping keyed by client ids gives per-client rows, named
+    by its inner keys ('metrics': {3: {'validation_accuracy': ..}} -> client 3, validation, accuracy) or,
+    for numbers, by its own key ('bytes_uploaded': {3: 10} -> client 3, bytes_uploaded)."""
+    ids = identity(record)
+    t = _round_of(record)
+    rows = []
+
+    def add(client: str, name: str, value: float) -> None:
+        split, metric = _split_of(name)
+        rows.append({**ids, "round": "" if t is None else t, "client": client, "split": split, "metric": metric,
+                     "value": value})
+
+    for key, value in record.items():
+        if key == "round" or key in ids:
+            continue
+        if _per_client(value):
+            for client, inner in value.items():
+                for name, number in _numbers(inner, "" if isinstance(inner, Mapping) else key):
+                    add(str(client), name, number)
         else:
-            out[key] = v
-    return out
+            for name, number in _numbers(value, key):
+                add("all", name, number)
+    return rows
 
 
 def _csv_text(header: list[str], rows: list[dict[str, Any]]) -> str:
@@ -138,11 +203,12 @@ def _csv_text(header: list[str], rows: list[dict[str, Any]]) -> str:
     return buf.getvalue()
 
 
-def _union_header(rows: list[dict[str, Any]]) -> list[str]:
-    header: dict[str, None] = {}
-    for row in rows:
-        header.update(dict.fromkeys(row))
-    return list(header)
+def _long_header(records: list[Mapping[str, Any]]) -> list[str]:
+    """The identity columns of all records (first-seen order), then LONG_COLUMNS."""
+    ids: dict[str, None] = {}
+    for record in records:
+        ids.update(dict.fromkeys(identity(record)))
+    return [*ids, *LONG_COLUMNS]
 
 
 def _round_of(record: Mapping[str, Any]) -> int | None:
@@ -266,16 +332,16 @@ class RunDirectory:
             os.fsync(fh.fileno())
         if created:
             fsync_dir(self.path)
-        row = _flatten(record)
+        rows = long_rows(record)
         assert self._csv_header is not None
-        if set(row) - set(self._csv_header):  # new columns: rewrite with the union header
+        if set(identity(record)) - set(self._csv_header):  # a new identity column: rewrite with the union header
             self._rewrite_csv(self.rounds())
-        elif self._csv_header:  # (a record with no fields at all has no CSV row to add)
+        elif rows:  # (a record without numbers has no CSV row to add)
             with open(self.path / CSV, "a", encoding="utf-8", newline="") as fh:
-                csv.DictWriter(fh, fieldnames=self._csv_header).writerow(row)
+                csv.DictWriter(fh, fieldnames=self._csv_header).writerows(rows)
                 fh.flush()
                 os.fsync(fh.fileno())
-        self._tensorboard(record)
+        self._tensorboard(record, rows)
 
     def rounds(self) -> list[dict[str, Any]]:
         """The logged rounds. A torn last line (a crash mid-write) is ignored; a bad line before it is an error."""
@@ -329,25 +395,70 @@ class RunDirectory:
         self._rewrite_csv(self.rounds())
 
     def _rewrite_csv(self, records: list[dict[str, Any]]) -> None:
-        rows = [_flatten(r) for r in records]
-        self._csv_header = _union_header(rows)
+        self._csv_header = _long_header(records)
+        rows = [row for r in records for row in long_rows(r)]
         _write_atomically(self.path / CSV, _csv_text(self._csv_header, rows))
 
-    def _tensorboard(self, record: Mapping[str, Any]) -> None:
+    def _tensorboard(self, record: Mapping[str, Any], rows: list[dict[str, Any]]) -> None:
+        """Each number of the round as a scalar at step = round: tag '<ids>/<metric>' for run-level numbers,
+        '<ids>/<metric>/client_<id>' per client (split prefixes kept: 'validation_accuracy')."""
+        global _tensorboard_noted
         if self._tb is False:
             return
         if self._tb is None:
             try:
                 from torch.utils.tensorboard import SummaryWriter
-            except ImportError:  # tensorboard is not installed: the JSONL and CSV are the log
+            except ImportError:  # the optional extra is not installed: the JSONL and CSV are the log
                 self._tb = False
+                if not _tensorboard_noted:
+                    _tensorboard_noted = True
+                    print(f"note: {TENSORBOARD_HINT}", file=sys.stderr, flush=True)
                 return
             self._tb = SummaryWriter(log_dir=str(self.path / "tb"), purge_step=self._tb_purge)
         step = _round_of(record)
-        for key, value in _flatten(record).items():
-            if isinstance(value, (int, float)) and not isinstance(value, bool) and key != "round":
-                self._tb.add_scalar(key, value, step)
+        prefix = "".join(f"{k}_{v}/" if k in ID_FIELDS else f"{v}/" for k, v in identity(record).items())
+        for row in rows:
+            name = f"{row['split']}_{row['metric']}" if row["split"] else row["metric"]
+            client = "" if row["client"] == "all" else f"/client_{row['client']}"
+            self._tb.add_scalar(f"{prefix}{name}{client}", row["value"], step)
         self._tb.flush()
+
+    # ---- the learning curve --------------------------------------------------------------------
+    def curve(self, *, metric: str | None = None) -> tuple[str, dict[str, dict[int, float]]]:
+        """(the metric, {series label: {round: mean over clients}}) from the logged rounds. `metric` None
+        picks 'validation_accuracy' when logged, else 'accuracy', else the first per-client metric."""
+        rows = [row for r in self.rounds() for row in long_rows(r)
+                if row["client"] != "all" and isinstance(row["round"], int)]
+        named = [(f"{r['split']}_{r['metric']}" if r["split"] else r["metric"], r) for r in rows]
+        if metric is None:
+            present = list(dict.fromkeys(name for name, _ in named))
+            metric = next((m for m in ("validation_accuracy", "accuracy") if m in present),
+                          present[0] if present else "accuracy")
+        values: dict[str, dict[int, list[float]]] = {}
+        for name, row in named:
+            if name == metric and math.isfinite(row["value"]):
+                label = " ".join(f"{k}={row[k]}" if k in ID_FIELDS else str(row[k])
+                                 for k in row if k not in LONG_COLUMNS) or "run"
+                values.setdefault(label, {}).setdefault(row["round"], []).append(row["value"])
+        return metric, {label: {t: sum(v) / len(v) for t, v in sorted(by_round.items())}
+                        for label, by_round in values.items()}
+
+    def write_curve(self, *, metric: str | None = None, title: str | None = None) -> Path | None:
+        """curve.png: per series (method, seed, ...) the clients' mean `metric` per round (see `curve`), integer
+        round ticks; None (no file) when no round logged a per-client metric."""
+        metric, series = self.curve(metric=metric)
+        if not series:
+            return None
+        from fl_algorithms.experiments.tables import pyplot, save_figure
+
+        fig, ax = pyplot().subplots(figsize=(6.4, 4.2))
+        for label, by_round in series.items():
+            ax.plot(list(by_round), list(by_round.values()), "-o", markersize=3, label=label)
+        ax.set_xlabel("round")
+        ax.set_ylabel(f"mean client {metric.replace('_', ' ')}")
+        if title:
+            ax.set_title(title, fontsize=9)
+        return save_figure(fig, self.path / CURVE)
 
     # ---- results and the rest of the layout ----------------------------------------------------
     def write_results(self, doc: Mapping[str, Any]) -> Path:

@@ -347,7 +347,7 @@ class SummaryClients:
         losses = []
         with seeded(tagged_seed(s.seed, "pretrain")) as generator:
             model.train()
-            for _ in tqdm(range(s.pretrain_epochs), desc="pre-train generator", disable=not self.progress):
+            for _ in tqdm(range(s.pretrain_epochs), desc="pre-train generator", disable=None if self.progress else True):
                 order = torch.randperm(len(data), generator=generator)
                 result = run_epochs(batches=lambda: data.batches(s.batch_size, order=order),
                                     loss=lambda batch: headline_loss(model, batch), optimizer=optimizer, epochs=1)

@@ -59,7 +59,7 @@ def embed_texts(
     try:
         with torch.inference_mode():
             starts = range(0, len(order), batch_size)
-            for start in tqdm(starts, desc="embedding", disable=not progress, total=len(starts)):
+            for start in tqdm(starts, desc="embedding", disable=None if progress else True, total=len(starts)):
                 rows = order[start : start + batch_size]
                 inputs = {k: v.to(device) for k, v in tokenize([texts[row] for row in rows], tokenizer,
                                                                 max_length).items()}

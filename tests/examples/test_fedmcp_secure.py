@@ -241,7 +241,7 @@ def test_deploy_runtime_matches_the_simulation(tmp_path, capsys):
     assert d["timer"] == {} and deployed["runtime"] == "deploy" and deployed["prefix_cache_seconds"] == 0.0
     logs = tmp_path / "deploy" / "logs" / "fedmcp-seed0"
     assert sorted(p.name for p in logs.glob("client-*.log")) == [f"client-{c}.log" for c in (1, 2, 3, 4)]
-    assert all('"exit": "shutdown"' in p.read_text() for p in logs.glob("client-*.log"))
+    assert all('"exit": "finished"' in p.read_text() for p in logs.glob("client-*.log"))  # told by the server
     logged = [json.loads(x) for x in (tmp_path / "deploy" / "metrics.jsonl").read_text().splitlines()]
     assert [(r["method"], r["round"]) for r in logged] == [("fedmcp", 1), ("fedmcp", 2)]
 

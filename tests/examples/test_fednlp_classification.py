@@ -3,6 +3,7 @@ fl_algorithms.training.classification, are tested in tests/fl_algorithms/trainin
 import importlib
 import json
 import re
+import shlex
 import sys
 from pathlib import Path
 
@@ -124,7 +125,6 @@ def test_resume_after_a_crash_finishes_the_run_like_an_uninterrupted_one(tmp_pat
     (["--seeds", "-1"], "seeds must be non-negative"),
     (["--protocol", "rot13"], "--protocol"),
     (["--runtime", "cloud"], "--runtime"),
-    (["--runtime", "deploy", "--sampler", "seeded"], "OS CSPRNG"),
     (["--sampler", "dice"], "--sampler"),
     (["--device", "tpu"], "--device"),
 ])
@@ -142,9 +142,15 @@ def test_resume_errors(tmp_path, capsys):
     fednlp.main(TINY + ["--rounds", "1", "--out", str(tmp_path), "--run-name", "r"])
     capsys.readouterr()
     with pytest.raises(SystemExit):
-        fednlp.parse_settings(["--resume", str(tmp_path / "r"), "--rounds", "5"])
+        fednlp.parse_settings(["--resume", str(tmp_path / "r"), "--clients", "4"])
     assert "differ" in capsys.readouterr().err
     fednlp.parse_settings(["--resume", str(tmp_path / "r"), "--rounds", "1"])  # same as saved: fine
+    assert fednlp.parse_settings(["--resume", str(tmp_path / "r"), "--rounds", "5"])[1].rounds == 5  # extends
+    config = tmp_path / "r" / "config.toml"
+    config.write_text(config.read_text().replace("rounds = 1\n", "rounds = 3\n"))
+    with pytest.raises(SystemExit):
+        fednlp.parse_settings(["--resume", str(tmp_path / "r"), "--rounds", "2"])
+    assert "fewer than the 3 the run was saved with" in capsys.readouterr().err
     with pytest.raises(SystemExit, match="--adapter-layers"):
         fednlp.main(TINY + ["--adapter-layers", "3", "--out", str(tmp_path)])
     with pytest.raises(SystemExit, match="exists"):
@@ -156,6 +162,8 @@ def test_quick_preset_and_defaults():
     assert plan.methods == ("fedavg", "fedprox", "fedopt", "fedavg_plain") and plan.runtime == "sim"
     assert plan.sampler == "seeded"  # every method of a seed sees the same cohorts
     assert fednlp.parse_settings(["--quick", "--runtime", "deploy"])[2].sampler == "fixed_size"
+    # on request a deployment follows the simulation's public schedule (no DP here: nothing is amplified)
+    assert fednlp.parse_settings(["--quick", "--runtime", "deploy", "--sampler", "seeded"])[2].sampler == "seeded"
     assert (quick.max_docs, quick.clients, quick.clients_per_round, quick.max_length) == (600, 8, 4, 64)
     assert quick.adapter_layers == 2 and quick.alpha == 0.5
     _, small, _ = fednlp.parse_settings(["--clients", "5"])
@@ -201,7 +209,7 @@ def test_deploy_runtime_matches_the_simulation(tmp_path, capsys):
         assert runs["deploy"][0]["metrics"][c]["train_loss"] == pytest.approx(m["train_loss"], rel=1e-6)
     logs = tmp_path / "deploy" / "logs" / "seed-0" / "fedavg"
     assert sorted(p.name for p in logs.glob("client-*.log")) == ["client-1.log", "client-2.log", "client-3.log"]
-    assert all('"exit": "shutdown"' in p.read_text() for p in logs.glob("client-*.log"))
+    assert all('"exit": "finished"' in p.read_text() for p in logs.glob("client-*.log"))  # told by the server
 
 
 def _own_csv(path, rows=60):
@@ -293,3 +301,67 @@ def test_a_run_saved_before_protocols_resumes_as_it_ran(tmp_path):
     config.write_text(text.replace("client_lr = 0.03\n", "").replace("sgd_lr = 0.3\n", ""))
     _, older, _ = fednlp.parse_settings(["--resume", str(tmp_path / "old")])
     assert older.client_lr == 0.01 and older.sgd_lr is None  # before 2026-11-29: one lr, 1e-2 by default    assert fednlp.make_algorithm("fedopt", settings).server_optimizer == "adam"
+
+
+def test_the_twin_line_says_n_a_when_fedavg_and_its_twin_drew_different_cohorts():
+    from fl_algorithms.engine.round import RoundRecord
+
+    def history(*cohorts):
+        return [RoundRecord(round=t, cohort=list(c), contributors=list(c), metrics={}, seconds=1.0, secure_seconds=0.0,
+                            bytes_uploaded={}, clipped=0) for t, c in enumerate(cohorts, start=1)]
+
+    _, settings, plan = fednlp.parse_settings(["--quick", "--sampler", "fixed_size"])
+    runs = {"histories": {"fedavg": history((1, 2), (3, 4)), fednlp.PLAIN_TWIN: history((1, 2), (1, 4))},
+            "finals": {}, "snapshots": {}, "sizes": {}}
+    summary = {"methods": {m: {"final_accuracy": 0.5} for m in plan.algorithms},
+               **fednlp.secure_vs_plain(runs, settings, plan)}
+    assert summary["secure_vs_plain_max_abs_diff"] is None and "fixed_size" in summary["secure_vs_plain_not_compared"]
+    assert " secure_vs_plain_max_abs_diff=n/a " in fednlp.last_line(summary, plan, settings)
+    assert fednlp.shared_cohorts({"fedavg": history((1, 2)), fednlp.PLAIN_TWIN: history((1, 2))})
+
+
+def test_sigint_prints_one_line_with_the_round_reached_and_the_command_that_resumes(tmp_path, capsys, monkeypatch):
+    real = fednlp.make_algorithm
+
+    def interrupted(method, settings):
+        algorithm = real(method, settings)
+        if method == "fedprox":
+            original = algorithm.server_update
+
+            def server_update(*, state, view):
+                if view.round == 2:
+                    raise KeyboardInterrupt  # Ctrl-C during FedProx's second round
+                return original(state=state, view=view)
+
+            algorithm.server_update = server_update
+        return algorithm
+
+    monkeypatch.setattr(fednlp, "make_algorithm", interrupted)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exc:
+        fednlp.main(TINY + ["--algorithms", "fedavg,fedprox", "--protocol", "plain", "--device", "cpu",
+                            "--out", "runs", "--run-name", "cut"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exc.value.code == 130 and "Traceback" not in "\n".join(err)
+    command = err[-1].split("resume with: ")[1]
+    assert err[-1].startswith("interrupted: fedprox (seed 0) reached round 1 of 2; resume with: python ")
+    assert command.endswith("examples/fednlp_classification.py --resume runs/cut --threads 1 --no-progress --device cpu")
+    monkeypatch.setattr(fednlp, "make_algorithm", real)
+    fednlp.main(shlex.split(command)[2:])  # the printed command, as a shell would run it
+    assert re.fullmatch(r"fedavg_acc=\d\.\d{4} fedprox_acc=\d\.\d{4} protocol=fednlp", _last_line(capsys))
+
+
+def test_resume_extends_a_finished_run_by_more_rounds(tmp_path, capsys):
+    argv = TINY + ["--algorithms", "fedavg", "--protocol", "plain", "--out", str(tmp_path)]
+    three = list(argv)
+    three[three.index("--rounds") + 1] = "3"
+    fednlp.main(three + ["--run-name", "straight"])
+    short = fednlp.main(argv + ["--run-name", "short"])  # --rounds 2, finished
+    assert short["summary"]["methods"]["fedavg"]["rounds"] == 2
+    longer = fednlp.main(["--resume", str(tmp_path / "short"), "--rounds", "3", "--threads", "1", "--no-progress"])
+    assert "extending the run from 2 to 3 rounds" in capsys.readouterr().out
+    assert longer["summary"]["methods"]["fedavg"]["rounds"] == 3
+    assert "rounds = 3" in (tmp_path / "short" / "config.toml").read_text()
+    assert [json.loads(x)["round"] for x in (tmp_path / "short" / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3]
+    straight = json.loads((tmp_path / "straight" / "results.json").read_text())["summary"]["curves"]["fedavg"]
+    np.testing.assert_allclose(longer["summary"]["curves"]["fedavg"], straight, atol=1e-9)  # as if run in one go

@@ -4,7 +4,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fl_algorithms.engine.deploy import DeploymentConfig
 from fl_algorithms.engine.launch import LaunchError, run_on_loopback, write_client_config
 from fl_algorithms.engine.secure_sum import SecureAggregationConfig
 from fl_algorithms.engine.sim import RunConfig, SimulationRunner
@@ -29,7 +28,7 @@ def test_client_config_round_trips_through_toml(tmp_path):
 def test_deployed_run_samples_the_simulations_cohorts_and_reaches_its_accuracy(tmp_path):
     seen = []
     server = run_on_loopback(task=build({}), task_spec="fl_algorithms.tasks.toy:build", options={}, config=CONFIG,
-                             clients=3, log_dir=tmp_path / "logs", deployment=DeploymentConfig(allow_seeded_cohorts=True),
+                             clients=3, log_dir=tmp_path / "logs",
                              on_round=lambda rec, srv: seen.append((rec.round, len(srv.history))))
     assert seen == [(1, 1), (2, 2)]
     sim = SimulationRunner(algorithm=build({}).algorithm, trainers={c: toy_trainer(c) for c in (1, 2, 3)},

@@ -1,3 +1,5 @@
+import sys
+
 import numpy as np
 import pytest
 
@@ -151,17 +153,31 @@ def test_a_curve_split_is_evaluated_every_round_and_the_test_split_in_the_last_o
         RunConfig(rounds=2, curve_split="test")
 
 
-def test_the_progress_bar_shows_the_metric_it_is_given(toy_trainers, capsys):
-    """With a curve split, rounds before the last report only 'validation_*' keys: the grid names that
-    metric, and the bar shows its value instead of nan."""
+def _curve_runner(toy_trainers):
     cfg = RunConfig(rounds=2, curve_split="validation",
                     secure=SecureAggregationConfig(protocol="plain", clip=4.0, max_weight=100, max_clients=8,
                                                    min_release_group=2))
     trainers = toy_trainers(3)
     for t in trainers.values():
         t.evaluate = lambda *, split="test", real=t.evaluate: real(split="test")  # the toy has one split
-    runner = SimulationRunner(algorithm=FedAvg(local_epochs=1), trainers=trainers, config=cfg)
-    runner.run(progress=True, metric="validation_accuracy")
+    return SimulationRunner(algorithm=FedAvg(local_epochs=1), trainers=trainers, config=cfg)
+
+
+@pytest.mark.parametrize("metric", ["validation_accuracy", "accuracy"])
+def test_the_progress_bar_shows_the_metric_it_is_given(toy_trainers, capsys, monkeypatch, metric):
+    """With a curve split, rounds before the last report only 'validation_*' keys: the grid names that
+    metric (or the bar adds the split to 'accuracy'), and the bar shows its value instead of nan."""
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)  # bars are drawn on a terminal only
+    runner = _curve_runner(toy_trainers)
+    runner.run(progress=True, metric=metric)
     shown = capsys.readouterr().err
     first = runner.history[0].mean("validation_accuracy")
     assert f"validation_accuracy={first:.3f}" in shown and "nan" not in shown
+
+
+def test_no_progress_bar_when_stderr_is_not_a_terminal(toy_trainers, capsys):
+    """A redirected log gets no carriage returns (tqdm's disable=None)."""
+    runner = _curve_runner(toy_trainers)
+    assert not sys.stderr.isatty()
+    runner.run(progress=True)
+    assert capsys.readouterr().err == "" and len(runner.history) == 2

@@ -177,3 +177,23 @@ def test_too_many_releases_are_refused_before_they_are_built():
     fields = over_the_wire(ready_fields(ClientReady(layouts={}, released=released)))
     with pytest.raises(ProtocolError, match="malformed ready message"):
         parse_ready(fields)
+
+
+def test_the_end_of_a_run_crosses_the_wire_and_a_malformed_one_is_refused():
+    import json
+
+    from fl_algorithms.engine.wire import MAX_END_DETAIL, RunEnd, end_fields, parse_end
+
+    end = RunEnd(reason="stopped", round=4, detail="only 2 clients are still connected")
+    assert parse_end(over_the_wire(end_fields(end))) == end
+    long = parse_end(over_the_wire(end_fields(RunEnd(reason="failed", round=0, detail="x" * 5000))))
+    assert long.detail == "x" * MAX_END_DETAIL  # cut to size by the sender
+    for meta in ({"reason": "bored", "round": 1}, {"reason": "finished", "round": -1}, {"reason": "finished"},
+                 {"reason": "finished", "round": 1.5}, {"reason": "finished", "round": 1, "detail": 7},
+                 {"reason": "finished", "round": 1, "detail": "x" * (MAX_END_DETAIL + 1)}):
+        with pytest.raises(ProtocolError, match="end-of-run"):
+            parse_end({"meta": json.dumps(meta).encode()})
+    with pytest.raises(ProtocolError, match="unexpected field"):
+        parse_end({**end_fields(end), "p/w": np.zeros(1, dtype=np.float32)})
+    with pytest.raises(ValueError, match="end reason"):
+        RunEnd(reason="bored", round=1)

@@ -3,6 +3,7 @@ import dataclasses
 import enum
 import json
 import math
+import os
 import re
 import sys
 import tomllib
@@ -117,26 +118,57 @@ def test_each_round_reaches_jsonl_and_csv_before_log_round_returns(tmp_path, mon
         before = len(synced)
         run.log_round({"round": t, "accuracy": t / 10, "sums": {"all": {"n": 3}}, "ids": [1, 2],
                        "loss": np.float64(0.25), "clients": torch.tensor(4)})
-        assert len(synced) - before >= 2  # the JSON line and the CSV row were each fsynced
+        assert len(synced) - before >= 2  # the JSON line and the CSV rows were each fsynced
         assert [r["round"] for r in run.rounds()] == list(range(1, t + 1))
         header, rows = csv_rows(run)
-        assert [r["round"] for r in rows] == [str(k) for k in range(1, t + 1)]
-    assert header == ["round", "accuracy", "sums.all.n", "ids", "loss", "clients"]
-    assert rows[1] == {"round": "2", "accuracy": "0.2", "sums.all.n": "3", "ids": "[1, 2]", "loss": "0.25", "clients": "4"}
+        assert [r["round"] for r in rows] == [str(k) for k in range(1, t + 1) for _ in range(5)]
+    assert header == ["round", "client", "split", "metric", "value"]
+    assert [(r["metric"], r["value"]) for r in rows[5:]] == [("accuracy", "0.2"), ("sums.all.n", "3"),
+                                                             ("ids_count", "2"), ("loss", "0.25"), ("clients", "4")]
+    assert {r["client"] for r in rows} == {"all"} and {r["split"] for r in rows} == {""}
     assert run.rounds()[0] == {"round": 1, "accuracy": 0.1, "sums": {"all": {"n": 3}}, "ids": [1, 2],
                                "loss": 0.25, "clients": 4}
 
 
-def test_new_columns_rewrite_the_csv_with_the_union_header(tmp_path):
+def test_metrics_csv_is_long_one_number_per_row_with_client_split_and_the_series_it_belongs_to(tmp_path):
+    """A round record as the examples log it: its strings and seed lead each row; per-client metrics
+    (keyed by client id, as JSON gives them back) name their client and split; the rest is 'all'."""
+    run = RunDirectory.create(tmp_path)
+    record = {"seed": 0, "method": "fedavg", "round": 2, "cohort": [1, 3], "contributors": [1, 3],
+              "metrics": {1: {"validation_accuracy": 0.5, "train_loss": 1.25, "examples": 7}, 3: {"accuracy": 0.75}},
+              "bytes_uploaded": {1: 100, 3: 120}, "failed": {"all": "too, \"small\""}, "ok": True,
+              "mean_accuracy": 0.75}
+    run.log_round(record)
+    header, rows = csv_rows(run)
+    assert header == ["seed", "method", "round", "client", "split", "metric", "value"]
+    assert [tuple(r.values()) for r in rows] == [
+        ("0", "fedavg", "2", "all", "", "cohort_count", "2"), ("0", "fedavg", "2", "all", "", "contributors_count", "2"),
+        ("0", "fedavg", "2", "1", "validation", "accuracy", "0.5"), ("0", "fedavg", "2", "1", "train", "loss", "1.25"),
+        ("0", "fedavg", "2", "1", "", "examples", "7"), ("0", "fedavg", "2", "3", "", "accuracy", "0.75"),
+        ("0", "fedavg", "2", "1", "", "bytes_uploaded", "100"), ("0", "fedavg", "2", "3", "", "bytes_uploaded", "120"),
+        ("0", "fedavg", "2", "all", "", "mean_accuracy", "0.75")]  # strings and booleans are not numbers
+    assert rundir.long_rows(json.loads(json.dumps(record))) == rundir.long_rows(record)  # "1" keys as 1
+
+
+def test_a_new_identity_column_rewrites_the_csv_with_the_union_header(tmp_path):
     run = RunDirectory.create(tmp_path)
     run.log_round({"round": 1, "accuracy": 0.5, "sums": {"all": 3}})
-    run.log_round({"round": 2, "sums": {"all": 4}, "failed": {"b": "too, \"small\""}})
-    run.log_round({"round": 3, "accuracy": 0.7})
+    run.log_round({"round": 2, "method": "fedprox", "accuracy": 0.6})
     header, rows = csv_rows(run)
-    assert header == ["round", "accuracy", "sums.all", "failed.b"]
-    assert rows == [{"round": "1", "accuracy": "0.5", "sums.all": "3", "failed.b": ""},
-                    {"round": "2", "accuracy": "", "sums.all": "4", "failed.b": 'too, "small"'},
-                    {"round": "3", "accuracy": "0.7", "sums.all": "", "failed.b": ""}]
+    assert header == ["method", "round", "client", "split", "metric", "value"]
+    assert [(r["method"], r["round"], r["metric"], r["value"]) for r in rows] == [
+        ("", "1", "accuracy", "0.5"), ("", "1", "sums.all", "3"), ("fedprox", "2", "accuracy", "0.6")]
+
+
+def test_an_old_wide_csv_is_rewritten_long_from_the_jsonl_by_the_next_writer(tmp_path):
+    run = RunDirectory.create(tmp_path)
+    (run.path / "metrics.jsonl").write_text('{"round": 1, "accuracy": 0.1, "metrics": {"2": {"test_accuracy": 0.4}}}\n')
+    (run.path / "metrics.csv").write_text("round,accuracy,metrics.2.test_accuracy\r\n1,0.1,0.4\r\n")  # the old format
+    RunDirectory(run.path).log_round({"round": 2, "accuracy": 0.2})  # a new process picks the run up
+    header, rows = csv_rows(run)
+    assert header == ["round", "client", "split", "metric", "value"]
+    assert [(r["round"], r["client"], r["split"], r["metric"], r["value"]) for r in rows] == [
+        ("1", "all", "", "accuracy", "0.1"), ("1", "2", "test", "accuracy", "0.4"), ("2", "all", "", "accuracy", "0.2")]
 
 
 def test_a_record_that_is_not_json_leaves_the_files_untouched(tmp_path):
@@ -191,10 +223,10 @@ def test_resume_truncates_rounds_logged_after_the_last_checkpoint(tmp_path):
     resumed.truncate_rounds(after=2)  # the checkpoint holds rounds 1-2: round 3 will run again
     assert resumed.rounds() == [{"round": 1, "accuracy": 0.1}, {"round": 2, "accuracy": 0.2}, {"note": "no round field"}]
     header, rows = csv_rows(resumed)
-    assert header == ["round", "accuracy", "note"] and [r["round"] for r in rows] == ["1", "2", ""]
+    assert header == ["note", "round", "client", "split", "metric", "value"] and [r["round"] for r in rows] == ["1", "2"]
     resumed.log_round({"round": 3, "accuracy": 0.35})
     assert [r.get("round") for r in resumed.rounds()] == [1, 2, None, 3]
-    assert [r["round"] for r in csv_rows(resumed)[1]] == ["1", "2", "", "3"]
+    assert [r["round"] for r in csv_rows(resumed)[1]] == ["1", "2", "3"]
     resumed.truncate_rounds(after=0)
     assert [r.get("round") for r in resumed.rounds()] == [None]
 
@@ -221,23 +253,62 @@ def test_scalars_go_to_tensorboard_when_it_is_installed(tmp_path, monkeypatch):
     FakeWriter.made = []
     monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", types.SimpleNamespace(SummaryWriter=FakeWriter))
     with RunDirectory.create(tmp_path) as run:
-        run.log_round({"round": 1, "accuracy": 0.5, "ok": True, "name": "x", "sums": {"all": 3}})
+        run.log_round({"round": 1, "accuracy": 0.5, "ok": True, "method": "x", "sums": {"all": 3},
+                       "metrics": {"2": {"validation_accuracy": 0.25}}})
         run.log_round({"round": 2, "accuracy": 0.6})
         (w,) = FakeWriter.made
         assert w.log_dir == str(run.path / "tb") and w.purge_step is None
-        assert w.scalars == [("accuracy", 0.5, 1), ("sums.all", 3, 1), ("accuracy", 0.6, 2)]
+        assert w.scalars == [("x/accuracy", 0.5, 1), ("x/sums.all", 3, 1), ("x/validation_accuracy/client_2", 0.25, 1),
+                             ("accuracy", 0.6, 2)]  # integer steps: the round
         run.truncate_rounds(after=1)  # on resume TensorBoard drops its events after the checkpoint
         run.log_round({"round": 2, "accuracy": 0.61})
         assert w.closed and FakeWriter.made[1].purge_step == 2 and FakeWriter.made[1].scalars == [("accuracy", 0.61, 2)]
     assert FakeWriter.made[1].closed
 
 
-def test_without_tensorboard_logging_goes_on_silently(tmp_path, monkeypatch):
+def test_without_tensorboard_logging_goes_on_and_says_so_once(tmp_path, monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # import raises ImportError
+    monkeypatch.setattr(rundir, "_tensorboard_noted", False)
+    for name in ("a", "b"):  # two runs in one process: one note
+        run = RunDirectory.create(tmp_path, name=name)
+        run.log_round({"round": 1, "accuracy": 0.5})
+        run.log_round({"round": 2, "accuracy": 0.6})
+        assert [r["round"] for r in run.rounds()] == [1, 2] and not (run.path / "tb").exists()
+    err = capsys.readouterr().err
+    assert err.count("TensorBoard is not installed") == 1 and "fedsecure-nlp[tensorboard]" in err
+
+
+def test_the_tensorboard_extra_is_declared_in_pyproject():
+    meta = tomllib.loads((Path(__file__).resolve().parents[3] / "pyproject.toml").read_text())
+    assert meta["project"]["optional-dependencies"]["tensorboard"] == ["tensorboard>=2.15"]
+
+
+# ---- the learning curve --------------------------------------------------------------------------
+def test_the_curve_is_the_mean_over_clients_per_round_per_series_with_integer_ticks(tmp_path):
     run = RunDirectory.create(tmp_path)
-    run.log_round({"round": 1, "accuracy": 0.5})
-    run.log_round({"round": 2, "accuracy": 0.6})
-    assert [r["round"] for r in run.rounds()] == [1, 2] and not (run.path / "tb").exists()
+    assert run.write_curve() is None  # nothing logged: no plot
+    for method, shift in (("fedavg", 0.0), ("plain", 0.1)):
+        for t in (1, 2, 3):
+            run.log_round({"seed": 0, "method": method, "round": t, "mean_accuracy": 9.0,
+                           "metrics": {"1": {"validation_accuracy": 0.1 * t + shift, "accuracy": 0.0},
+                                       "2": {"validation_accuracy": 0.3 * t + shift}}})
+    metric, series = run.curve()
+    assert metric == "validation_accuracy" and list(series) == ["seed=0 fedavg", "seed=0 plain"]
+    assert series["seed=0 fedavg"] == pytest.approx({1: 0.2, 2: 0.4, 3: 0.6})
+    assert run.curve(metric="accuracy")[1]["seed=0 plain"] == {1: 0.0, 2: 0.0, 3: 0.0}
+    assert run.write_curve() == run.path / "curve.png" and (run.path / "curve.png").stat().st_size > 1000
+
+
+def test_round_axes_get_integer_ticks():
+    from fl_algorithms.experiments.tables import pyplot, save_figure
+
+    fig, (rounds, other) = pyplot().subplots(1, 2)
+    for ax, label in ((rounds, "round"), (other, "epsilon")):
+        ax.plot([1, 2, 3], [0.1, 0.2, 0.3], label="x")
+        ax.set_xlabel(label)
+    save_figure(fig, Path(os.devnull))
+    assert all(float(t).is_integer() for t in rounds.get_xticks())
+    assert not all(float(t).is_integer() for t in other.get_xticks())  # other axes keep matplotlib's ticks
 
 
 # ---- results and layout --------------------------------------------------------------------------

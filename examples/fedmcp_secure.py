@@ -82,7 +82,6 @@ the two points can differ (not Local or Ditto).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import time
 from collections import defaultdict
@@ -304,14 +303,12 @@ def report_saved(args: argparse.Namespace, settings: FedMCPSettings, plan: Plan)
     from fl_algorithms.experiments.rundir import RunDirectory
 
     run = RunDirectory.open(Path(args.resume))
-    path = run.path / "results.json"
-    if not path.is_file():
-        raise SystemExit(f"error: {run.path} has not finished (no results.json): finish it with --resume {run.path}")
+    document = run.finished_summary()
     try:
-        document = json.loads(path.read_text())["summary"]
         print_report(document, settings, plan, verbose=args.verbose, run=run)
     except (ValueError, KeyError) as error:
-        raise SystemExit(f"error: {path} cannot be reported ({error!r}; written by an older version?)") from None
+        raise SystemExit(f"error: {run.path / 'results.json'} cannot be reported ({error!r}; written by an older "
+                         "version?)") from None
     return document
 
 

@@ -78,7 +78,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -530,14 +529,12 @@ def report_saved(args: argparse.Namespace, settings: Settings, plan: Plan) -> di
     from fl_algorithms.training.protocol import TrainingProtocol
 
     run = RunDirectory.open(Path(args.resume))
-    path = run.path / "results.json"
-    if not path.is_file():
-        raise SystemExit(f"error: {run.path} has not finished (no results.json): finish it with --resume {run.path}")
+    summary = run.finished_summary()
     try:
-        summary = json.loads(path.read_text())["summary"]
         table, line = format_table(summary["methods"], plan.protocol), last_line(summary, plan, settings)
     except (ValueError, KeyError) as error:
-        raise SystemExit(f"error: {path} cannot be reported ({error!r}; written by an older version?)") from None
+        raise SystemExit(f"error: {run.path / 'results.json'} cannot be reported ({error!r}; written by an older "
+                         "version?)") from None
     print(f"FedNLP text classification: {run.path}, {settings.rounds} rounds, {settings.clients} clients, "
           f"seeds {','.join(map(str, plan.seeds))}, runtime {plan.runtime}, sampler {plan.sampler}, {plan.protocol}")
     protocols = summary.get("training_protocol", {})

@@ -294,6 +294,17 @@ class RunDirectory:
             raise FileNotFoundError(f"{path} is not a run directory (no {CONFIG})")
         return cls(path)
 
+    def finished_summary(self) -> dict[str, Any]:
+        """The `summary` of a finished run's results.json (for `--resume RUN_DIR --report`); SystemExit with
+        the reason when the run has not finished or its file cannot be read."""
+        path = self.path / "results.json"
+        if not path.is_file():
+            raise SystemExit(f"error: {self.path} has not finished (no results.json): finish it with --resume {self.path}")
+        try:
+            return json.loads(path.read_text())["summary"]
+        except (ValueError, KeyError) as error:
+            raise SystemExit(f"error: {path} cannot be reported ({error!r}; written by an older version?)") from None
+
     # ---- config ------------------------------------------------------------------------------
     def write_config(self, config: Any) -> Path:
         """The resolved config (a mapping or a dataclass) as `config.toml`; None values are dropped

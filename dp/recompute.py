@@ -207,7 +207,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         except (ValueError, KeyError, TypeError) as error:
             parser.error(f"{path}: not a ledger this check reads ({error})")
         print(f"{path}: {one.line()}", flush=True)
-        for k in ("ledgers", "entries", "labels", "composite_labels"):
+        for k in ("ledgers", "entries", "labels", "composite_labels", "noise_records"):
             setattr(total, k, getattr(total, k) + getattr(one, k))
         total.max_rel_diff = max(total.max_rel_diff, one.max_rel_diff)
         total.mismatches += one.mismatches

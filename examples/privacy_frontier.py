@@ -12,7 +12,8 @@ and each setting's accuracy cost against plaintext paired by seed), results.json
 every run), frontier.png (accuracy against the realistic attacker's advantage, epsilon labels),
 cost_vs_epsilon.png (each mechanism's cost over epsilon), ledger.json (every run's ledger with the
 configured mechanism).
-The last line: `frontier cohort=C sampler=S plain_adv=A ddp_eps8_adv=B plain_acc=P ddp_eps8_acc=Q ledger=PATH`.
+The last line: `frontier cohort=C sampler=S plain_adv=A ddp_eps8_adv=B plain_acc=P ddp_eps8_acc=Q exact_noise=0|1
+ledger=PATH` (exact_noise=1: DDP's released sums carry exactly the accounted noise, `dp.xnoise`).
 
 `--audit` (`dp.audit`, `fl_algorithms.experiments.frontier.audit_ddp`): after each (cohort, seed) run,
 the DDP setting with the largest epsilon is audited from the outside with canary clients (random
@@ -78,6 +79,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--cohort-tail", type=float, default=COHORT_TAIL,
                    help="Poisson cohorts: DDP's noise is sized for this lower quantile of the cohort size; rounds "
                         "below it release nothing (default %(default)g)")
+    p.add_argument("--floor-sized-noise", action="store_true",
+                   help="DDP without XNoise: each client's noise sized for the floor n_min and left in, so a round "
+                        "of u survivors carries u / n_min times the accounted noise (the runs before 2026-11-29); "
+                        "default: exact noise, the excess removed once the survivors are known")
     p.add_argument("--local-epochs", type=int, default=5, help="local epochs per round (default 5)")
     p.add_argument("--max-examples", type=int, default=None, help="cap on the corpus' examples (default: all)")
     p.add_argument("--no-baselines", action="store_true",
@@ -128,11 +133,17 @@ def configs(args: argparse.Namespace) -> list[FrontierConfig]:
         for cohort in args.cohorts or ([20] if q else [5, 20, 50]):
             out.append(FrontierConfig(task=task, rounds=args.rounds or (8 if q else 20), cohort=cohort,
                                       sampler=args.sampler, cohort_tail=args.cohort_tail,
+                                      exact_noise=not args.floor_sized_noise,
                                       local_epochs=args.local_epochs,
                                       epsilons=tuple(args.epsilons or ((8.0,) if q else (1.0, 2.0, 4.0, 8.0))),
                                       mechanisms=tuple(args.mechanisms), save_transcripts=args.save_transcripts,
                                       baselines=not args.no_baselines, seed=seed))
     return out
+
+
+def exact_noise(runs: Sequence[dict]) -> bool:
+    """Whether every run's DDP noise was exact (XNoise): read from its saved config (older runs: floor-sized)."""
+    return bool(runs) and all("exact_noise=True" in str(r.get("config", "")) for r in runs)
 
 
 def _write_json(path: Path, doc: Any) -> None:
@@ -263,7 +274,8 @@ def report(runs: list[dict[str, Any]], out: Path, *, sampler: str, seconds: floa
 
     last = (f"frontier cohort={head} sampler={sampler} plain_adv={value('plain', 'realistic_advantage')} "
             f"{top}_adv={value(top, 'realistic_advantage')} plain_acc={value('plain', 'accuracy')} "
-            f"{top}_acc={value(top, 'accuracy')} ledger={','.join(str(p) for p in ledgers)}")
+            f"{top}_acc={value(top, 'accuracy')} exact_noise={int(exact_noise(runs))} "
+            f"ledger={','.join(str(p) for p in ledgers)}")
     for a in audits:
         print(a["line"])
     print(last)

@@ -130,6 +130,10 @@ class FrontierConfig:
     """Poisson cohorts: DDP's floor n_min is this lower quantile of the cohort size. A round with fewer
     clients releases nothing, so a larger tail costs skipped rounds, never privacy; a smaller one costs
     noise (each client's share is sized for n_min contributors)."""
+    exact_noise: bool = True
+    """DDP's noise made exact for the survivors (XNoise, `dp.xnoise`): every released sum carries the
+    accounted variance whatever the cohort's size from n_min up. False: each share is sized for n_min and
+    left in, so a round of u survivors carries u / n_min times the noise (the runs before 2026-11-29)."""
     local_epochs: int = 5
     epsilons: tuple[float, ...] = (1.0, 2.0, 4.0, 8.0)
     mechanisms: tuple[str, ...] = MECHANISMS
@@ -221,9 +225,10 @@ def secure_config(setting: Setting, task: Any, cfg: FrontierConfig) -> tuple[Sec
         q = cfg.outsider_rate(floor)
         ddp = DistributedDPConfig(l2_clip=cfg.clip, target_epsilon=setting.epsilon, delta=cfg.delta,
                                   expected_clients=ceiling, min_clients=floor, bits=cfg.ddp_bits, rounds=cfg.rounds,
-                                  sampling_rate=q, population=n if q < 1 else None, target_observer="server")
+                                  sampling_rate=q, population=n if q < 1 else None, target_observer="server",
+                                  exact_noise=cfg.exact_noise)
         params.update(unit="client", target_observer="server", target_horizon=cfg.rounds, n_min=floor,
-                      expected_clients=ceiling, outsider_rate=q)
+                      expected_clients=ceiling, outsider_rate=q, exact_noise=cfg.exact_noise)
     elif setting.mechanism == "central":
         fixed = cfg.sampler == "fixed_size"  # the without-replacement bound (replace-one), no boundary delta
         q = cfg.rate if fixed else cfg.outsider_rate(2)
@@ -272,6 +277,10 @@ def run_setting(setting: Setting, task: Any, cfg: FrontierConfig, *, progress: b
     final = {k: np.asarray(v) for k, v in runner.algorithm.shared_parameters(runner.state).items()}
     if secure.distributed_dp is not None:
         params["plan"] = runner.aggregator.ddp_encoder(sum(v.size for v in task.initial.values())).plan.summary()
+        noise = ledger.noise_records()  # one per released round: planned and realised over the accounted target
+        if noise:
+            params["noise_planned_over_target"] = float(np.mean([r["planned_variance"] / r["target_variance"] for r in noise]))
+            params["noise_realised_over_target"] = float(np.mean([r["realised_variance"] / r["target_variance"] for r in noise]))
     if secure.central_dp is not None:
         params["noise_multiplier"] = runner.aggregator.central.noise_multiplier
     return RunOutput(setting, history, final, ledger, transcript, seconds, params)

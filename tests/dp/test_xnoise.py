@@ -232,3 +232,10 @@ def test_survivors_send_their_own_excess_and_only_removal_dropouts_are_rebuilt_f
     for c in set(secrets) - {2, 5}:
         ring.add_(expected, own(c)(index))
     np.testing.assert_array_equal(result.layer_excess, expected)
+
+
+def test_recompute_counts_the_noise_records_of_every_file(tmp_path, capsys):
+    _, _, ledger = _noise_ratio(exact=True, drop_at=None)
+    paths = [ledger.write(tmp_path / f"ledger{i}.json") for i in range(2)]
+    assert recompute.main([str(p) for p in paths]) == 0
+    assert capsys.readouterr().out.strip().splitlines()[-1].endswith("noise_records=2 mismatches=0")

@@ -22,7 +22,7 @@ frontier = importlib.import_module("privacy_frontier")
 
 
 LAST = re.compile(r"^frontier cohort=(\d+) sampler=(\w+) plain_adv=(-?\d\.\d{3}) ddp_eps8_adv=(-?\d\.\d{3}) "
-                  r"plain_acc=(\d\.\d{3}) ddp_eps8_acc=(\d\.\d{3}) ledger=(\S+)$")
+                  r"plain_acc=(\d\.\d{3}) ddp_eps8_acc=(\d\.\d{3}) exact_noise=([01]) ledger=(\S+)$")
 TINY = ["--clients", "30", "--cohorts", "8", "--rounds", "2", "--local-epochs", "1", "--max-examples", "1200",
         "--epsilons", "8", "--seeds", "0", "1", "--no-progress"]
 
@@ -50,7 +50,12 @@ def test_last_line_has_the_issue_format_and_points_at_the_ledger(sweep):
     m = LAST.match(lines[-1])
     assert m, lines[-1]
     assert m.group(1) == "8" and m.group(2) == "poisson"
-    assert Path(m.group(7)) == run / "ledger.json" and Path(m.group(7)).is_file()
+    assert Path(m.group(8)) == run / "ledger.json" and Path(m.group(8)).is_file()
+    assert m.group(7) == "1"  # DDP's released sums carry exactly the accounted noise (XNoise, the default)
+    ddp = next(r["parameters"] for r in json.loads((run / "results.json").read_text())["runs"][0]["results"].values()
+               if isinstance(r, dict) and r.get("parameters", {}).get("exact_noise"))
+    assert ddp["noise_realised_over_target"] == pytest.approx(1.0)  # the ledger's noise log, per release
+    assert ddp["noise_planned_over_target"] > 1.0  # what floor-sized noise would have left in
     assert summary["last_line"] == lines[-1]
     assert (run / "frontier.png").stat().st_size > 0
     table = (run / "table.md").read_text()
@@ -193,7 +198,7 @@ def test_a_part_without_baselines_reports_na_where_plaintext_would_be(sweep, tmp
     ddp = next(r for r in summary["rows"] if r["setting"] == "ddp_eps8")
     assert out["last_line"].startswith(f"frontier cohort=8 sampler=poisson plain_adv=na "
                                        f"ddp_eps8_adv={ddp['realistic_advantage']:.3f} plain_acc=na "
-                                       f"ddp_eps8_acc={ddp['accuracy']:.3f} ledger=")
+                                       f"ddp_eps8_acc={ddp['accuracy']:.3f} exact_noise=1 ledger=")
     assert all(r["cost_vs_plain"] is None for r in out["rows"])
 
 

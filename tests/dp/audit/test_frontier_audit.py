@@ -19,14 +19,14 @@ def audited():
     config = BagTaskConfig(num_clients=100, public_fraction=0.1, seed=0)
     cfg = FrontierConfig(task=config, rounds=8, cohort=20, epsilons=(4.0, 8.0), mechanisms=("ddp",), seed=0)
     task = SimpleNamespace(config=config, clients={c: SimpleNamespace(train=[0] * 10) for c in range(1, 101)})
-    return cfg, task, audit_ddp(task, cfg, plan=AuditPlan(trials=12, canaries_per_trial=8, held_out_per_trial=32))
+    return cfg, task, audit_ddp(task, cfg, plan=AuditPlan(trials=6, canaries_per_trial=8, held_out_per_trial=32))
 
 
 def test_the_audit_line_and_keys(audited):
     _, _, out = audited
     m = LINE.match(out["line"])
     assert m, out["line"]
-    assert float(m.group(2)) <= 8 and int(m.group(3)) == 12 * 40 == out["canaries"]
+    assert float(m.group(2)) <= 8 and int(m.group(3)) == 6 * 40 == out["canaries"]
     assert out["setting"] == "ddp_eps8" and out["claimed_eps"] == 8.0
     assert out["eps_lower_bound"] == out["epsilon_lower_bound"] and out["empirical_eps"] == out["empirical_epsilon"]
     assert out["server_eps"] == pytest.approx(8.0, abs=1e-3)  # the plan at the audit's dimension meets the target

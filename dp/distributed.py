@@ -233,9 +233,6 @@ class DistributedDPPlan:
             raise ValueError(f"a layer spec for floor {spec.floor}, but the plan's n_min is {self.config.n_min}")
         return LayeredNoise(spec=spec, target_variance=self.target_variance)
 
-    def layer_spec(self, *, colluders: int = 0) -> "LayerSpec":
-        return self.config.layer_spec(colluders=colluders)
-
     def summary(self) -> dict:
         c = self.config
         return {

@@ -126,14 +126,3 @@ class NoiseRecord:
 
     def to_dict(self) -> dict:
         return asdict(self)
-
-
-def realised_from_record(d: Mapping) -> float:
-    """The realised honest variance recomputed from a record's own parameters (for `dp.recompute`):
-    each honest survivor keeps V / (n_min + index + 1); without layers (index -1, L = 0) V / n_min."""
-    honest = int(d["survivors"]) - int(d["colluders"])
-    if honest < int(d["floor"]):
-        return 0.0  # below the floor: the sum should never have been opened
-    if int(d["layer_index"]) >= int(d["layers"]) or int(d["layer_index"]) > honest - int(d["floor"]) - 1:
-        return 0.0  # more layers removed than exist, or than the survivors warrant: noise below target
-    return honest * float(d["target_variance"]) / (int(d["floor"]) + int(d["layer_index"]) + 1)

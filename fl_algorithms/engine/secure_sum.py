@@ -316,7 +316,7 @@ class SecureAggregator:
     def exact_noise(self) -> bool:
         return self.ddp and self.config.distributed_dp.exact_noise
 
-    def layer_spec(self, dim: int | None = None):
+    def layer_spec(self):
         """XNoise layers of every sum (None without exact noise): from this side's own config, so a client
         never reveals more than its configuration allows."""
         return self.config.distributed_dp.layer_spec(colluders=self.config.colluders) if self.exact_noise else None
@@ -453,7 +453,7 @@ class SecureAggregator:
                 from secagg import shamir
                 from secagg.noise_layers import LayerSecrets, chain
 
-                spec = self.layer_spec(x.shape[0])
+                spec = self.layer_spec()
                 layers = LayerSecrets.fresh(spec) if seed is None else LayerSecrets(spec=spec, secrets=tuple(chain(
                     int.from_bytes(_key(seed, "xnoise", round, sum_name, client_id), "little") % shamir.PRIME, spec.count)))
             encoder = self.ddp_encoder(x.shape[0])
@@ -619,7 +619,7 @@ class SecureAggregator:
                 return groups, None
             return self._central_release(groups, layout=layout, contributors=contributors, round=round,
                                          population=population, summary_key=summary_key, sampling=sampling)
-        encoder, spec = self.ddp_encoder(layout.dim), self.layer_spec(layout.dim)
+        encoder, spec = self.ddp_encoder(layout.dim), self.layer_spec()
         if spec is not None and layer_index >= 0:
             if not set(layer_secrets or {}) <= set(contributors):
                 raise ValueError(f"noise layers revealed for {sorted(layer_secrets or {})[:5]}..., not contributors")

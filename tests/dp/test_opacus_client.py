@@ -144,3 +144,17 @@ def test_hf_bert_trains_with_batch_sized_position_and_token_type_ids():
     client = OpacusClient(client_id=9, config=DPSGDConfig(noise_multiplier=1.0, batch_size=8))
     report = client.train_round(model=model, optimizer_factory=sgd, dataset=data, loss_fn=loss, round_id=0)
     assert report.steps == 4 and report.unmoved == ()
+
+
+def test_cached_epsilon_is_opacus_own_number():
+    """OpacusClient.epsilon caches each (q, z)'s one-step RDP curve; the epsilon is Opacus's to the bit,
+    whatever the history (several rates and multipliers, repeated entries)."""
+    from dp.opacus_client import DPSGDConfig, OpacusClient
+
+    client = OpacusClient(client_id=1, config=DPSGDConfig(noise_multiplier=1.1, delta=1e-5))
+    assert client.epsilon() == 0.0
+    client.accountant.history = [(1.1, 0.01, 40), (0.8, 0.05, 7), (1.1, 0.01, 3)]
+    for _ in range(2):  # the second time from the cache
+        assert client.epsilon() == client.accountant.get_epsilon(delta=1e-5) > 0
+    client.accountant.history.append((2.0, 0.2, 1))
+    assert client.epsilon() == client.accountant.get_epsilon(delta=1e-5)

@@ -3,8 +3,11 @@ import math
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from scipy import stats
 
+from dp import samplers
 from dp.samplers import CryptoRandom, discrete_gaussian, gaussian, poisson, skellam
 
 
@@ -24,15 +27,21 @@ def _chi_square_pvalue(samples: np.ndarray, pmf, lo: int, hi: int) -> float:
     return stats.chisquare(observed, expected).pvalue
 
 
-@pytest.mark.parametrize("lam", [0.7, 4.0, 15.0, 250.0])
-def test_poisson_matches_pmf(lam):
-    x = poisson(lam, 200_000, CryptoRandom(_key(1)))
+LAMS = [0.7, 4.0, 15.0, 250.0, 8000.0]
+
+
+# `poisson` (a table inversion for these means), and PTRS directly (defined for lam >= 10; `poisson`
+# uses it for means beyond samplers.TABLE_MAX's tables)
+@pytest.mark.parametrize("lam,draw", [(lam, "poisson") for lam in LAMS]
+                         + [(lam, "_poisson_ptrs") for lam in LAMS if lam >= 10])
+def test_poisson_matches_pmf(lam, draw):
+    x = getattr(samplers, draw)(lam, 200_000, CryptoRandom(_key(1)))
     sd = math.sqrt(lam)
     lo, hi = max(0, int(lam - 4 * sd)), int(lam + 4 * sd) + 1
     assert _chi_square_pvalue(x, lambda k: stats.poisson.pmf(k, lam), lo, hi) > 1e-3
 
 
-@pytest.mark.parametrize("lam", [1e6, 1.7e15])
+@pytest.mark.parametrize("lam", [1e6, 1e8, 1.7e15])  # a table, then PTRS twice
 def test_poisson_moments_for_huge_means(lam):
     x = poisson(lam, 200_000, CryptoRandom(_key(2)))
     assert abs(x.mean() - lam) < 5 * math.sqrt(lam / x.size)
@@ -80,3 +89,28 @@ def test_invalid_parameters_raise():
         discrete_gaussian(0.0, 3, CryptoRandom())
     with pytest.raises(ValueError, match="keys are 32 bytes"):
         CryptoRandom(b"short")
+
+
+class _Given:
+    """A CryptoRandom stand-in that returns the given uniforms."""
+
+    def __init__(self, u: np.ndarray) -> None:
+        self.u = u
+
+    def uniform(self, n: int) -> np.ndarray:
+        assert n == self.u.size
+        return self.u.copy()
+
+
+@settings(max_examples=60, deadline=None)
+@given(lam=st.floats(0.1, 4e7), us=st.lists(st.floats(0.0, 1.0, exclude_max=True), max_size=40),
+       edges=st.lists(st.integers(0, 1 << 17), max_size=10))
+def test_the_guide_table_finds_the_first_value_above_u(lam, us, edges):
+    """Inversion through the guide table answers exactly what a binary search over the CDF does, also
+    for uniforms on and just below a bucket's edge and in the tails (where the search takes over)."""
+    lo, cdf, _ = samplers._poisson_table(lam)
+    m = len(cdf)
+    at = [b / m for b in edges if b < m]
+    u = np.array(us + at + [np.nextafter(x, 0.0) for x in at if x > 0] + [0.0, np.nextafter(1.0, 0.0)])
+    want = lo + np.minimum(np.searchsorted(cdf, u, side="right"), m - 1)
+    assert np.array_equal(samplers._poisson_inversion(lam, u.size, _Given(u)), want)

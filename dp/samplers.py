@@ -21,7 +21,7 @@ Samplers:
 from __future__ import annotations
 
 import math
-from functools import lru_cache
+from collections import OrderedDict
 
 import numpy as np
 from scipy import special
@@ -46,7 +46,7 @@ def poisson(lam: float, size: int, rng: CryptoRandom) -> np.ndarray:
         raise ValueError(f"Poisson mean must be finite and non-negative, got {lam}")
     if lam == 0 or size == 0:
         return np.zeros(size, dtype=np.int64)
-    draw = _poisson_inversion if _table_size(lam) <= TABLE_MAX else _poisson_ptrs
+    draw = _poisson_inversion if _table_worth_it(lam, size) else _poisson_ptrs
     if size <= BLOCK:
         return draw(lam, size, rng)
     out = np.empty(size, dtype=np.int64)
@@ -67,13 +67,47 @@ def _table_size(lam: float) -> int:
     return hi - lo + 1
 
 
-@lru_cache(maxsize=32)
+def _table_worth_it(lam: float, size: int) -> bool:
+    """Inversion when lam's table is kept already; else build it when it is small enough and either pays for
+    itself in this draw (an entry costs about what PTRS costs more per value) or lam was asked for before
+    (noise draws repeat their means). A run that draws a few values from ever new means (an audit's trials)
+    stays on PTRS instead of building a table per call."""
+    if lam in _TABLES:
+        return True
+    if _table_size(lam) > TABLE_MAX:
+        return False
+    if size >= _table_size(lam) or lam in _ASKED:
+        return True
+    _ASKED[lam] = None
+    while len(_ASKED) > ASKED_KEPT:
+        _ASKED.popitem(last=False)
+    return False
+
+
+_TABLES: OrderedDict[float, tuple[int, np.ndarray, np.ndarray]] = OrderedDict()
+TABLES_KEPT = 32
+"""Tables kept, least recently used dropped first (at most TABLES_KEPT x TABLE_MAX entries)."""
+_ASKED: OrderedDict[float, None] = OrderedDict()
+ASKED_KEPT = 4096
+"""Means drawn once without a table: a second draw builds it."""
+
+
 def _poisson_table(lam: float) -> tuple[int, np.ndarray, np.ndarray]:
+    if lam in _TABLES:
+        _TABLES.move_to_end(lam)
+        return _TABLES[lam]
+    table = _build_table(lam)
+    _TABLES[lam] = table
+    while len(_TABLES) > TABLES_KEPT:
+        _TABLES.popitem(last=False)
+    return table
+
+
+def _build_table(lam: float) -> tuple[int, np.ndarray, np.ndarray]:
     """(lo, cdf, guide): cdf[i] = P(lo <= K <= lo + i); guide[b] an index at or below the answer for
     any u with floor(u * len(cdf)) = b (the first i with cdf[i] > (b - 1) / len(cdf): one bucket of
     slack, so float rounding of u * len(cdf) can never start the search past the answer). Read-only;
-    kept because the noise of a run draws from a few means again and again (at most 32 tables of at most
-    TABLE_MAX entries each)."""
+    kept (`_poisson_table`) because the noise of a run draws from a few means again and again."""
     lo, hi = _table_bounds(lam)
     base = math.floor(lam)
     j = np.arange(lo - base, hi - base + 1, dtype=np.float64)

@@ -474,10 +474,24 @@ class RunDirectory:
     # ---- results and the rest of the layout ----------------------------------------------------
     def write_results(self, doc: Mapping[str, Any]) -> Path:
         """`results.json`, written atomically (an interrupted write leaves the previous file), with the
-        run's `provenance` (command, device, date, commit) unless `doc` brings its own."""
-        doc = {**doc, "provenance": doc.get("provenance") or provenance()}
+        run's `provenance` (command, device, date, commit) unless `doc` brings its own. A rewrite (a
+        resumed run, a `--report`) keeps the provenance of the command that made the run and records its
+        own as `rewritten_by`: the record must still say how it was first made."""
+        now = provenance()
+        first = None if doc.get("provenance") else self._recorded_provenance()
+        doc = {**doc, "provenance": doc.get("provenance") or first or now}
+        if first is not None:
+            doc["rewritten_by"] = now
         _write_atomically(self.path / RESULTS, json.dumps(_plain(doc), indent=1) + "\n")
         return self.path / RESULTS
+
+    def _recorded_provenance(self) -> dict[str, Any] | None:
+        """results.json's provenance as the run first wrote it, when there is one."""
+        try:
+            found = json.loads((self.path / RESULTS).read_text(encoding="utf-8")).get("provenance")
+        except (OSError, ValueError, AttributeError):
+            return None
+        return found if isinstance(found, dict) and found.get("command") else None
 
     @property
     def ledger_path(self) -> Path:

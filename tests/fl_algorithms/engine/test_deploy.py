@@ -120,9 +120,11 @@ def test_sigint_stops_the_server_with_one_line_and_its_clients_say_why(tmp_path)
                    'min_release_group = 2\n')
     common = [sys.executable, "-m", "fl_algorithms.deploy_cli"]
     task = ["--task", "fl_algorithms.tasks.toy:build", "--config", str(cfg), "--insecure"]
+    # SIGINT as a terminal delivers it: a suite started in the background (or under nohup) passes SIGINT
+    # ignored to its children, and Python then leaves it ignored, as a shell's background job should
     server = subprocess.Popen(common + ["server", *task, "--clients", "3", "--bind", endpoint, "--run-dir",
                                         str(tmp_path / "run")], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True)
+                              text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     clients = [subprocess.Popen(common + ["client", *task, "--id", str(i), "--connect", endpoint], cwd=ROOT,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in (1, 2, 3)]
     try:

@@ -325,6 +325,8 @@ def test_results_are_written_atomically_as_json(tmp_path):
     run.write_results({"provenance": given})  # a document bringing its own keeps it
     assert json.loads(path.read_text())["provenance"] == given
     run.write_results({"summary": {"acc": 0.7, "cfg": Inner()}, "ids": (1, 2), "w": np.arange(2)})
+    rewritten = json.loads(path.read_text())  # a rewrite (resume, --report) keeps how the run was made
+    assert rewritten["provenance"] == given and rewritten["rewritten_by"]["command"].startswith("python ")
     with pytest.raises(TypeError, match="not JSON serializable"):
         run.write_results({"bad": b"x"})
     assert json.loads(path.read_text())["ids"] == [1, 2]  # the failed write left the previous file

@@ -6,6 +6,10 @@
                                             they are (`fedsecure run fedmcp --help`: its options)
     fedsecure report RUN_DIR                the experiment that made RUN_DIR, with --resume RUN_DIR --report:
                                             its tables and last line from what it finished, running nothing
+    fedsecure report RUN_DIR --publish [PAGE]
+                                            that report written into a results page (default: the experiment's
+                                            docs/results/*.md) as RUN_DIR's generated block
+    fedsecure report --check [PAGE...]      check the results pages' generated blocks (default: all of them)
     fedsecure deploy server|client ARGS...  any task as separate processes over tcp (python -m fl_algorithms.deploy_cli)
     fedsecure enrol client|server|roster|dealer ARGS...
                                             keys and the roster for a deployment (python -m transport.cli's
@@ -15,6 +19,13 @@ The examples stay scripts (`python examples/fedmcp_secure.py` does the same as `
 executes the script as `python SCRIPT ARGS...` would, located beside this package in the repository
 (an editable install: `pip install -e .`). Nothing heavy is imported before a command has parsed its
 arguments, so `--help` answers at once; the examples parse before they import torch.
+
+Results pages (docs/results/*.md) are hand-written prose plus blocks generated from run records
+(fl_algorithms/experiments/publish.py): `fedsecure report results/EXPERIMENT/RUN --publish` runs the report
+in a subprocess and writes, between `<!-- generated from results/EXPERIMENT/RUN ... -->` and
+`<!-- end generated: ... -->`, its output, the run's table.md and the `Command: ... · device: ... · date: ...`
+line from its results.json (a run without that provenance is refused). Regenerate a page by publishing its
+runs again (a block is replaced in place; the same record gives the same page), never by editing a block.
 """
 from __future__ import annotations
 
@@ -30,6 +41,10 @@ from typing import Any
 
 REPOSITORY = Path(__file__).resolve().parents[1]
 """The checkout this package runs from (its examples/ sit beside the package)."""
+RESULTS_PAGES = REPOSITORY / "docs" / "results"
+"""The results pages, one per experiment (`report --publish` writes their generated blocks)."""
+DEFAULT_PAGE = Path("<the experiment's page>")
+"""`--publish` given without PAGE: the detected experiment's results page."""
 
 
 @dataclass(frozen=True)
@@ -62,10 +77,19 @@ class Experiment:
     reproduces: str
     marks: tuple[tuple[Mark, ...], ...] = ()
     """Ways to recognise its run directories, each a set of marks that must all be found (`report`)."""
+    page: str | None = None
+    """Its results page under docs/results/, where `report RUN_DIR --publish` writes by default."""
+    no_progress: bool = True
+    """Whether its script takes --no-progress (what `--publish` passes, so no progress bar reaches the page)."""
 
     @property
     def path(self) -> Path:
         return REPOSITORY / "examples" / self.script
+
+    @property
+    def page_path(self) -> Path | None:
+        """Its results page (None for an experiment without one)."""
+        return None if self.page is None else RESULTS_PAGES / self.page
 
     def made(self, run: Path) -> bool:
         """Whether `run` is one of this experiment's run directories."""
@@ -75,29 +99,33 @@ class Experiment:
 EXPERIMENTS = (
     Experiment("fedmcp", "fedmcp_secure.py",
                "FedMCP (Zhao et al. 2024) Tables I/II: FedMCP vs Local, FedAvg (PEFT), FedRep and more, SecAgg+",
-               ((Mark("results.json", "experiment", "fedmcp"),), (Mark("config.toml", "plan.plain_check"),))),
+               ((Mark("results.json", "experiment", "fedmcp"),), (Mark("config.toml", "plan.plain_check"),)),
+               "fedmcp.md"),
     Experiment("fednlp-classification", "fednlp_classification.py",
                "FedNLP (Lin et al. 2022) text classification: FedAvg, FedProx, FedOPT on BBC topics, secure vs plain",
-               ((Mark("config.toml", "settings.alpha"), Mark("config.toml", "settings.min_client_docs")),)),
+               ((Mark("config.toml", "settings.alpha"), Mark("config.toml", "settings.min_client_docs")),),
+               "fednlp.md"),
     Experiment("fednlp-benchmark", "fednlp_benchmark.py",
                "FedNLP's grid: four formulations x FedAvg/FedProx/FedOPT x partitions, each with a plaintext twin",
-               ((Mark("plan.json", "tasks"), Mark("plan.json", "partitions")),)),
+               ((Mark("plan.json", "tasks"), Mark("plan.json", "partitions")),), "fednlp.md"),
     Experiment("atc", "atc_secure.py",
                "ATC (Assign-Then-Contrast): 18 heterogeneous clients vs its baselines and an insecure reference",
-               ((Mark("plan.json", "atc"), Mark("plan.json", "model")),)),
+               ((Mark("plan.json", "atc"), Mark("plan.json", "model")),), "atc.md"),
     Experiment("fedseit", "fedseit_continual.py",
                "FedSeIT + SIT (Chaudhary et al. 2022) vs FedWeIT and continual baselines: accuracy, forgetting",
-               ((Mark("plan.json", "rounds_per_task"), Mark("plan.json", "descriptor")),)),
+               ((Mark("plan.json", "rounds_per_task"), Mark("plan.json", "descriptor")),), "fedseit.md"),
     Experiment("adafedselectkd", "adafedselectkd.py",
                "AdaFedSelectKD (Feng et al.) vs AdaFedKD, AdaFedAvg and baselines: multi-domain headline generation",
                ((Mark("results.json", "experiment", "adafedselectkd"),),
-                (Mark("plan.json", "settings"), Mark("plan.json", "data")))),
+                (Mark("plan.json", "settings"), Mark("plan.json", "data"))), "adafedselectkd.md"),
     Experiment("privacy-frontier", "privacy_frontier.py",
                "accuracy vs measured leakage: plaintext, SecAgg+, distributed, central and local DP at Poisson cohorts",
                ((Mark("ledger.json", "format", "fedsecure-nlp/privacy-frontier-ledgers/v2"),),
-                (Mark("results.json", "runs.0.cohort"), Mark("results.json", "runs.0.config")))),
+                (Mark("results.json", "runs.0.cohort"), Mark("results.json", "runs.0.config"))),
+               "privacy_frontier.md"),
     Experiment("secagg-demo", "secagg_demo.py",
-               "one secure-aggregation round between real processes over tcp, with dropouts (no run directory)"),
+               "one secure-aggregation round between real processes over tcp, with dropouts (no run directory)",
+               page="secure_aggregation.md", no_progress=False),
 )
 ENROL = {"client": "enrol-client", "server": "init-server", "roster": "roster", "dealer": "enrol"}
 """`fedsecure enrol NAME` -> `python -m transport.cli SUBCOMMAND`."""
@@ -155,6 +183,43 @@ def run_script(script: Path, args: Sequence[str]) -> int:
     return 0
 
 
+def publish(run: Path, chosen: Experiment, *, page: Path, parser: argparse.ArgumentParser) -> int:
+    """`report RUN_DIR --publish [PAGE]`: the run's report into its results page (`experiments.publish`); 1 with
+    the reason when it cannot be published (nothing written then)."""
+    from fl_algorithms.experiments.publish import PublishError
+    from fl_algorithms.experiments.publish import publish as write_block
+
+    if page == DEFAULT_PAGE:
+        if chosen.page_path is None:
+            parser.error(f"{chosen.name} has no results page: give --publish PAGE")
+        page = chosen.page_path
+    try:
+        done = write_block(run, page, script=chosen.path, no_progress=chosen.no_progress, root=REPOSITORY)
+    except PublishError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    sys.stdout.write(done.text + "\n")
+    print(f"{'replaced' if done.replaced else 'added'} the block of {done.key} in {page} "
+          f"(report {done.seconds:.1f} s)", file=sys.stderr)
+    return 0
+
+
+def check(pages: Sequence[Path]) -> int:
+    """`report --check PAGE...`: 0 when every generated block is well formed, else 1 after listing the problems."""
+    from fl_algorithms.experiments.publish import check_page
+
+    problems = []
+    for page in pages:
+        if not page.is_file():
+            problems.append(f"{page}: no such page")
+            continue
+        problems += check_page(page, root=REPOSITORY)
+    for problem in problems:
+        print(problem, file=sys.stderr)
+    print(f"{len(pages)} page(s) checked: {len(problems) or 'no'} problem(s)", file=sys.stderr)
+    return 1 if problems else 0
+
+
 def parser() -> argparse.ArgumentParser:
     """fedsecure's parser: list, run, report, deploy, enrol (the last three pass their arguments on)."""
     p = argparse.ArgumentParser(prog="fedsecure", description=__doc__.split("\n")[0],
@@ -171,8 +236,17 @@ def parser() -> argparse.ArgumentParser:
     report = sub.add_parser("report", help="report a run directory: its experiment with --resume RUN_DIR --report",
                             description="Find the experiment that made RUN_DIR and run it with --resume RUN_DIR "
                                         "--report: its tables and last line from the cells or runs it finished, "
-                                        "running nothing.")
-    report.add_argument("run_dir", metavar="RUN_DIR", type=Path, help="a run directory an experiment made")
+                                        "running nothing. --publish writes that report into a results page "
+                                        "(docs/results/*.md) with the run's command, device and date; --check "
+                                        "checks the pages' generated blocks.")
+    report.add_argument("run_dir", metavar="RUN_DIR", type=Path, nargs="?", help="a run directory an experiment made")
+    report.add_argument("--publish", metavar="PAGE", type=Path, nargs="?", const=DEFAULT_PAGE, default=None,
+                        help="write the report into a results page as RUN_DIR's generated block, with the run's "
+                             "command, device, date and commit from its results.json (replaced in place when the "
+                             "page has one; default page: the experiment's docs/results/*.md)")
+    report.add_argument("--check", metavar="PAGE", type=Path, nargs="*", default=None,
+                        help="check the generated blocks of these results pages (default: every docs/results/*.md): "
+                             "begin and end markers, the Command/device/date line; exit 1 listing the problems")
     deploy = sub.add_parser("deploy", help="a task's server or one client as its own process over tcp "
                                            "(python -m fl_algorithms.deploy_cli)",
                             description="Any task as separate processes over tcp: `fedsecure deploy server --help` "
@@ -204,11 +278,19 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "(a checkout installed with `pip install -e .`)")
         return run_script(chosen.path, args.args)
     if args.command == "report":
+        if args.check is not None:
+            if args.run_dir is not None or args.publish is not None:
+                p.error("report --check PAGE... checks pages only: give no RUN_DIR and no --publish")
+            return check(args.check or sorted(RESULTS_PAGES.glob("*.md")))
+        if args.run_dir is None:
+            p.error("report needs RUN_DIR (or --check PAGE...)")
         try:
             chosen = detect(args.run_dir)
         except ValueError as error:
             p.error(str(error))
         print(f"{args.run_dir}: a run of {chosen.name} (examples/{chosen.script})", file=sys.stderr, flush=True)
+        if args.publish is not None:
+            return publish(args.run_dir, chosen, page=args.publish, parser=p)
         return run_script(chosen.path, ["--resume", str(args.run_dir), "--report"])
     if args.command == "deploy":
         from fl_algorithms import deploy_cli

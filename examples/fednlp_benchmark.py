@@ -405,6 +405,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             parts.append(f"secure_sum_s_per_round={picked['fedavg']['secure_seconds_per_round']:.3f}")
         parts.append(f"protocol={plan.training_protocol}")
         lines.append(" ".join(parts))
+    from fl_algorithms.experiments.rundir import RunDirectory
+
+    # the grid's tables and lines with the command, device and date that made them (publishable)
+    RunDirectory(run).write_results({"experiment": "fednlp-benchmark", "table": table, "lines": lines,
+                                     "missing": missing})
     print("\n".join(lines), flush=True)
     return {"run": run, "rows": rows, "table": table, "lines": lines}
 

@@ -249,6 +249,7 @@ def report(runs: list[dict[str, Any]], out: Path, *, sampler: str, seconds: floa
            combined_from: list[Path] | None = None) -> dict[str, Any]:
     """Tables, plots, results.json and the last line for `runs` (one run or combined parts)."""
     from fl_algorithms.experiments.frontier_report import csv_text, markdown, plot_cost, plot_frontier, summarise
+    from fl_algorithms.experiments.rundir import stamped
 
     rows = summarise(runs)
     (out / "table.md").write_text(markdown(rows) + "\n")
@@ -261,7 +262,7 @@ def report(runs: list[dict[str, Any]], out: Path, *, sampler: str, seconds: floa
         doc["audit"] = [{k: a[k] for k in ("cohort", "seed", "setting", *AUDIT_KEYS, "canaries", "line")} for a in audits]
     if combined_from:
         doc["combined_from"] = [str(p) for p in combined_from]
-    _write_json(out / "results.json", doc)
+    _write_json(out / "results.json", stamped(out / "results.json", doc))  # with the command, device, date
     print(markdown(rows))
     took = "combined" if seconds is None else f"{seconds:.0f} s"
     print(f"\nresults: {out / 'results.json'}  plots: {plot_path}" + (f", {cost_path}" if cost_path else "") + f"  ({took})")

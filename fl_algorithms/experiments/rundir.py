@@ -248,6 +248,22 @@ def provenance() -> dict[str, Any]:
             "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"), "commit": commit}
 
 
+def stamped(path: Path, doc: Mapping[str, Any]) -> dict[str, Any]:
+    """`doc` as results file `path` should hold it: with the `provenance` of the command that first wrote
+    the file (kept from `path` when it has one; this process's otherwise) unless `doc` brings its own, and
+    this process's as `rewritten_by` when it rewrites a file it did not first write (a resume, a --report)."""
+    if doc.get("provenance"):
+        return dict(doc)
+    now = provenance()
+    try:
+        first = json.loads(Path(path).read_text(encoding="utf-8")).get("provenance")
+    except (OSError, ValueError, AttributeError):
+        first = None
+    if not (isinstance(first, dict) and first.get("command")):
+        return {**doc, "provenance": now}
+    return {**doc, "provenance": first, "rewritten_by": now}
+
+
 class RunDirectory:
     """A run's folder: `config.toml`, `metrics.jsonl`/`.csv`, `results.json`, `ledger.json`,
     `checkpoints/`, `plots/`, `tb/`. One writer at a time (the process running the run)."""
@@ -477,21 +493,9 @@ class RunDirectory:
         run's `provenance` (command, device, date, commit) unless `doc` brings its own. A rewrite (a
         resumed run, a `--report`) keeps the provenance of the command that made the run and records its
         own as `rewritten_by`: the record must still say how it was first made."""
-        now = provenance()
-        first = None if doc.get("provenance") else self._recorded_provenance()
-        doc = {**doc, "provenance": doc.get("provenance") or first or now}
-        if first is not None:
-            doc["rewritten_by"] = now
+        doc = stamped(self.path / RESULTS, doc)
         _write_atomically(self.path / RESULTS, json.dumps(_plain(doc), indent=1) + "\n")
         return self.path / RESULTS
-
-    def _recorded_provenance(self) -> dict[str, Any] | None:
-        """results.json's provenance as the run first wrote it, when there is one."""
-        try:
-            found = json.loads((self.path / RESULTS).read_text(encoding="utf-8")).get("provenance")
-        except (OSError, ValueError, AttributeError):
-            return None
-        return found if isinstance(found, dict) and found.get("command") else None
 
     @property
     def ledger_path(self) -> Path:

@@ -70,9 +70,13 @@ def test_quick_grid_prints_one_line_per_task_and_resumes(tmp_path, capsys):
         declared = r["training_protocol"]
         assert declared["name"] == "fednlp" and declared["lifetime"] == "fresh each round"
         assert declared["optimizer"]["name"] == ("adamw" if r["algorithm"] == "fedopt" else "sgd")
+    made = json.loads((run / "results.json").read_text())  # publishable: the lines with how they were made
+    assert made["lines"] == out["lines"] and made["provenance"]["command"].startswith("python ")
     again = bench.main(["--resume", str(run), "--backbone", "tiny", "--no-progress"])
     assert "12 already done" in capsys.readouterr().out
     assert again["lines"] == out["lines"]
+    resumed = json.loads((run / "results.json").read_text())  # the resume keeps how the run was made
+    assert resumed["provenance"] == made["provenance"] and "rewritten_by" in resumed
     # a grid stopped between a secure FedAvg run and its plaintext twin reruns both, so the twin keeps its check
     cells = run / "cells.jsonl"
     cells.write_text("".join(line + "\n" for line in cells.read_text().splitlines()

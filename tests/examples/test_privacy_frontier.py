@@ -63,6 +63,7 @@ def test_last_line_has_the_issue_format_and_points_at_the_ledger(sweep):
     assert len((run / "table.csv").read_text().splitlines()) == 1 + 5
     saved = json.loads((run / "results.json").read_text())
     assert {r["setting"] for r in saved["rows"]} == {"plain", "secagg", "ddp_eps8", "central_eps8", "dpsgd_eps8"}
+    assert saved["provenance"]["command"].startswith("python ") and saved["provenance"]["date"]  # publishable
 
 
 def test_plaintext_leaks_to_the_realistic_attacker_and_dp_hides_it(sweep):

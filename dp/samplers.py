@@ -21,6 +21,7 @@ Samplers:
 from __future__ import annotations
 
 import math
+import threading
 from collections import OrderedDict
 
 import numpy as np
@@ -78,9 +79,10 @@ def _table_worth_it(lam: float, size: int) -> bool:
         return False
     if size >= _table_size(lam) or lam in _ASKED:
         return True
-    _ASKED[lam] = None
-    while len(_ASKED) > ASKED_KEPT:
-        _ASKED.popitem(last=False)
+    with _LOCK:
+        _ASKED[lam] = None
+        while len(_ASKED) > ASKED_KEPT:
+            _ASKED.popitem(last=False)
     return False
 
 
@@ -90,22 +92,25 @@ TABLES_KEPT = 32
 _ASKED: OrderedDict[float, None] = OrderedDict()
 ASKED_KEPT = 4096
 """Means drawn once without a table: a second draw builds it."""
+_LOCK = threading.Lock()
 
 
 def _poisson_table(lam: float) -> tuple[int, np.ndarray, np.ndarray]:
-    if lam in _TABLES:
-        _TABLES.move_to_end(lam)
-        return _TABLES[lam]
+    with _LOCK:  # clients of a threaded simulation draw at once
+        if lam in _TABLES:
+            _TABLES.move_to_end(lam)
+            return _TABLES[lam]
     table = _build_table(lam)
-    _TABLES[lam] = table
-    while len(_TABLES) > TABLES_KEPT:
-        _TABLES.popitem(last=False)
+    with _LOCK:
+        _TABLES[lam] = table
+        while len(_TABLES) > TABLES_KEPT:
+            _TABLES.popitem(last=False)
     return table
 
 
 def _build_table(lam: float) -> tuple[int, np.ndarray, np.ndarray]:
     """(lo, cdf, guide): cdf[i] = P(lo <= K <= lo + i); guide[b] an index at or below the answer for
-    any u with floor(u * len(cdf)) = b (the first i with cdf[i] > (b - 1) / len(cdf): one bucket of
+    any u with floor(u * len(cdf)) = b, computed in floats (the first i with cdf[i] > (b - 1) / len(cdf): one bucket of
     slack, so float rounding of u * len(cdf) can never start the search past the answer). Read-only;
     kept (`_poisson_table`) because the noise of a run draws from a few means again and again."""
     lo, hi = _table_bounds(lam)
@@ -113,7 +118,8 @@ def _build_table(lam: float) -> tuple[int, np.ndarray, np.ndarray]:
     j = np.arange(lo - base, hi - base + 1, dtype=np.float64)
     cdf = np.cumsum(np.exp(_poisson_logpmf(j, base=base, frac=lam - base, lam=lam)))
     m = len(cdf)
-    guide = np.searchsorted(cdf, (np.arange(m, dtype=np.float64) - 1.0) / m, side="right")
+    # one entry more than buckets: u * m may round up to m itself for u just below 1
+    guide = np.minimum(np.searchsorted(cdf, (np.arange(m + 1, dtype=np.float64) - 1.0) / m, side="right"), m - 1)
     for a in (cdf, guide):
         a.setflags(write=False)
     return lo, cdf, guide

@@ -439,3 +439,27 @@ def test_bad_protocol_flags_are_clear_usage_errors(argv, message, capsys):
     with pytest.raises(SystemExit, match="^2$"):  # argparse's usage error
         fedmcp_secure.parse_settings(argv)
     assert message in capsys.readouterr().err
+
+
+def test_threads_follow_what_runs_now_not_the_load_average(monkeypatch):
+    """Two torch threads unless another process is runnable now (/proc/loadavg's count, this one excluded):
+    a job that just finished still sits in the 1-minute average and must not halve the default run."""
+    import builtins
+    import io
+    import os
+
+    real_open = builtins.open
+
+    def fake(running: int):
+        def opener(path, *args, **kwargs):
+            if path == "/proc/loadavg":
+                return io.StringIO(f"0.90 0.80 0.70 {running}/345 12345\n")
+            return real_open(path, *args, **kwargs)
+        return opener
+
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(os, "getloadavg", lambda: (0.9, 0.8, 0.7))  # would have said: one thread
+    for running, threads in ((1, 2), (2, 1), (5, 1)):
+        monkeypatch.setattr(builtins, "open", fake(running))
+        assert fedmcp_secure.choose_threads(None) == threads, running
+    assert fedmcp_secure.choose_threads(3) == 3  # --threads wins

@@ -34,8 +34,8 @@ Training protocol (`--training-protocol`, docs/protocols.md; every field cited t
 epoch per round, last round, for every method of the run (Sec. V-C). The paper leaves the optimiser's
 lifetime open: ``fedmcp`` (default, as every run before) keeps each client's Adam across rounds,
 ``fedmcp-fresh`` builds it afresh at every local run. ``--precision fp32|bf16`` sets the encoder's
-autocast (default auto: bf16 where the device multiplies bf16 natively, as earlier runs did; the paper's
-V100 has no bf16). The run header prints each method's protocol; config.toml and results.json record it
+autocast (default auto: bf16 where it is faster than fp32, i.e. a GPU from Ampere on or a CPU with AMX; fp32
+elsewhere, as on this 2-core CPU since 2026-11-29; the paper's V100 has no bf16). The run header prints each method's protocol; config.toml and results.json record it
 (``training_protocol``, and ``protocol`` per method in results.json). A run saved before protocols were
 declared resumes with the kept Adam it ran.
 
@@ -55,7 +55,10 @@ Simplifications, with reasons:
   clients hold ~2,400) batch 64 leaves 3 optimizer steps per round. ``--batch-size 64`` restores it.
 * The frozen layers run without dropout (like the cached prefix below them; it drew a quarter of each
   CPU step in random numbers; ``--backbone-dropout`` restores it), and their matmuls use bfloat16
-  autocast where the CPU multiplies bfloat16 natively (``--precision fp32`` to turn off).
+  autocast where that is faster than fp32 (``--precision`` chooses).
+* The first adapted layer's attention block (frozen weights on frozen inputs) is cached with the prefix,
+  so each pass starts that layer at its first adapter site (`nlp_models.frozen_prefix`); LoRA, which
+  trains query and value, computes it afresh.
 * Reported accuracy is the clients' test accuracy after the last round; the learning curve
   (accuracy.png, metrics.jsonl's ``mean_validation_accuracy``) is validation accuracy per round, so
   the large test splits are evaluated once per run rather than every round.
@@ -150,7 +153,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="keep dropout in the frozen adapted layers")
     p.add_argument("--precision", choices=("fp32", "bf16", "auto"),
                    help="the declared protocol's precision: fp32, or bf16 autocast in the encoder layers (default "
-                        "auto: bf16 where the device multiplies bf16 natively, as runs before; fp32 elsewhere)")
+                        "auto: bf16 where it is faster, a GPU from Ampere on or a CPU with AMX; fp32 elsewhere)")
     p.add_argument("--training-protocol", choices=FEDMCP_TRAINING_PROTOCOLS,
                    help="the clients' declared training protocol (docs/protocols.md): fedmcp (default) = the "
                         "paper's Adam (lr 5e-4) kept across rounds, as every run before; fedmcp-fresh = a fresh "

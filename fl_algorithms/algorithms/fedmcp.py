@@ -43,6 +43,7 @@ term; FedMCP under DP-SGD therefore runs with mu = 0 (L_a and L_b only), and say
 from __future__ import annotations
 
 from collections.abc import Mapping
+from functools import partial
 from typing import Any, NamedTuple, Protocol
 
 import numpy as np
@@ -171,14 +172,16 @@ class FedMCP(FedAvg):
 
     name = "fedmcp"
 
-    def __init__(self, *, gamma: float = 0.5, mu: float = 0.05, local_epochs: int = 1) -> None:
+    def __init__(self, *, gamma: float = 0.5, mu: float = 0.05, local_epochs: int = 1, probe: bool = True) -> None:
+        """`probe=False` trains the same way without logging the per-term gradient norms (a trainer probes
+        an objective that has `gradient_norms`; FedMCP's plaintext twin needs no second copy of them)."""
         super().__init__(local_epochs=local_epochs)
         if not 0.0 <= gamma <= 1.0:
             raise ValueError(f"gamma must be in [0, 1], got {gamma}")
         if mu < 0:
             raise ValueError(f"mu must be non-negative, got {mu}")
         self.gamma, self.mu = gamma, mu
-        self.objective = FedMCPObjective(gamma=gamma, mu=mu)
+        self.objective = FedMCPObjective(gamma=gamma, mu=mu) if probe else partial(fedmcp_objective, gamma=gamma, mu=mu)
 
     def init_state(self, *, initial: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         if set(initial) != {GLOBAL_PART}:

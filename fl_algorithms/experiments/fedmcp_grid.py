@@ -97,7 +97,24 @@ def read_saved(path: Path) -> tuple[FedMCPSettings, Plan]:
         raise ValueError("this run predates per-seed splits with whole test sets (its 'cap' was applied before "
                          "the split): it cannot be resumed exactly; start a new run")
     plan = {k: tuple(v) if isinstance(v, list) else v for k, v in saved["plan"].items()}
-    return FedMCPSettings(**saved["settings"]), Plan(**plan)
+    settings = dict(saved["settings"])
+    if settings.get("precision", "auto") == "auto":
+        settings["precision"] = _precision_as_ran(saved)
+    return FedMCPSettings(**settings), Plan(**plan)
+
+
+def _precision_as_ran(saved: dict[str, Any]) -> str:
+    """The precision a saved 'auto' run resolved to, so that a resume (on this machine) continues in it even
+    though `fast_bf16`'s rule changed: each method's recorded protocol where there is one, else the rule of
+    its time (`legacy_fast_bf16`, on the CPU: runs saved before protocols were recorded)."""
+    recorded = {p.get("precision") for p in saved.get("training_protocol", {}).values() if isinstance(p, dict)}
+    recorded.discard(None)
+    if len(recorded) == 1:
+        return recorded.pop()
+    if recorded:
+        raise ValueError(f"its methods recorded different precisions {sorted(recorded)}")
+    from nlp_models.cpu import legacy_fast_bf16
+    return "bf16" if legacy_fast_bf16("cpu") else "fp32"
 
 
 def combine_plans(parts: Sequence[Path]) -> tuple[FedMCPSettings, Plan]:
@@ -257,7 +274,8 @@ def run_method(method: str, seed: int, clients: FedMCPClients, plan: Plan, run: 
     # the learning curve on the (small) validation splits every round, the whole test splits in the last round
     config = RunConfig(rounds=clients.settings.rounds, seed=seed, secure=secure, curve_split="validation",
                        checkpoint_dir=str(run.checkpoint_dir / where))
-    task = clients.task(name, seed=seed)
+    twin = method == PLAIN_TWIN  # trains exactly as FedMCP; its gradient-norm probe would only repeat FedMCP's
+    task = clients.task(name, seed=seed, probe=not twin)
 
     def log(rec: RoundRecord) -> None:
         if (seed, method, rec.round) not in logged:
@@ -286,7 +304,7 @@ def run_method(method: str, seed: int, clients: FedMCPClients, plan: Plan, run: 
         try:
             server = run_on_loopback(
                 task=task, task_spec=TASK_SPEC, config=config, clients=clients.num_clients, on_round=on_round,
-                options=clients.options(name, seed=seed, threads=max(1, threads // clients.num_clients)),
+                options=clients.options(name, seed=seed, threads=max(1, threads // clients.num_clients), probe=not twin),
                 log_dir=run.path / "logs" / where, resume=True, client_checkpoints=run.checkpoint_dir / where / "clients")
         finally:
             bar.close()

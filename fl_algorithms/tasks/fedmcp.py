@@ -60,7 +60,7 @@ SPECS: Mapping[str, MethodModel] = {"fedmcp": FEDMCP_MODEL, "fedmcp_no_cl": FEDM
                                     "fedavg_peft": BASELINE_MODEL, "fedrep": BASELINE_MODEL, "local": LOCAL_MODEL,
                                     "fedlr": LORA_MODEL, "moon": MOON_MODEL, "ditto": BASELINE_MODEL}
 """Which adapter sets (or LoRA) each adapter method's clients have, train and share."""
-TASK_OPTIONS = ("settings", "method", "seed", "device", "threads")
+TASK_OPTIONS = ("settings", "method", "seed", "device", "threads", "probe")
 
 
 @dataclass(frozen=True)
@@ -101,7 +101,8 @@ class FedMCPSettings:
     """Dropout in the frozen adapted layers (default off: it cost a quarter of each CPU step)."""
     precision: str = "auto"
     """'bf16' autocast in the encoder layers, 'fp32', or 'auto' (bf16 where the device multiplies bf16 natively:
-    a CPU with AMX/AVX512-BF16, a GPU from Ampere on). The declared protocol records what it resolved to."""
+    a CPU with AMX, a GPU from Ampere on: `nlp_models.cpu.fast_bf16`). The declared protocol records what it
+    resolved to, and a resumed run keeps it."""
     training_protocol: str = "fedmcp"
     """FedMCP's declared protocol (`fl_algorithms.training.adapter_trainer.FEDMCP_PROTOCOLS`): 'fedmcp' keeps
     each client's Adam across rounds (as every run before protocols were declared, so a run saved without
@@ -165,11 +166,12 @@ FULL_PRESET = {"rounds": 25, "train_cap": None, "max_length": 128, "adapter_laye
 """The paper's run: 25 rounds, clients capped to the smallest corpus, 128 tokens, batch 64, all 6 layers."""
 
 
-def make_algorithm(method: str, settings: FedMCPSettings) -> Algorithm:
-    """The server/client algorithm of `method` (one local epoch per round throughout)."""
+def make_algorithm(method: str, settings: FedMCPSettings, *, probe: bool = True) -> Algorithm:
+    """The server/client algorithm of `method` (one local epoch per round throughout); `probe=False`: FedMCP
+    without its per-round gradient-norm probe (the plaintext twin, which trains exactly as FedMCP)."""
     mu = 0.0 if settings.dp else settings.mu
     if method == "fedmcp":
-        return FedMCP(gamma=settings.gamma, mu=mu)
+        return FedMCP(gamma=settings.gamma, mu=mu, probe=probe)
     if method == "fedmcp_no_cl":
         return FedMCP(gamma=settings.gamma, mu=0.0)
     if method == "fedmcp_no_bl":
@@ -366,20 +368,21 @@ class FedMCPClients:
         trains as FedMCP)."""
         return {m: self.settings.protocol("fedmcp" if m == "fedmcp_plain" else m, device=self.device) for m in methods}
 
-    def task(self, method: str, *, seed: int) -> Task:
+    def task(self, method: str, *, seed: int, probe: bool = True) -> Task:
         check_method(method, self.settings)
-        return Task(algorithm=make_algorithm(method, self.settings), make_trainer=self.trainer_factory(method, seed=seed),
-                    initial=lambda: self.initial(method, seed=seed))
+        return Task(algorithm=make_algorithm(method, self.settings, probe=probe),
+                    make_trainer=self.trainer_factory(method, seed=seed), initial=lambda: self.initial(method, seed=seed))
 
-    def options(self, method: str, *, seed: int, threads: int = 1) -> dict[str, str]:
+    def options(self, method: str, *, seed: int, threads: int = 1, probe: bool = True) -> dict[str, str]:
         """The `--option key=value` pairs that make `build` rebuild this task in another process."""
         return {"settings": json.dumps(asdict(self.settings)), "method": method, "seed": str(seed),
-                "device": self.device.type, "threads": str(threads)}
+                "device": self.device.type, "threads": str(threads), "probe": str(int(probe))}
 
 
 def build(options: Mapping[str, Any]) -> Task:
     """deploy_cli entry point. Options (all strings): `settings` (JSON object of FedMCPSettings fields),
-    `method` (one of METHODS), `seed`, `device` (auto|cpu|cuda), `threads` (torch threads, default 1).
+    `method` (one of METHODS), `seed`, `device` (auto|cpu|cuda), `threads` (torch threads, default 1), `probe`
+    (1, default: FedMCP logs its per-term gradient norms each round; 0: not, as its plaintext twin).
     Anything unknown or malformed is a ValueError naming it, before any data or model is loaded."""
     check_options(options, TASK_OPTIONS, task="fedmcp")
     settings = settings_option(FedMCPSettings, options)
@@ -387,9 +390,12 @@ def build(options: Mapping[str, Any]) -> Task:
     check_method(method, settings)
     seed = int_option(options, "seed", default=0, minimum=0)
     threads = int_option(options, "threads", default=1, minimum=1)
+    probe = int_option(options, "probe", default=1, minimum=0)
+    if probe > 1:
+        raise ValueError(f"fedmcp task option probe must be 0 or 1, got {probe}")
     clients = FedMCPClients(settings, device=str(options.get("device", "cpu")))
     torch.set_num_threads(threads)
-    return clients.task(method, seed=seed)
+    return clients.task(method, seed=seed, probe=bool(probe))
 
 
 __all__ = ["ABLATIONS", "METHODS", "DEFAULT_METHODS", "BACKBONES", "SPECS", "TASK_OPTIONS", "FedMCPSettings", "FULL_PRESET",

@@ -145,7 +145,7 @@ def fedmcp_protocol(name: str = "fedmcp", *, method: str = "fedmcp", lr: float =
         precision_cite = ("bf16 autocast in the encoder's adapted layers (and in the frozen-prefix cache, computed on "
                           "the CPU, where that CPU runs bf16; adapters, heads, pooling, losses and CKA stay fp32): "
                           "differs from the paper (a V100, "
-                          "Sec. V-C, has no bf16), for speed where the device multiplies bf16 natively; L_c's CKAs "
+                          "Sec. V-C, has no bf16), for speed where bf16 is faster (a GPU from Ampere on, a CPU with AMX); L_c's CKAs "
                           "lie within about 1e-3 of 1, near bf16's resolution (issue 55)")
         if dp:
             precision_cite += "; under DP-SGD the adapted layers run fp32 (Opacus' per-sample gradients)"

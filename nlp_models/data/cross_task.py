@@ -107,13 +107,15 @@ class ClientData:
     num_labels: int
     splits: Mapping[str, CachedSplit]
     split_layer: int
-    """Layers below this index are frozen and cached in ``CachedSplit.hidden``."""
+    """Layers below this index are frozen and cached in ``CachedSplit.hidden`` (with this layer's attention
+    output beside them, (N, L, 2H), when built with ``attended``)."""
 
 
 def build_client_data(backbone: nn.Module, tokenizer: Any, splits: Mapping[str, DatasetSplits], *, max_length: int,
                       adapter_layers: int, tasks: Sequence[ClientTask] = CLIENT_TASKS, bf16: bool = False,
-                      progress: Callable[[str], None] | None = None) -> list[ClientData]:
-    """Clients 1..K in the order of `splits`, each split cached below the top `adapter_layers` layers."""
+                      progress: Callable[[str], None] | None = None, attended: bool = True) -> list[ClientData]:
+    """Clients 1..K in the order of `splits`, each split cached below the top `adapter_layers` layers, with
+    the first adapted layer's attention output kept beside it (`attended`, `nlp_models.frozen_prefix`)."""
     split_layer = prefix_split(backbone, adapter_layers)
     titles = {task.key: task.title for task in tasks}
     clients = []
@@ -124,7 +126,7 @@ def build_client_data(backbone: nn.Module, tokenizer: Any, splits: Mapping[str, 
         for name in SPLITS:
             dataset = getattr(parts, name)
             cached[name] = cache_texts(backbone, tokenizer, dataset.texts, dataset.labels, max_length=max_length,
-                                       split=split_layer, bf16=bf16)
+                                       split=split_layer, bf16=bf16, attended=attended)
         clients.append(ClientData(client_id=client_id, key=key, title=titles.get(key, key),
                                   num_labels=parts.train.num_labels, splits=cached, split_layer=split_layer))
     return clients

@@ -81,8 +81,8 @@ def test_resume_after_a_crash_finishes_like_an_uninterrupted_run(tmp_path, capsy
 
     real = fedmcp_task.make_algorithm
 
-    def crashing(method, settings):
-        algorithm = real(method, settings)
+    def crashing(method, settings, **kwargs):
+        algorithm = real(method, settings, **kwargs)
         if method == "fedmcp":
             original = algorithm.server_update
 
@@ -404,6 +404,8 @@ def test_the_declared_protocol_is_printed_and_recorded_and_both_evaluation_point
     # FedMCP's gradient ratio mu L_c : L_a per round, for comparing protocols
     assert len(methods["fedmcp"]["grad_ratio_mu_c_to_a"]["median"]) == 2
     assert methods["local"]["grad_ratio_mu_c_to_a"] == {}
+    # the plaintext twin trains as FedMCP without repeating its probe
+    assert methods["fedmcp_plain"]["grad_ratio_mu_c_to_a"] == {}
 
 
 def test_a_run_saved_before_protocols_were_declared_resumes_with_the_kept_adam_it_ran(tmp_path, capsys):

@@ -34,3 +34,14 @@ def test_training_attention_pins_the_math_kernel_on_cpu_only(monkeypatch):
     with torch.no_grad(), cpu.training_attention("cpu"):
         pass
     assert entered == [torch.nn.attention.SDPBackend.MATH]
+
+
+def test_avx512_bf16_alone_no_longer_means_bf16_on_a_cpu_but_amx_does(monkeypatch):
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: True)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
+    assert not cpu.fast_bf16("cpu") and cpu.legacy_fast_bf16("cpu")
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: True)
+    assert cpu.fast_bf16("cpu") and cpu.legacy_fast_bf16("cpu")
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
+    assert not cpu.fast_bf16("cpu") and not cpu.legacy_fast_bf16("cpu")

@@ -133,3 +133,64 @@ def test_cache_splits_gives_each_split_exactly_its_own_rows_of_one_pass():
     assert torch.allclose(parts["validation"].hidden, whole.hidden[4:5])
     with pytest.raises(ValueError, match="do not cover"):
         cache_splits(model, ids, mask, labels, sizes={"train": 3}, split=2, device="cpu")
+
+
+def _adapted_top(split: int, *, lora: bool = False):
+    from nlp_models.frozen_prefix import TopEncoder
+
+    model = tiny_bert(vocab_size=100, layers=3, hidden=32)
+    top = TopEncoder(model, split=split, freeze=True, dropout=False)
+    attach_adapters(top, {"global": 4}, seed=0)
+    load_set_(top, "global", flatten_set(top, "global") + 0.1)  # non-identity adapters
+    if lora:
+        from nlp_models.lora import LoraSettings, add_lora
+        add_lora(top, LoraSettings(rank=2), seed=0)
+    return model, top
+
+
+@pytest.mark.parametrize("split", [0, 1, 2])
+def test_an_attended_cache_starts_the_first_adapted_layer_at_its_adapter_site_with_the_same_outputs_and_grads(split):
+    from nlp_models.adapters import set_parameters
+
+    model, top = _adapted_top(split)
+    ids, mask = _inputs()
+    plain = build_prefix_cache(model, ids, mask, split=split, progress=False, by_length=True)
+    kept = build_prefix_cache(model, ids, mask, split=split, progress=False, by_length=True, attended=True)
+    assert kept.hidden.shape == (*ids.shape, 64)
+    torch.testing.assert_close(kept.hidden[..., :32], plain.hidden, rtol=0, atol=0)
+    outputs, grads = [], []
+    for cache in (plain, kept):
+        top.zero_grad()
+        out = top(cache.hidden, cache.attention_mask)
+        (out[mask.bool()] ** 2).sum().backward()
+        outputs.append(out[mask.bool()])
+        grads.append(torch.cat([p.grad.flatten() for p in set_parameters(top, "global")]))
+    torch.testing.assert_close(outputs[1], outputs[0], atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(grads[1], grads[0], atol=1e-5, rtol=1e-4)
+    # the kept half is what the layer uses: changing it changes the output
+    changed = kept.hidden.clone()
+    changed[..., 32:] += torch.randn(changed[..., 32:].shape, generator=torch.Generator().manual_seed(1))
+    assert not torch.allclose(top(changed, kept.attention_mask)[mask.bool()], outputs[1].detach(), atol=1e-3)
+
+
+def test_a_layer_whose_attention_is_trained_ignores_the_kept_half_and_cannot_be_cached():
+    from nlp_models.lora import LoraSettings, add_lora
+
+    model, top = _adapted_top(1, lora=True)
+    ids, mask = _inputs()
+    plain = build_prefix_cache(model, ids, mask, split=1, progress=False)
+    kept = build_prefix_cache(model, ids, mask, split=1, progress=False, attended=True)
+    changed = kept.hidden.clone()
+    changed[..., 32:] += torch.randn(changed[..., 32:].shape, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        torch.testing.assert_close(top(changed, kept.attention_mask), top(plain.hidden, plain.attention_mask),
+                                   rtol=0, atol=0)
+    lora_model = add_lora(tiny_bert(vocab_size=100, layers=3, hidden=32), LoraSettings(rank=2), seed=0)
+    with pytest.raises(ValueError, match="no plain attention block"):
+        build_prefix_cache(lora_model, ids, mask, split=1, progress=False, attended=True)
+
+
+def test_cached_states_of_another_width_are_refused():
+    model, top = _adapted_top(1)
+    with pytest.raises(ValueError, match="width 48"):
+        top(torch.zeros(2, 3, 48), torch.ones(2, 3, dtype=torch.long))

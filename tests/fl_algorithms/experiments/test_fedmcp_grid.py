@@ -99,3 +99,43 @@ def test_the_point_table_and_the_last_lines_extra_keys():
     assert final_line(summary) == ("avg_acc fedmcp=67.50 fedavg_peft=50.00 local=65.00 secure_vs_plain_diff=n/a "
                                    "fedmcp_local_eval=80.00")
     assert not math.isnan(summary["local"]["points"]["before_aggregation"]["average"]["mean"])
+
+
+def _saved_run(tmp_path, *, recorded: dict[str, str] | None):
+    from fl_algorithms.experiments.fedmcp_grid import Plan
+    from fl_algorithms.experiments.rundir import RunDirectory
+    from fl_algorithms.tasks.fedmcp import FedMCPSettings
+
+    run = RunDirectory.create(tmp_path, name="r")
+    config = {"settings": FedMCPSettings(precision="auto", backbone="tiny"), "plan": Plan(algorithms=("fedmcp", "local"))}
+    if recorded is not None:
+        config["training_protocol"] = {m: {"name": "fedmcp", "precision": p} for m, p in recorded.items()}
+    run.write_config(config)
+    return run.path
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp32"])
+def test_a_saved_auto_run_resumes_in_the_precision_its_protocol_recorded(tmp_path, precision):
+    from fl_algorithms.experiments.fedmcp_grid import read_saved
+
+    settings, _ = read_saved(_saved_run(tmp_path, recorded={"fedmcp": precision, "local": precision}))
+    assert settings.precision == precision
+
+
+def test_a_saved_auto_run_without_a_recorded_protocol_resumes_under_the_rule_of_its_time(tmp_path, monkeypatch):
+    import torch
+
+    from fl_algorithms.experiments.fedmcp_grid import read_saved
+
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
+    for avx512_bf16, expected in ((True, "bf16"), (False, "fp32")):
+        monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda v=avx512_bf16: v)
+        settings, _ = read_saved(_saved_run(tmp_path / expected, recorded=None))
+        assert settings.precision == expected
+
+
+def test_a_saved_run_whose_methods_recorded_different_precisions_is_refused(tmp_path):
+    from fl_algorithms.experiments.fedmcp_grid import read_saved
+
+    with pytest.raises(ValueError, match="different precisions"):
+        read_saved(_saved_run(tmp_path, recorded={"fedmcp": "bf16", "local": "fp32"}))

@@ -88,6 +88,14 @@ def test_a_second_process_rebuilds_the_same_client(clients):
     assert mine.evaluate() == theirs.evaluate()
 
 
+def test_the_probe_option_reaches_fedmcp_in_a_second_process(clients):
+    """FedMCP's plaintext twin is built without the gradient-norm probe, in either runtime."""
+    assert clients.options("fedmcp", seed=0)["probe"] == "1"
+    for probe in (True, False):
+        task = build(clients.options("fedmcp", seed=0, probe=probe))
+        assert hasattr(task.algorithm.objective, "gradient_norms") is probe
+
+
 @pytest.mark.parametrize("options, message", [
     ({"settings": "{"}, "not JSON"),
     ({"settings": "[1]"}, "JSON object"),
@@ -102,6 +110,7 @@ def test_a_second_process_rebuilds_the_same_client(clients):
     ({"threads": "0"}, "option threads must be at least 1"),
     ({"device": "tpu"}, "device must be one of"),
     ({"mood": "x"}, "unknown fedmcp task options ['mood']"),
+    ({"probe": "2"}, "probe must be 0 or 1"),
 ])
 def test_build_rejects_bad_options(options, message):
     with pytest.raises(ValueError) as exc:

@@ -32,7 +32,8 @@ def test_clients_are_capped_alike_split_622_and_cached_below_the_adapters(tokeni
     assert [c.client_id for c in clients] == [1, 2] and clients[1].title == "second"
     assert all(c.split_layer == 2 and c.num_labels == 2 for c in clients)
     train = clients[0].splits["train"]
-    assert len(train) == 12 and train.hidden.shape[-1] == 32 and train.input_ids.shape == train.attention_mask.shape
+    # the prefix states (32) and the first adapted layer's attention output beside them (32)
+    assert len(train) == 12 and train.hidden.shape[-1] == 2 * 32 and train.input_ids.shape == train.attention_mask.shape
 
 
 def _corpus(name: str, n: int, classes: int = 2):

@@ -1,6 +1,6 @@
 """FedMCP against its baselines on real offline data, with SecAgg+ on and the privacy cost stated.
 
-    python examples/fedmcp_secure.py                      # defaults: < 10 min on 2 CPU cores
+    python examples/fedmcp_secure.py                      # defaults: 297 s on 2 idle CPU cores (2026-11-29)
     python examples/fedmcp_secure.py --quick              # 2 rounds, 60 training / 100 test examples per client
     python examples/fedmcp_secure.py --full --seeds 0,1,2 # the paper's 25 rounds, training sets capped to the smallest
     python examples/fedmcp_secure.py --dp                 # Opacus DP-SGD on the adapters, epsilon per client
@@ -46,7 +46,7 @@ its own last local run left it (before aggregation). The paper does not say whic
 Simplifications, with reasons:
 * Adapters sit in the top ``--adapter-layers`` layers (default 2 of 6), not in every layer as in the
   paper: the paper's structure is kept inside the adapted layers, and the frozen bottom layers are
-  computed once per example and shared by every method, round and seed (a 10-minute CPU budget
+  computed once per example and shared by every method, round and seed (a 5-minute CPU budget
   cannot backpropagate through all six layers for five methods). ``--full`` uses all six layers.
 * Defaults are small (180 training examples per client, 64 tokens, 5 rounds); ``--full`` gives 25
   rounds, training sets capped to the smallest client's (481), 128 tokens and batch 64. Test sets

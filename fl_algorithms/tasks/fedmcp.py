@@ -54,7 +54,7 @@ ABLATIONS = FEDMCP_ABLATIONS
 """FedMCP's Table II: without the contrastive loss L_c (mu = 0) and without the global-only loss L_b (gamma = 0)."""
 METHODS = FEDMCP_METHODS
 DEFAULT_METHODS = FEDMCP_DEFAULT_METHODS
-"""What the 10-minute CPU demo runs; FedAvg (Full FT) trains and uploads every backbone weight, and
+"""What the 5-minute CPU demo runs; FedAvg (Full FT) trains and uploads every backbone weight, and
 the other baselines and the ablations are named in the demo's output as left out (--algorithms adds them)."""
 SPECS: Mapping[str, MethodModel] = {"fedmcp": FEDMCP_MODEL, "fedmcp_no_cl": FEDMCP_MODEL, "fedmcp_no_bl": FEDMCP_MODEL,
                                     "fedavg_peft": BASELINE_MODEL, "fedrep": BASELINE_MODEL, "local": LOCAL_MODEL,

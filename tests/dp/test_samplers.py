@@ -114,3 +114,26 @@ def test_the_guide_table_finds_the_first_value_above_u(lam, us, edges):
     u = np.array(us + at + [np.nextafter(x, 0.0) for x in at if x > 0] + [0.0, np.nextafter(1.0, 0.0)])
     want = lo + np.minimum(np.searchsorted(cdf, u, side="right"), m - 1)
     assert np.array_equal(samplers._poisson_inversion(lam, u.size, _Given(u)), want)
+
+
+def test_tables_are_kept_within_an_entry_budget_not_a_table_count(monkeypatch):
+    """XNoise draws from ~40 means per client: all their tables stay kept while they fit the budget, and
+    the least recently used go first once they do not (the total never exceeds it)."""
+    monkeypatch.setattr(samplers, "_TABLES", type(samplers._TABLES)())
+    monkeypatch.setattr(samplers, "_KEPT_ENTRIES", 0)
+    means = [1000.0 + 7.5 * i for i in range(64)]
+    rng = CryptoRandom(key=bytes(32))
+    for lam in means:
+        samplers._poisson_inversion(lam, 4, rng)
+    assert list(samplers._TABLES) == means
+    sizes = {lam: samplers._table_size(lam) for lam in means}
+    assert samplers._KEPT_ENTRIES == sum(sizes.values())
+    budget = sum(sizes[lam] for lam in means[-10:])
+    monkeypatch.setattr(samplers, "TABLE_ENTRIES_KEPT", budget)
+    samplers._poisson_inversion(means[0], 4, rng)  # kept already: used again, nothing built
+    assert list(samplers._TABLES)[-1] == means[0] and len(samplers._TABLES) == len(means)
+    samplers._poisson_inversion(5000.0, 4, rng)  # a new table: the least recently used go
+    sizes[5000.0] = samplers._table_size(5000.0)
+    kept = list(samplers._TABLES)
+    assert kept[-1] == 5000.0 and samplers._KEPT_ENTRIES == sum(sizes[lam] for lam in kept) <= budget
+    assert kept[:-1] == ([*means[1:], means[0]])[-(len(kept) - 1):]

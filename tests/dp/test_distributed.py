@@ -207,3 +207,18 @@ def test_malformed_inputs_are_rejected():
         encoder.decode(np.zeros(16, dtype=np.int64), round_seed=0, n_clients=4)
     with pytest.raises(ValueError, match="give exactly one of noise_multiplier and target_epsilon"):
         DistributedDPConfig(l2_clip=1.0, expected_clients=4)  # neither z nor a target
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.sampled_from([1 << 8, 1 << 16, 1 << 31, 1 << 32, FIELD_P31.modulus, 12289]),
+       st.lists(st.integers(min_value=-(1 << 62), max_value=(1 << 62)), min_size=1, max_size=40))
+def test_reduction_into_the_ring_equals_the_true_residue(modulus, values):
+    """The encoder's reduction (a mask for powers of two, np.mod otherwise), with or without `out`."""
+    from types import SimpleNamespace
+
+    encoder = SimpleNamespace(plan=SimpleNamespace(modulus=modulus))
+    r = np.array(values, dtype=np.int64)
+    want = np.array([v % modulus for v in values], dtype=np.uint32)
+    assert np.array_equal(DistributedDPEncoder._reduce(encoder, r), want)
+    out = np.full(r.shape, 7, dtype=np.uint32)
+    assert DistributedDPEncoder._reduce(encoder, r, out=out) is out and np.array_equal(out, want)

@@ -41,7 +41,7 @@ def test_poisson_matches_pmf(lam, draw):
     assert _chi_square_pvalue(x, lambda k: stats.poisson.pmf(k, lam), lo, hi) > 1e-3
 
 
-@pytest.mark.parametrize("lam", [1e6, 1e8, 1.7e15])  # a table, then PTRS twice
+@pytest.mark.parametrize("lam", [1e6, 1e8, 2.5e9, 1e10, 1.7e15])  # tables (up to ~2.7e9), then PTRS
 def test_poisson_moments_for_huge_means(lam):
     x = poisson(lam, 200_000, CryptoRandom(_key(2)))
     assert abs(x.mean() - lam) < 5 * math.sqrt(lam / x.size)
@@ -137,3 +137,16 @@ def test_tables_are_kept_within_an_entry_budget_not_a_table_count(monkeypatch):
     kept = list(samplers._TABLES)
     assert kept[-1] == 5000.0 and samplers._KEPT_ENTRIES == sum(sizes[lam] for lam in kept) <= budget
     assert kept[:-1] == ([*means[1:], means[0]])[-(len(kept) - 1):]
+
+
+def test_the_largest_tables_draw_poisson_like_its_normal_limit():
+    """lam 2.5e9: a table of about 1e6 entries (the largest TABLE_MAX allows), drawn by inversion. At this
+    mean Poisson is normal to within its skewness 2e-5: standardised draws fall in normal deciles."""
+    lam = 2.5e9
+    assert samplers._table_size(lam) <= samplers.TABLE_MAX < samplers._table_size(2.8e9)
+    x = samplers._poisson_inversion(lam, 200_000, CryptoRandom(_key(5)))
+    z = (x - lam) / math.sqrt(lam)
+    edges = stats.norm.ppf(np.linspace(0, 1, 11)[1:-1])
+    counts = np.bincount(np.searchsorted(edges, z), minlength=10)
+    assert stats.chisquare(counts).pvalue > 1e-3
+    assert abs(z.mean()) < 5 / math.sqrt(z.size) and z.var() == pytest.approx(1.0, abs=0.02)

@@ -10,6 +10,7 @@ it is no protection at all, and the ledger records exactly that (a NonPrivate en
 """
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -86,10 +87,13 @@ class CentralDPConfig:
         return GaussianMechanism(noise_multiplier=z, sampling_rate=self.sampling_rate, sensitivity=self.l2_clip)
 
 
+@functools.lru_cache(maxsize=256)
 def calibrate_noise_multiplier(*, target_epsilon: float, delta: float, rounds: int, sampling_rate: float,
                                population: int | None = None, sample_size: int | None = None) -> float:
     """Smallest z meeting the target, by dp_accounting's calibration with its RDP accountant (replace-one
-    and without replacement when `sample_size` of `population` are drawn, where the multiplier is z/2)."""
+    and without replacement when `sample_size` of `population` are drawn, where the multiplier is z/2).
+    A pure function of its arguments, so kept per process: a sweep asks for the same calibration once per
+    seed and setting, and the without-replacement bound takes seconds."""
     if sample_size is not None:
         def event(z: float) -> dp_accounting.DpEvent:
             inner = dp_accounting.GaussianDpEvent(z / 2)

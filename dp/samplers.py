@@ -51,7 +51,7 @@ def poisson(lam: float, size: int, rng: CryptoRandom) -> np.ndarray:
         raise ValueError(f"Poisson mean must be finite and non-negative, got {lam}")
     if lam == 0 or size == 0:
         return np.zeros(size, dtype=np.int64)
-    draw = _poisson_inversion if _table_worth_it(lam, size) else _poisson_ptrs
+    draw = _poisson_inversion if _by_table(lam) else _poisson_ptrs
     if size <= BLOCK:
         return draw(lam, size, rng)
     out = np.empty(size, dtype=np.int64)
@@ -72,22 +72,14 @@ def _table_size(lam: float) -> int:
     return hi - lo + 1
 
 
-def _table_worth_it(lam: float, size: int) -> bool:
-    """Inversion when lam's table is kept already; else build it when it is small enough and either pays for
-    itself in this draw (an entry costs about what PTRS costs more per value) or lam was asked for before
-    (noise draws repeat their means). A run that draws a few values from ever new means (an audit's trials)
-    stays on PTRS instead of building a table per call."""
-    if lam in _TABLES:
-        return True
-    if _table_size(lam) > TABLE_MAX:
-        return False
-    if size >= _table_size(lam) or lam in _ASKED:
-        return True
-    with _LOCK:
-        _ASKED[lam] = None
-        while len(_ASKED) > ASKED_KEPT:
-            _ASKED.popitem(last=False)
-    return False
+def _by_table(lam: float) -> bool:
+    """Inversion whenever lam's table fits TABLE_MAX, PTRS above. A function of lam alone, never of what this
+    process drew before: a noise layer redrawn from its key (XNoise's removal, on the server or in another
+    process) must be drawn by the same algorithm as the client's, or the two differ and the removal leaves
+    the wrong noise. (Until 2026-11-29 a mean asked for the first time went to PTRS and the second time to a
+    table: the simulation and the deployment of one seeded DDP run then drew different noise.) Tables are
+    kept, so a mean drawn again costs no second build."""
+    return _table_size(lam) <= TABLE_MAX
 
 
 _TABLES: OrderedDict[float, tuple[int, np.ndarray, np.ndarray]] = OrderedDict()
@@ -96,9 +88,6 @@ TABLE_ENTRIES_KEPT = 1 << 21
 in entries rather than tables: XNoise draws each client's noise in about 40 layers of different means, and a
 limit of 32 tables evicted every one before its next use (an audit then rebuilt a table per draw: 128 s
 instead of 28 s, 2026-11-29)."""
-_ASKED: OrderedDict[float, None] = OrderedDict()
-ASKED_KEPT = 4096
-"""Means drawn once without a table: a second draw builds it."""
 _LOCK = threading.Lock()
 _KEPT_ENTRIES = 0
 

@@ -150,3 +150,17 @@ def test_the_largest_tables_draw_poisson_like_its_normal_limit():
     counts = np.bincount(np.searchsorted(edges, z), minlength=10)
     assert stats.chisquare(counts).pvalue > 1e-3
     assert abs(z.mean()) < 5 / math.sqrt(z.size) and z.var() == pytest.approx(1.0, abs=0.02)
+
+
+@pytest.mark.parametrize("lam", [3.0, 5e3, 2e9, 1e10])
+def test_a_draw_depends_on_its_key_and_mean_only_not_on_what_the_process_drew_before(monkeypatch, lam):
+    """XNoise's server regenerates a client's noise layer from its key: the same key, mean and size must
+    give the same values whatever tables this process has kept (a fresh process keeps none)."""
+    key = _key(9)
+    first = poisson(lam, 300, CryptoRandom(key))     # kept tables as the module has them
+    monkeypatch.setattr(samplers, "_TABLES", type(samplers._TABLES)())
+    monkeypatch.setattr(samplers, "_KEPT_ENTRIES", 0)
+    fresh = poisson(lam, 300, CryptoRandom(key))     # as in a process that never drew from lam
+    again = poisson(lam, 300, CryptoRandom(key))     # now with its table kept (where it has one)
+    assert np.array_equal(first, fresh) and np.array_equal(fresh, again)
+    assert np.array_equal(skellam(lam, 300, CryptoRandom(key)), skellam(lam, 300, CryptoRandom(key)))

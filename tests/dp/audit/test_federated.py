@@ -40,7 +40,9 @@ def test_a_correct_noisy_mechanism_stays_under_its_claim_with_every_statistic():
                                              canary_norm=4.0, seed=5),
                    cohorts=Cohorts(background_clients=3, sampling_rate=0.5, rounds=3), delta=0.1)
     assert set(result.fits) == {"final", "all_iterates"} and result.bound.statistic in result.fits
-    assert 0 < result.epsilon_lower_bound < result.claimed_epsilon and not result.flagged
+    # the bound is 0 in about 1 run in 200 (noise from the OS CSPRNG: measured 1 of 190, 2026-11-29); the
+    # audit's power is what the seeded faults test (tests/dp/audit/test_faults.py)
+    assert 0 <= result.epsilon_lower_bound < result.claimed_epsilon and not result.flagged
     assert result.skipped_rounds > 0  # Poisson cohorts below n_min = 2 released nothing
     assert result.claimed_epsilon == pytest.approx(mech.claimed_epsilon(rounds=3, delta=0.1))
 

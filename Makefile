@@ -31,7 +31,10 @@ demo: install
 test: install
 	# -rs: every skip's reason; FEDSECURE_REQUIRE_INSTALLED: a package `make install` provides may not be
 	# skipped silently (tests/requirements.py), its absence fails collection instead.
-	FEDSECURE_REQUIRE_INSTALLED=1 $(VPY) -m pytest tests -rs
+	# Two workers, one file each at a time (module fixtures stay on one worker), one thread per process
+	# (FEDSECURE_MAX_THREADS caps every thread count the toolkit sets; OMP_NUM_THREADS the libraries'):
+	# two processes asking for two threads each on two cores spin in OpenMP barriers.
+	FEDSECURE_REQUIRE_INSTALLED=1 FEDSECURE_MAX_THREADS=1 OMP_NUM_THREADS=1 $(VPY) -m pytest tests -rs -n 2 --dist loadfile
 
 # The inner loop (< 3 min on 2 cores): everything but multi-process runs and the examples' end-to-end tests.
 test-fast: install

@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from nlp_models.cpu import set_torch_threads
 from nlp_models.backbone import load_named_backbone
 from nlp_models.device import DEVICES, resolve_device
 from nlp_models.seq2seq import IGNORE_INDEX, Seq2SeqConfig, Seq2SeqModel, build_seq2seq
@@ -109,7 +110,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # before cuBLAS starts, for both modes
-    torch.set_num_threads(args.threads)
+    set_torch_threads(args.threads)
     device = args.device
     torch.backends.cudnn.benchmark = False
     backbone, tokenizer = load_named_backbone(args.backbone)

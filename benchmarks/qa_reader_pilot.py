@@ -25,6 +25,7 @@ from torch import nn
 
 from fl_algorithms.tasks.fednlp import load_named_backbone
 from fl_algorithms.tasks.qa import QABatch, cloze_budget, encode, first_entity, qa_loss, qa_metrics
+from nlp_models.cpu import set_torch_threads
 from nlp_models._offline import ensure_offline
 from nlp_models.adapters import attach_adapters
 from nlp_models.data.cloze_qa import ClozeExample, build_cloze_qa
@@ -83,7 +84,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, float]:
     args = p.parse_args(argv)
     if args.epochs < 1 or not args.lr > 0 or args.threads < 1:
         p.error("need --epochs >= 1, --lr > 0 and --threads >= 1")
-    torch.set_num_threads(args.threads)
+    set_torch_threads(args.threads)
     torch.manual_seed(0)
     backbone, tokenizer = load_named_backbone(args.backbone)
     question_words, passage_words = cloze_budget(args.max_length)

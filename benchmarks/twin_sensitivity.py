@@ -32,6 +32,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from nlp_models.cpu import set_torch_threads
+
 from fl_algorithms.experiments.cli import read_cells
 from fl_algorithms.experiments.fednlp_grid import cell_key, flat_vector, load_formulation, plan_from_record, run_cell
 
@@ -112,7 +114,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         p.error("--perturbation must be positive")
     if not (args.run / "plan.json").is_file():
         p.error(f"{args.run} is not a grid run directory (no plan.json)")
-    torch.set_num_threads(args.threads)
+    set_torch_threads(args.threads)
     try:
         result = check(args.run, task=args.task, partition=args.partition, seed=args.seed, size=args.perturbation,
                        after_round=args.after_round, backbone=args.backbone, progress=not args.no_progress)

@@ -338,6 +338,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     import torch
     from tqdm.auto import tqdm
 
+    from nlp_models.cpu import set_torch_threads
     from fl_algorithms.experiments.fedmcp_grid import (PLAIN_TWIN, TABLE_ORDER, TITLES, MethodRun, ablation_line,
                                                        cache_clients, combined_runs, final_line, format_paired,
                                                        format_point_differences, format_point_table, format_table,
@@ -352,8 +353,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     progress = not args.no_progress
     if args.deterministic:
         deterministic_kernels()
-    threads = choose_threads(args.threads)
-    torch.set_num_threads(threads)
+    threads = set_torch_threads(choose_threads(args.threads))
     clients = FedMCPClients(settings, device=args.device)
     try:  # the backbone and the corpora are checked before a run directory exists
         backbone, _ = clients.backbone

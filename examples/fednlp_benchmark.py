@@ -77,6 +77,7 @@ from fl_algorithms.experiments.layer_freezing import FreezingPlan, plot_freezing
 from fl_algorithms.experiments.parallel import pending
 from fl_algorithms.tasks.formulation import TASKS, PartitionSpec
 from fl_algorithms.training.memo import FirstRunMemo
+from nlp_models.cpu import set_torch_threads
 from nlp_models._offline import ensure_offline
 from nlp_models.data.partition import Partition
 from nlp_models.data.partition_stats import partition_summary, plot_partitions, summary_line
@@ -252,8 +253,8 @@ def freezing_main(args: argparse.Namespace, parser: argparse.ArgumentParser, *, 
     if run.exists():
         parser.error(f"{run} exists: choose another --run-name")
     run.mkdir(parents=True)
-    torch.set_num_threads(args.threads)
-    print(f"run directory: {run}  (device {device}, torch threads {args.threads})", flush=True)
+    threads = set_torch_threads(args.threads)
+    print(f"run directory: {run}  (device {device}, torch threads {threads})", flush=True)
     rows_path = run / "freezing.jsonl"
 
     def keep(row: dict[str, Any]) -> None:
@@ -294,7 +295,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                          load=plan_from_record, record=plan_record, growable=WIDENABLE)
     if args.resume:
         plan = widen_saved_plan(parser, args, run, plan)
-    torch.set_num_threads(args.threads)
+    set_torch_threads(args.threads)
     t0 = time.perf_counter()
     cells_path = run / "cells.jsonl"
     done = read_cells(cells_path, key=cell_key)

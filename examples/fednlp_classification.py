@@ -559,14 +559,14 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     if args.report:
         return report_saved(args, settings, plan)
     import numpy as np
-    import torch
 
     from fl_algorithms.experiments.results import write_results
     from fl_algorithms.experiments.rundir import RunDirectory
     from fl_algorithms.tasks.fednlp import FedNLPClients
+    from nlp_models.cpu import set_torch_threads
     from nlp_models.data.own import DataError
 
-    torch.set_num_threads(args.threads)
+    set_torch_threads(args.threads)
     progress = not args.no_progress
     t_start = time.perf_counter()
 

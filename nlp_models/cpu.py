@@ -6,6 +6,7 @@ place so that every model (and the frozen-prefix cache) makes the same one.
 """
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 
@@ -41,6 +42,24 @@ def legacy_fast_bf16(device: torch.device | str = "cpu") -> bool:
         return False
 
 
+MAX_THREADS_ENV = "FEDSECURE_MAX_THREADS"
+"""Caps every torch thread count the toolkit sets (`set_torch_threads`). `make test` runs two pytest workers
+on two cores with it set to 1: an example asking for two threads beside another busy process spins in
+OpenMP's barriers (an ATC example test took 190 s instead of 34 s that way)."""
+
+
+def set_torch_threads(threads: int) -> int:
+    """torch's intra-op threads: `threads`, capped by $FEDSECURE_MAX_THREADS when set. Returns the count set."""
+    cap = os.environ.get(MAX_THREADS_ENV)
+    if cap:
+        try:
+            threads = min(threads, max(1, int(cap)))
+        except ValueError:
+            raise ValueError(f"{MAX_THREADS_ENV} must be a positive integer, got {cap!r}") from None
+    torch.set_num_threads(threads)
+    return threads
+
+
 def bf16_autocast(enabled: bool, *, device: torch.device | str = "cpu") -> AbstractContextManager:
     """bfloat16 autocast for an encoder's matmuls on `device`; parameters, heads and losses stay float32."""
     return torch.autocast(torch.device(device).type, dtype=torch.bfloat16, enabled=enabled)
@@ -62,4 +81,4 @@ def training_attention(device: torch.device | str = "cpu") -> Iterator[None]:
         yield
 
 
-__all__ = ["fast_bf16", "legacy_fast_bf16", "bf16_autocast", "cpu_autocast", "training_attention"]
+__all__ = ["MAX_THREADS_ENV", "set_torch_threads", "fast_bf16", "legacy_fast_bf16", "bf16_autocast", "cpu_autocast", "training_attention"]

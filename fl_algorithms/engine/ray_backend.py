@@ -33,9 +33,9 @@ class _Worker:
     """One Ray actor: a shard of the clients (their endpoints) and the torch thread count to use."""
 
     def __init__(self, endpoints: Mapping[int, Any], threads: int) -> None:
-        import torch
+        from nlp_models.cpu import set_torch_threads
 
-        torch.set_num_threads(threads)
+        set_torch_threads(threads)
         self.endpoints = dict(endpoints)
 
     def ready(self) -> None:

@@ -193,9 +193,11 @@ def open_grid(parser: argparse.ArgumentParser, args: argparse.Namespace, device:
     Returns (run directory, plan, path of cells.jsonl, finished cells by `key`)."""
     import torch
 
+    from nlp_models.cpu import set_torch_threads
+
     run, plan = open_run(parser, args, default_out=default_out, build=build, load=load, record=record)
-    torch.set_num_threads(args.threads)
-    print(f"run directory: {run}  (device {device}, torch threads {args.threads}, {plan.protocol})", flush=True)
+    threads = set_torch_threads(args.threads)
+    print(f"run directory: {run}  (device {device}, torch threads {threads}, {plan.protocol})", flush=True)
     cells_path = run / "cells.jsonl"
     done = read_cells(cells_path, key=key)
     if done:

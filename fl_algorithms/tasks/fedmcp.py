@@ -44,7 +44,7 @@ from fl_algorithms.training.adapter_trainer import (BASELINE_MODEL, FEDMCP_MODEL
                                                     MethodModel, TrainConfig, fedmcp_protocol)
 from fl_algorithms.training.protocol import TrainingProtocol
 from nlp_models.backbone import BACKBONES, load_named_backbone  # noqa: F401  (re-exported)
-from nlp_models.cpu import fast_bf16
+from nlp_models.cpu import fast_bf16, set_torch_threads
 from nlp_models.data.cross_task import CLIENT_TASKS, ClientData, build_client_data, split_clients
 from nlp_models.data.dataset import DatasetSplits, TextDataset
 from nlp_models.device import resolve_device
@@ -394,7 +394,7 @@ def build(options: Mapping[str, Any]) -> Task:
     if probe > 1:
         raise ValueError(f"fedmcp task option probe must be 0 or 1, got {probe}")
     clients = FedMCPClients(settings, device=str(options.get("device", "cpu")))
-    torch.set_num_threads(threads)
+    set_torch_threads(threads)
     return clients.task(method, seed=seed, probe=bool(probe))
 
 

@@ -39,6 +39,7 @@ from fl_algorithms.tasks.fednlp_settings import (BACKBONES, DEFAULT_METHODS, FED
 from fl_algorithms.training.classification import client_model, shared_parts, text_trainer
 from fl_algorithms.training.protocol import TrainingProtocol, preset
 from fl_algorithms.training.trainer import SeededTorchTrainer, flatten
+from nlp_models.cpu import set_torch_threads
 from nlp_models.data.dataset import TextDataset
 from nlp_models.data.partition import ClientSplit, Partition, PartitionError, client_splits, dirichlet_label_skew
 from nlp_models.device import resolve_device
@@ -218,7 +219,7 @@ def build(options: Mapping[str, Any]) -> Task:
     threads = int_option(options, "threads", default=1, minimum=1)
     clients = FedNLPClients(settings, backbone=str(options.get("backbone", "minilm")),
                             device=str(options.get("device", "cpu")))
-    torch.set_num_threads(threads)
+    set_torch_threads(threads)
     return clients.task(str(options.get("method", "fedavg")))
 
 

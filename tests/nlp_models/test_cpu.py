@@ -1,5 +1,6 @@
 """Per-device execution choices (nlp_models.cpu): bf16 autocast follows the tensors' device, and the CPU's
 math-kernel choice for training attention is not applied to a GPU."""
+import pytest
 import torch
 
 from nlp_models import cpu
@@ -45,3 +46,17 @@ def test_avx512_bf16_alone_no_longer_means_bf16_on_a_cpu_but_amx_does(monkeypatc
     monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
     assert not cpu.fast_bf16("cpu") and not cpu.legacy_fast_bf16("cpu")
+
+
+def test_thread_counts_are_capped_by_the_environment(monkeypatch):
+    before = torch.get_num_threads()
+    try:
+        monkeypatch.delenv(cpu.MAX_THREADS_ENV, raising=False)
+        assert cpu.set_torch_threads(2) == 2 == torch.get_num_threads()
+        monkeypatch.setenv(cpu.MAX_THREADS_ENV, "1")
+        assert cpu.set_torch_threads(2) == 1 == torch.get_num_threads()
+        monkeypatch.setenv(cpu.MAX_THREADS_ENV, "x")
+        with pytest.raises(ValueError, match="FEDSECURE_MAX_THREADS"):
+            cpu.set_torch_threads(2)
+    finally:
+        torch.set_num_threads(before)

@@ -41,14 +41,24 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from enum import Enum
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
-import dp_accounting
 import numpy as np
-from dp_accounting import pld, rdp
 
 from dp.accounting import ORDERS, discrete_gaussian_curve, epsilon_from_rdp, skellam_curve
 from dp.sampling import SamplingRecord, check_amplification, check_without_replacement
+
+if TYPE_CHECKING:
+    import dp_accounting
+
+
+def _accounting() -> Any:
+    """dp_accounting, imported on first use: with scipy it costs about 1 s, which every deployed client paid
+    at start-up (engine.round imports this module) though only the server composes epsilons."""
+    import dp_accounting
+    from dp_accounting import pld, rdp  # noqa: F401  (loads the submodules read as attributes)
+
+    return dp_accounting
 
 LEDGER_FORMAT = "fedsecure-nlp/privacy-ledger/v1"
 
@@ -118,11 +128,11 @@ class GaussianMechanism:
         return self.sample_size is not None and self.sample_size < self.population
 
     def dp_event(self) -> dp_accounting.DpEvent:
-        event = dp_accounting.GaussianDpEvent(self.noise_multiplier)
+        event = _accounting().GaussianDpEvent(self.noise_multiplier)
         if self.sampling_rate < 1:
-            event = dp_accounting.PoissonSampledDpEvent(self.sampling_rate, event)
+            event = _accounting().PoissonSampledDpEvent(self.sampling_rate, event)
         elif self.without_replacement:
-            event = dp_accounting.SampledWithoutReplacementDpEvent(self.population, self.sample_size, event)
+            event = _accounting().SampledWithoutReplacementDpEvent(self.population, self.sample_size, event)
         return event
 
     def to_dict(self) -> dict[str, Any]:
@@ -140,7 +150,7 @@ class NonPrivateMechanism:
     name: ClassVar[str] = "non_private"
 
     def dp_event(self) -> dp_accounting.DpEvent:
-        return dp_accounting.NonPrivateDpEvent()
+        return _accounting().NonPrivateDpEvent()
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, **asdict(self)}
@@ -213,7 +223,7 @@ class NoReleaseMechanism:
         _check_rate(self.sampling_rate)
 
     def dp_event(self) -> dp_accounting.DpEvent:
-        return dp_accounting.NoOpDpEvent()
+        return _accounting().NoOpDpEvent()
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, **asdict(self)}
@@ -281,16 +291,18 @@ def as_replace_one(m: Mechanism) -> Mechanism:
 @lru_cache(maxsize=4096)
 def _rdp_curve(mechanism: Mechanism, orders: tuple[float, ...], relation: str = ADD_REMOVE) -> np.ndarray:
     if _is_event_mechanism(mechanism):
-        rel = (dp_accounting.NeighboringRelation.REPLACE_ONE if relation == REPLACE_ONE
-               else dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE)
-        acc = rdp.RdpAccountant(list(orders), neighboring_relation=rel)
+        dpa = _accounting()
+        rel = (dpa.NeighboringRelation.REPLACE_ONE if relation == REPLACE_ONE
+               else dpa.NeighboringRelation.ADD_OR_REMOVE_ONE)
+        acc = dpa.rdp.RdpAccountant(list(orders), neighboring_relation=rel)
         acc.compose(mechanism.dp_event())
         return acc.rdp
     return mechanism.rdp(orders)
 
 
 def _event(parts: Sequence[tuple[Mechanism, int]]) -> dp_accounting.DpEvent:
-    return dp_accounting.ComposedDpEvent([dp_accounting.SelfComposedDpEvent(m.dp_event(), c) for m, c in parts])
+    dpa = _accounting()
+    return dpa.ComposedDpEvent([dpa.SelfComposedDpEvent(m.dp_event(), c) for m, c in parts])
 
 
 def _rdp_epsilon(parts: Sequence[tuple[Mechanism, int]], *, delta: float, orders: tuple[float, ...],
@@ -305,7 +317,7 @@ def _rdp_epsilon(parts: Sequence[tuple[Mechanism, int]], *, delta: float, orders
 
 
 def _pld_epsilon(parts: Sequence[tuple[Mechanism, int]], *, delta: float, discretization: float) -> float:
-    acc = pld.PLDAccountant(value_discretization_interval=discretization)
+    acc = _accounting().pld.PLDAccountant(value_discretization_interval=discretization)
     acc.compose(_event(parts))
     return float(acc.get_epsilon(delta))
 

@@ -97,3 +97,20 @@ def test_rounding_bounds():
 def test_epsilon_from_rdp_edge_cases():
     assert epsilon_from_rdp(np.zeros(len(ORDERS)), delta=DELTA) == 0.0
     assert epsilon_from_rdp(np.full(len(ORDERS), np.inf), delta=DELTA) == math.inf
+
+
+def test_the_order_grid_is_dp_accountings_default_without_importing_it_at_start_up():
+    """dp.accounting writes dp_accounting's default RDP orders out, so a client that never accounts does not
+    import dp_accounting and scipy (1 s); the grid must stay the same, and the import lazy."""
+    import subprocess
+    import sys
+
+    from dp_accounting.rdp.rdp_privacy_accountant import DEFAULT_RDP_ORDERS
+
+    from dp.accounting import ORDERS
+
+    assert ORDERS == tuple(float(a) for a in DEFAULT_RDP_ORDERS)
+    code = ("import sys, dp.accounting, dp.ledger, fl_algorithms.engine.round; "
+            "print('dp_accounting' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.stdout.strip() == "False", done.stdout + done.stderr

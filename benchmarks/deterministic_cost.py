@@ -32,8 +32,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from nlp_models.cpu import set_torch_threads
 from nlp_models.backbone import load_named_backbone
+from nlp_models.cpu import set_torch_threads
 from nlp_models.device import DEVICES, resolve_device
 from nlp_models.seq2seq import IGNORE_INDEX, Seq2SeqConfig, Seq2SeqModel, build_seq2seq
 

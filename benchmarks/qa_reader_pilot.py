@@ -25,9 +25,9 @@ from torch import nn
 
 from fl_algorithms.tasks.fednlp import load_named_backbone
 from fl_algorithms.tasks.qa import QABatch, cloze_budget, encode, first_entity, qa_loss, qa_metrics
-from nlp_models.cpu import set_torch_threads
 from nlp_models._offline import ensure_offline
 from nlp_models.adapters import attach_adapters
+from nlp_models.cpu import set_torch_threads
 from nlp_models.data.cloze_qa import ClozeExample, build_cloze_qa
 from nlp_models.squad_metrics import f1_score
 

@@ -32,10 +32,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from nlp_models.cpu import set_torch_threads
-
 from fl_algorithms.experiments.cli import read_cells
 from fl_algorithms.experiments.fednlp_grid import cell_key, flat_vector, load_formulation, plan_from_record, run_cell
+from nlp_models.cpu import set_torch_threads
 
 
 def perturbed(initial: Mapping[str, np.ndarray], *, size: float, seed: int) -> dict[str, np.ndarray]:

@@ -338,7 +338,6 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     import torch
     from tqdm.auto import tqdm
 
-    from nlp_models.cpu import set_torch_threads
     from fl_algorithms.experiments.fedmcp_grid import (PLAIN_TWIN, TABLE_ORDER, TITLES, MethodRun, ablation_line,
                                                        cache_clients, combined_runs, final_line, format_paired,
                                                        format_point_differences, format_point_table, format_table,
@@ -348,6 +347,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     from fl_algorithms.tasks.fedmcp import FedMCPClients
     from fl_algorithms.training.dp_trainer import quiet_dp_libraries
     from nlp_models.classifiers import make_head
+    from nlp_models.cpu import set_torch_threads
     from nlp_models.device import deterministic_kernels
 
     progress = not args.no_progress

@@ -77,8 +77,8 @@ from fl_algorithms.experiments.layer_freezing import FreezingPlan, plot_freezing
 from fl_algorithms.experiments.parallel import pending
 from fl_algorithms.tasks.formulation import TASKS, PartitionSpec
 from fl_algorithms.training.memo import FirstRunMemo
-from nlp_models.cpu import set_torch_threads
 from nlp_models._offline import ensure_offline
+from nlp_models.cpu import set_torch_threads
 from nlp_models.data.partition import Partition
 from nlp_models.data.partition_stats import partition_summary, plot_partitions, summary_line
 

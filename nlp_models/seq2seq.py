@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import copy
 import math
+import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -149,6 +150,30 @@ def special_ids(tokenizer: Any) -> dict[str, int]:
             "pad_token_id": tokenizer.pad_token_id}
 
 
+_TWINS: "weakref.WeakKeyDictionary[nn.Module, BertModel]" = weakref.WeakKeyDictionary()
+
+
+def transformers_encoder(encoder: nn.Module) -> BertModel:
+    """`encoder` as transformers' ``BertModel`` (which ``EncoderDecoderModel`` requires): itself if it is one;
+    for our `nlp_models.bert.Bert`, a ``BertModel`` made once per encoder that holds the very same parameter
+    tensors (no copy: clients keep sharing one frozen encoder)."""
+    if isinstance(encoder, BertModel):
+        return encoder
+    twin = _TWINS.get(encoder)
+    if twin is None:
+        with torch.random.fork_rng(devices=[]):  # its own initial values are replaced below
+            twin = BertModel(BertConfig(**encoder.config.to_dict()), add_pooling_layer=False)
+        theirs = dict(twin.named_parameters())
+        if set(theirs) != {name for name, _ in encoder.named_parameters()}:
+            raise TypeError(f"{type(encoder).__name__} does not lay out its parameters as BertModel does")
+        for name, parameter in encoder.named_parameters():
+            module, _, leaf = name.rpartition(".")
+            setattr(twin.get_submodule(module), leaf, parameter)
+        twin.to(next(encoder.parameters()).device).train(encoder.training)
+        _TWINS[encoder] = twin
+    return twin
+
+
 class Seq2SeqModel(nn.Module):
     """One client's decoder over a frozen encoder shared by every client (no copy of its weights).
 
@@ -162,7 +187,7 @@ class Seq2SeqModel(nn.Module):
         if any(p.requires_grad for p in encoder.parameters()):
             raise ValueError("freeze the encoder first: it is shared between clients")
         self.config = config
-        self.wrapper = EncoderDecoderModel(encoder=encoder, decoder=decoder)
+        self.wrapper = EncoderDecoderModel(encoder=transformers_encoder(encoder), decoder=decoder)
         for key, value in ids.items():
             setattr(self.wrapper.config, key, value)
             setattr(self.wrapper.generation_config, key, value)

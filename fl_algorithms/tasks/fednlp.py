@@ -107,14 +107,15 @@ def load_corpus(settings: FedNLPSettings) -> Corpus:
     return Corpus(dataset, labels, partition, tuple(splits))
 
 
-def load_named_backbone(name: str) -> tuple[torch.nn.Module, Any]:
-    """'minilm' (the packaged all-MiniLM-L6-v2) or 'tiny' (a seeded 2-layer random BERT for smoke runs)."""
+def load_named_backbone(name: str, *, hf: bool = False) -> tuple[torch.nn.Module, Any]:
+    """'minilm' (the packaged all-MiniLM-L6-v2) or 'tiny' (a seeded 2-layer random BERT for smoke runs);
+    transformers' model and tokenizer with ``hf=True`` (`nlp_models.backbone`)."""
     from nlp_models.backbone import load_backbone, load_tokenizer, tiny_bert
 
     if name == "minilm":
-        return load_backbone()
+        return load_backbone(hf=hf)
     if name == "tiny":
-        return tiny_bert(layers=2, hidden=32), load_tokenizer()
+        return tiny_bert(layers=2, hidden=32, hf=hf), load_tokenizer(hf=hf)
     raise ValueError(f"backbone must be one of {', '.join(BACKBONES)}, got {name!r}")
 
 

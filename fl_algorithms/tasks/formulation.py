@@ -257,6 +257,9 @@ class FormulationClients:
     task: str
     metric: str
     prefix_adapters = True
+    transformers_backbone = False
+    """Whether the clients need transformers' model and tokenizer (offsets, word ids, EncoderDecoderModel):
+    otherwise they get `nlp_models.bert.Bert`, which starts a client process without importing transformers."""
     tunes: tuple[str, ...] = ("adapters",)
 
     def __init__(self, settings: FormulationSettings, *, backbone: str = "minilm", device: str = "cpu") -> None:
@@ -271,7 +274,7 @@ class FormulationClients:
         """The frozen backbone on the clients' device and its tokenizer (checked against the settings)."""
         from fl_algorithms.tasks.fednlp import load_named_backbone
 
-        model, tokenizer = load_named_backbone(self.backbone_name)
+        model, tokenizer = load_named_backbone(self.backbone_name, hf=self.transformers_backbone)
         if self.prefix_adapters:
             try:
                 prefix_split(model, self.settings.adapter_layers)

@@ -270,6 +270,7 @@ class QAClients(FormulationClients):
     task = "qa"
     metric = "f1"
     tunes = TUNE
+    transformers_backbone = True
 
     shared_parts = staticmethod(shared_parts)
 

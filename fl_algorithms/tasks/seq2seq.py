@@ -125,6 +125,7 @@ class HeadlineClients(FormulationClients):
     metric = "rougeL"
 
     prefix_adapters = False  # the encoder is frozen whole; the decoder trains
+    transformers_backbone = True
 
     def __init__(self, settings: FormulationSettings, *, backbone: str = "minilm", device: str = "cpu",
                  decoder_layers: int = 2, max_target: int = 16, cross_init: str = "random",

@@ -268,7 +268,7 @@ class SummaryClients:
     def backbone(self) -> tuple[nn.Module, Any]:
         from fl_algorithms.tasks.fednlp import load_named_backbone
 
-        model, tokenizer = load_named_backbone(self.backbone_name)
+        model, tokenizer = load_named_backbone(self.backbone_name, hf=True)  # EncoderDecoderModel needs transformers' BERT
         return model.requires_grad_(False).to(self.device), tokenizer
 
     @cached_property

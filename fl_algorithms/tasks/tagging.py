@@ -235,6 +235,7 @@ class TaggingClients(FormulationClients):
     task = "tagging"
     metric = "span_f1"
     tunes = TUNE
+    transformers_backbone = True
 
     shared_parts = staticmethod(shared_parts)
 

@@ -41,21 +41,27 @@ def _loadavg() -> float:
         return float("nan")
 
 
-def ours_tcp(*, protocol: str, clients: int, dim: int, rounds: int, params: dict[str, str], dropouts: int = 0) -> dict:
+def ours_tcp(*, protocol: str, clients: int, dim: int, rounds: int, params: dict[str, str], dropouts: int = 0,
+             float_input: bool = True, max_message_mib: int | None = None) -> dict:
     """Server and `clients` client processes over loopback tcp; median round wall time after round 1.
 
     With `dropouts`, that many clients crash at the masked-input stage of the last round. Runs
     `--insecure` (no CurveZMQ, no signed keys) to compare like for like with Flower's SecAgg+ over
     plain gRPC; an enrolled deployment adds transport encryption and one signature per client-round.
+    `float_input=False`: clients send the deterministic synthetic ring vectors instead (no encoder, a
+    quarter of the client memory at large d). Also returns the server's peak RSS (VmHWM, MiB).
     """
     py = [sys.executable, "-m", "transport.cli"]
     extra = [x for k, v in params.items() for x in ("--param", f"{k}={v}")]  # server-side parameters
+    if max_message_mib is not None:
+        extra += ["--max-message-mib", str(max_message_mib)]
+    floats = ["--float-input"] if float_input else []
     env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     with tempfile.TemporaryDirectory() as tmp:
         ep_file = Path(tmp) / "endpoint"
         server = subprocess.Popen(py + ["server", "--insecure", "--protocol", protocol, "--clients", str(clients), "--dim", str(dim),
                                         "--port", "0", "--endpoint-file", str(ep_file), "--rounds", str(rounds),
-                                        "--float-input", "--stage-timeout", "120", "--register-timeout", "300", *extra],
+                                        *floats, "--stage-timeout", "600", "--register-timeout", "300", *extra],
                                   cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         deadline = time.monotonic() + 60
         while not ep_file.exists() or not ep_file.read_text():
@@ -66,7 +72,7 @@ def ours_tcp(*, protocol: str, clients: int, dim: int, rounds: int, params: dict
         endpoint = ep_file.read_text().strip()
         drop = ["--drop-at-input", "--drop-round", str(rounds)]
         procs = [subprocess.Popen(py + ["client", "--insecure", "--id", str(i), "--connect", endpoint, "--dim", str(dim),
-                                        "--protocol", protocol, "--float-input", "--max-clients", str(clients),
+                                        "--protocol", protocol, *floats, "--max-clients", str(clients),
                                         *(drop if i > clients - dropouts else [])],
                                   cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                  for i in range(1, clients + 1)]
@@ -87,7 +93,7 @@ def ours_tcp(*, protocol: str, clients: int, dim: int, rounds: int, params: dict
     stages = {k: statistics.median(l["stage_seconds"][k] for l in measured) for k in measured[0]["stage_seconds"]}
     per_client = statistics.median(l["bytes_received"] for l in measured) / clients
     return {"round_s": statistics.median(l["round_seconds"] for l in measured), "stages": stages,
-            "bytes_per_param": per_client / dim}
+            "bytes_per_param": per_client / dim, "peak_rss_mb": max(l.get("peak_rss_mb") or 0.0 for l in done)}
 
 
 def ours_in_process(*, protocol: str, clients: int, dim: int, params: dict, repeats: int = 2) -> float:

@@ -28,11 +28,19 @@ _SMALL = 1 << 12
 """Draws up to this many bytes encrypt in one `update` call (cheaper in Python steps than `update_into`)."""
 
 
-def _keystream(key: bytes):
+def _keystream(key: bytes, *, offset: int = 0):
+    """AES-256-CTR of zeros under `key` from uint32 word `offset` on (the same stream, sought: CTR's
+    counter block is the 16-byte block index, so a window needs no keystream before it)."""
     if len(key) != 32:
         raise ValueError("AES-256 keys are 32 bytes")
+    if offset < 0:
+        raise ValueError("keystream offset must be >= 0")
     # One key is used for exactly one stream (a mask, or one CryptoRandom), so a fixed counter block is safe.
-    return Cipher(algorithms.AES(key), modes.CTR(_ZERO_NONCE)).encryptor()
+    block, skip = divmod(4 * offset, 16)
+    enc = Cipher(algorithms.AES(key), modes.CTR(block.to_bytes(16, "big") if block else _ZERO_NONCE)).encryptor()
+    if skip:
+        enc.update(bytes(skip))
+    return enc
 
 
 class CryptoRandom:
@@ -104,20 +112,25 @@ def apply_mask_(target: np.ndarray, key: bytes, ring: Ring, *, sign: int = 1) ->
     return target
 
 
-def apply_masks_(target: np.ndarray, masks: Sequence[tuple[bytes, int]], ring: Ring) -> np.ndarray:
+def apply_masks_(target: np.ndarray, masks: Sequence[tuple[bytes, int]], ring: Ring, *, offset: int = 0) -> np.ndarray:
     """target <- target + sum_i sign_i * PRG(key_i) (mod ring), in place, for `masks` = [(key_i, sign_i)]:
     the same result as `apply_mask_` once per key, but chunk-major: each chunk of target is read and
     written once for all the masks (it stays in cache while every keystream is added to it), so at large
     d the cost is the keystreams' plus one pass over target instead of one pass per mask. Extra memory:
-    one keystream chunk and one AES context per key."""
+    one keystream chunk and one AES context per key.
+
+    `offset` (power-of-two rings): `target` is the window [offset, offset + len) of a longer vector, and
+    gets that window of each mask: a masked input sent in chunks is masked chunk by chunk."""
     masks = list(masks)
     if any(sign not in (1, -1) for _, sign in masks):
         raise ValueError("sign must be +1 or -1")
-    if not ring.is_power_of_two or len(masks) < 2:
+    if offset and not ring.is_power_of_two:
+        raise ValueError("mask windows (offset > 0) are for power-of-two rings only")
+    if not ring.is_power_of_two or (len(masks) < 2 and not offset):
         for key, sign in masks:
             apply_mask_(target, key, ring, sign=sign)
         return target
-    streams = [(_keystream(key), ring.add_ if sign == 1 else ring.sub_) for key, sign in masks]
+    streams = [(_keystream(key, offset=offset), ring.add_ if sign == 1 else ring.sub_) for key, sign in masks]
     length = target.shape[0]
     buf = np.empty(min(CHUNK, max(length, 1)), dtype=np.uint32)
     raw = memoryview(buf).cast("B")

@@ -12,7 +12,7 @@ import time
 from collections.abc import Mapping
 
 from secagg.messages import Message, ProtocolError
-from secagg.protocols.base import ClientProtocol, RoundResult, ServerProtocol
+from secagg.protocols.base import ClientProtocol, RoundResult, ServerProtocol, reply_messages
 
 
 def run_round(
@@ -44,11 +44,11 @@ def run_round(
             except ProtocolError:
                 _count(rejected, "client")
                 continue
-            if reply is not None:
+            for part in reply_messages(reply):  # a chunked reply: each chunk is made as it is sent
                 if bytes_sent is not None:
-                    bytes_sent[cid] = bytes_sent.get(cid, 0) + reply.nbytes()
+                    bytes_sent[cid] = bytes_sent.get(cid, 0) + part.nbytes()
                 try:
-                    server.accept(reply)
+                    server.accept(part)
                 except ProtocolError:
                     _count(rejected, "server")
         requests = server.advance()

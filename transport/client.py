@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import zmq
 
 from secagg.messages import SERVER, Message, ProtocolError
-from secagg.protocols.base import ClientProtocol
+from secagg.protocols.base import ClientProtocol, reply_messages
 from transport import session
 from transport.framing import DEFAULT_LIMITS, WIRE_VERSION, FrameLimits, decode, encode, wire_size
 from transport.sockets import CurveClientKeys, SocketOptions, apply_options, is_inproc, make_curve_client
@@ -223,11 +223,13 @@ class ClientSession:
             except ProtocolError as exc:
                 self._drop(exc)
                 continue
-            if reply is not None:
-                if reply.sender != self.client_id or reply.receiver != SERVER:
-                    raise ValueError(f"reply {reply.kind} must be from {self.client_id} to the server")
-                self._send(reply)
-                replies[reply.kind] = replies.get(reply.kind, 0) + 1
+            # A chunked reply is made chunk by chunk: the next chunk is masked while ZeroMQ's I/O thread
+            # sends the last (copy=False), and at most the socket's high-water mark of chunks is queued.
+            for part in reply_messages(reply):
+                if part.sender != self.client_id or part.receiver != SERVER:
+                    raise ValueError(f"reply {part.kind} must be from {self.client_id} to the server")
+                self._send(part)
+                replies[part.kind] = replies.get(part.kind, 0) + 1
         log.info("client %d exits: %s", self.client_id, reason)
         return ClientSummary(client_id=self.client_id, exit_reason=reason, rounds=tuple(rounds),
                              finished_rounds=finished, rejected=self.rejected, bytes_sent=self.bytes_sent,

@@ -148,9 +148,11 @@ class ServerConfig:
     queues and partial messages, and the kernel's receive buffer) stay below
 
         per unregistered connection   P                        (at most queues.max_pending of them)
-        per registered connection     S + min(k, 2) * max(L, L', C)  <=  Q = S + 2 * max(L, L', C)
+        per registered connection     S + min(k, w) * max(L, L', C)  <=  Q = S + w * max(L, L', C)
         in total                      queues.max_pending * P + R * Q   (or queues.total_bytes if set)
 
+    with w = 2, or sockets.rcvhwm + 2 while the connection owes more than two messages of a chunked
+    reply (`replies_expected`: a masked input in chunks, each at most L; TCP holds back the rest),
     except for what arrives between two watchdog checks: a check runs within queues.interval of
     the process growing by RSS_STEP (4 MiB), so the excess is about RSS_STEP plus the peers' total
     bandwidth times queues.interval (more while the watchdog thread is short of CPU; measured: tens
@@ -309,7 +311,8 @@ class ServerDriver:
             if self.endpoint.startswith("tcp://") and config.queues.enabled:
                 port = int(self.endpoint.rsplit(":", 1)[1])
                 self._guard = _QueueGuard.start(port=port, limits=config.queues,
-                                                collect_limit=self._collect_limit(None))
+                                                collect_limit=self._collect_limit(None),
+                                                stream_window=config.sockets.rcvhwm + 2)
         except BaseException:
             if self._monitor is not None:
                 sock.disable_monitor()
@@ -409,7 +412,8 @@ class ServerDriver:
                 self._reject("protocol_error", cid, exc)
             else:
                 received[cid] += size
-                answered.add(cid)
+                if protocol.replied(cid):  # its whole reply (every chunk of a chunked one)
+                    answered.add(cid)
             server_seconds[stage] += time.perf_counter() - t
             if clock is not None:
                 clock.update()  # the quorum's time is that of the reply completing it
@@ -420,7 +424,7 @@ class ServerDriver:
                 t0 = time.perf_counter()
                 answered.clear()
                 sent_at = time.monotonic()
-                unreachable = self._send_requests(requests, sent)
+                unreachable = self._send_requests(requests, sent, protocol)
                 reached = frozenset(requests) - unreachable
                 asked |= reached
                 timeout = (stage_timeouts or {}).get(stage, stage_timeout)
@@ -617,22 +621,26 @@ class ServerDriver:
         """Those of `ids` we cannot hear from any more (never registered or disconnected)."""
         return frozenset(i for i in ids if i not in self._by_id)
 
-    def _send_requests(self, requests: Mapping[int, Message], sent: Counter[int]) -> frozenset[int]:
+    def _send_requests(self, requests: Mapping[int, Message], sent: Counter[int],
+                       protocol: ServerProtocol | None = None) -> frozenset[int]:
+        """Send a stage's requests; each may be answered by the number of messages the protocol expects
+        (`replies_expected`: a chunked masked input), which the queue guard budgets for."""
+        expected = getattr(protocol, "replies_expected", None)
         unreachable = set()
         for cid, req in requests.items():
-            n = self._send_to(cid, encode(req), expects_reply=True)
+            n = self._send_to(cid, encode(req), expects_reply=True, replies=int(expected(cid)) if expected else 1)
             if n is None:
                 unreachable.add(cid)
             else:
                 sent[cid] += n
         return frozenset(unreachable)
 
-    def _send_to(self, cid: int, frames: list, *, expects_reply: bool = False) -> int | None:
+    def _send_to(self, cid: int, frames: list, *, expects_reply: bool = False, replies: int = 1) -> int | None:
         peer = self._by_id.get(cid)
         if peer is None:
             return None
         if expects_reply and self._guard is not None:  # before sending: the answer may come at once
-            self._guard.sent(peer.ino)
+            self._guard.sent(peer.ino, replies=replies)
         try:
             self._sock.send_multipart([peer.identity, *frames], flags=zmq.NOBLOCK, copy=False)
         except zmq.Again:
@@ -868,6 +876,8 @@ class _Conn:
     """Wire bytes the driver has read from this connection (estimated from its messages)."""
     owed: int = 0
     """Messages sent to it that it has not answered yet: the replies it may have in flight."""
+    window: int = 2
+    """Of those, how many may be in flight at once: 2, or a stream's window while one is owed."""
     unread: int = 0
     cut: bool = False
 
@@ -884,8 +894,9 @@ class _QueueGuard:
     a disconnect.
     """
 
-    def __init__(self, *, port: int, limits: QueueLimits, collect_limit: int) -> None:
+    def __init__(self, *, port: int, limits: QueueLimits, collect_limit: int, stream_window: int = 18) -> None:
         self._port = port
+        self._stream_window = stream_window
         self._limits = limits
         self._collect_limit = collect_limit
         self._lock = threading.Lock()
@@ -899,13 +910,13 @@ class _QueueGuard:
         self._thread = threading.Thread(target=self._run, name=f"queue-guard-{port}", daemon=True)
 
     @classmethod
-    def start(cls, *, port: int, limits: QueueLimits, collect_limit: int) -> _QueueGuard | None:
+    def start(cls, *, port: int, limits: QueueLimits, collect_limit: int, stream_window: int = 18) -> _QueueGuard | None:
         """A running guard, or None (with a warning) where /proc or TCP_INFO is unavailable."""
         if not (os.path.isdir("/proc/self/fd") and os.path.exists("/proc/self/statm")
                 and hasattr(socket, "TCP_INFO")):
             log.warning("no /proc or TCP_INFO here: bytes queued per connection are bounded only per frame")
             return None
-        guard = cls(port=port, limits=limits, collect_limit=collect_limit)
+        guard = cls(port=port, limits=limits, collect_limit=collect_limit, stream_window=stream_window)
         guard._thread.start()
         return guard
 
@@ -928,12 +939,16 @@ class _QueueGuard:
             if conn is not None:
                 conn.registered = True
 
-    def sent(self, ino: int | None) -> None:
-        """A request or application message went to this connection: it may answer."""
+    def sent(self, ino: int | None, *, replies: int = 1) -> None:
+        """A request or application message went to this connection: it may answer, with `replies`
+        messages (a chunked stream: up to the receive high-water mark of them queued, plus two, may be
+        unread at once while the driver folds; TCP holds back the rest)."""
         with self._lock:
             conn = self._conns.get(ino)
             if conn is not None:
-                conn.owed += 1
+                conn.owed += replies
+                if replies > 1:
+                    conn.window = self._stream_window
 
     def answered(self, ino: int | None) -> None:
         """A message other than a hello came from this connection."""
@@ -941,6 +956,8 @@ class _QueueGuard:
             conn = self._conns.get(ino)
             if conn is not None:
                 conn.owed = max(0, conn.owed - 1)
+                if conn.owed <= 2:
+                    conn.window = 2
 
     def set_reply_limit(self, limit: int) -> None:
         with self._lock:
@@ -993,7 +1010,7 @@ class _QueueGuard:
                 conn.credited = min(conn.credited + heartbeats, received)
                 conn.checked = now
                 conn.unread = received - conn.credited
-                budget = (self._limits.slack_bytes + min(conn.owed, 2) * reply if conn.registered
+                budget = (self._limits.slack_bytes + min(conn.owed, conn.window) * reply if conn.registered
                           else self._limits.pending_bytes)
                 if conn.unread > budget and not conn.cut:
                     self._cut(conn, f"{conn.unread} bytes received and not read, over the budget of {budget}")

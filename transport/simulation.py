@@ -64,7 +64,7 @@ class InprocFederation:
     def _client(self, cid: int) -> None:
         try:
             self.summaries[cid] = run_client(
-                endpoint=self.endpoint, client_id=cid, factory=lambda r: self.factory(cid, r),
+                endpoint=self.driver.endpoint, client_id=cid, factory=lambda r: self.factory(cid, r),
                 handlers=self.handlers(cid) if self.handlers else None, context=self._ctx,
                 config=self.client_config, stop=self._stop)
         except BaseException as exc:  # reported to the caller via .errors

@@ -1,7 +1,8 @@
 """The sans-IO protocol interface every secure-sum protocol implements.
 
 A round is driven by the server, stage by stage. The server emits one request per live client;
-each client answers with at most one reply; when all replies are in (or the stage's deadline
+each client answers with at most one reply (a chunked reply is one reply in several messages, complete
+when its last chunk is in: `secagg.protocols.chunks`); when all replies are in (or the stage's deadline
 passes, and the silent clients count as dropped) the driver calls `advance`, which either emits
 the next stage's requests or finishes.
 
@@ -20,12 +21,13 @@ layer (`secagg.encoding`, or distributed-DP encoders in `dp`).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from secagg.messages import SERVER, Message, ProtocolError, Schema, check_envelope
+from secagg.protocols.chunks import ChunkFolder
 from secagg.ring import Ring
 
 InputFn = Callable[[], np.ndarray]
@@ -53,6 +55,16 @@ class RoundResult:
     layer_excess: np.ndarray | None = None
     """XNoise: the ring sum of the excess noise (layers 0..layer_index) the other contributors sent
     themselves, to subtract from `ring_sum` (None: none sent)."""
+
+
+def reply_messages(reply: Message | Iterable[Message] | None) -> Iterator[Message]:
+    """The messages of a client's answer (`ClientProtocol.handle`), in order: none, one, or each of a
+    chunked reply's, made one at a time."""
+    if reply is None:
+        return iter(())
+    if isinstance(reply, Message):
+        return iter((reply,))
+    return iter(reply)
 
 
 class ServerProtocol(ABC):
@@ -95,6 +107,10 @@ class ServerProtocol(ABC):
         """Clients whose reply to the current stage has not arrived yet."""
         return self._expected - self._replies.keys()
 
+    def replied(self, client: int) -> bool:
+        """Whether `client`'s whole reply to the current stage is in (every chunk of a chunked one)."""
+        return client in self._replies
+
     def accept(self, msg: Message) -> None:
         """Validate and store one reply. Raises ProtocolError (state unchanged) if it is bad."""
         if self.finished:
@@ -123,6 +139,29 @@ class ServerProtocol(ABC):
             self.running_sum = np.zeros(self.length, dtype=np.uint32)
         self.ring.add_(self.running_sum, msg["vector"])
         self._replies[msg.sender] = Message(kind=msg.kind, round=msg.round, sender=msg.sender, receiver=msg.receiver)
+
+    def accept_chunk(self, msg: Message, *, schema: Schema, folder: "ChunkFolder") -> None:
+        """Validate one chunk of a chunked reply before it costs memory (round, addressee, a sender still owed
+        chunks, the schema, then `ChunkFolder.fold`'s index, repeat, length and range checks) and add it into
+        the running sum at once. A bad chunk drops its sender (the chunks it already sent are repaired by
+        the protocol's resend); the reply counts as in once every chunk asked for has arrived."""
+        if self.finished:
+            raise ProtocolError("round already finished")
+        check_envelope(msg, kind=schema.kind, round_id=self.round_id, sender=None, receiver=SERVER)
+        if msg.sender not in self._expected:
+            raise ProtocolError(f"client {msg.sender} is not expected in stage '{self.stage}'")
+        if msg.sender in self._replies:
+            raise ProtocolError(f"client {msg.sender} already sent every chunk asked for")
+        try:
+            schema.validate(msg)
+            if self.running_sum is None:
+                self.running_sum = np.zeros(self.length, dtype=np.uint32)
+            done = folder.fold(self.running_sum, msg.sender, msg["index"], msg["vector"])
+        except ProtocolError as exc:
+            self.mark_faulty(msg.sender, str(exc))
+            raise
+        if done:
+            self._replies[msg.sender] = Message(kind=msg.kind, round=msg.round, sender=msg.sender, receiver=msg.receiver)
 
     def fold_excess(self, msg: Message) -> None:
         """XNoise: add an accepted reply's `excess` (its sender's own layers 0..index, as a ring vector)
@@ -237,7 +276,7 @@ class WrappedClient:
     def first_kind(self) -> str:
         return self.inner.first_kind()
 
-    def handle(self, msg: Message) -> Message | None:
+    def handle(self, msg: Message) -> Message | Iterator[Message] | None:
         return self.inner.handle(msg)
 
 
@@ -271,7 +310,8 @@ and the engine's layouts refuse more before allocating for it."""
 
 
 class ClientProtocol(ABC):
-    """Client side of one secure-sum round: answers each server request with at most one reply."""
+    """Client side of one secure-sum round: answers each server request with at most one reply (one
+    message, or the messages of a chunked one)."""
 
     name: str = ""
     schemas: Mapping[str, Schema] = {}
@@ -291,8 +331,12 @@ class ClientProtocol(ABC):
     def first_kind(self) -> str:
         """Kind of the first request of a round."""
 
-    def handle(self, msg: Message) -> Message | None:
-        """Validate a server request and answer it. Raises ProtocolError (state unchanged) if bad."""
+    def handle(self, msg: Message) -> Message | Iterator[Message] | None:
+        """Validate a server request and answer it. Raises ProtocolError (state unchanged) if bad.
+
+        The answer is one message, none, or an iterator of messages made on demand (a masked input sent
+        in chunks: each chunk is masked as the driver asks for it, so masking the next chunk overlaps the
+        transfer of the last); drivers go through `reply_messages`."""
         if not isinstance(msg, Message):
             raise ProtocolError("not a Message")
         if msg.kind not in self._next_kinds:

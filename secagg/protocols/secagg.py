@@ -21,6 +21,11 @@ threshold t); any party may send malformed bytes. Guarantee: no individual input
 fewer than g (`min_clients`) honest clients is learned. Stages: advertise -> share -> check ->
 masked -> consistency -> unmask.
 
+With `chunk` (server) the masked input travels in chunks folded into the sum as they arrive
+(`secagg.protocols.chunks`): the server holds O(d) whatever N, and a stream that breaks costs one
+`resend` stage in which the complete clients send the tainted chunks again: masked -> [resend] ->
+consistency.
+
 Faulty clients are isolated, not fatal: a reply that fails validation (e.g. a low-order public key)
 drops its sender at that stage (`ServerProtocol.accept`). A share ciphertext that fails
 authentication at its receiver c cannot be judged by the server (it cannot open it), so the
@@ -56,7 +61,7 @@ identity) drop every client that advertised it; the round goes on.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -71,6 +76,7 @@ from secagg.messages import (
 )
 from secagg.prg import apply_masks_
 from secagg.protocols.base import MAX_VECTOR_LENGTH, ClientProtocol, InputFn, RoundResult, ServerProtocol
+from secagg.protocols.chunks import MIN_CHUNK, ChunkFolder, ChunkPlan
 from secagg.protocols.consistency import Floors, require_signatures, sign_survivors, survivor_statement
 from secagg.ring import RING_2_32, Ring
 
@@ -101,8 +107,13 @@ SIGNED_AS = "secagg"
 SHARES = Schema("shares", {"ciphertexts": BytesMap(MAX_PEERS, MAX_SHARE_CIPHERTEXT)})
 CHECK_REQUEST = Schema("check_request", {"ciphertexts": BytesMap(MAX_PEERS, MAX_SHARE_CIPHERTEXT)})
 SHARE_CHECK = Schema("share_check", {"bad_shares": IntList(MAX_PEERS, 1, MAX_CLIENT_ID)})
-MASKED_REQUEST = Schema("masked_request", {"mask_with": IntList(MAX_PEERS, 1, MAX_CLIENT_ID)})
+MASKED_REQUEST = Schema("masked_request", {"mask_with": IntList(MAX_PEERS, 1, MAX_CLIENT_ID),
+                                           "chunk": Int(0, MAX_LEN)})
+"""`chunk`: 0 for the masked input in one message, else the values per `masked_chunk` message (`chunks.py`)."""
 MASKED_INPUT = Schema("masked_input", {"vector": Array("uint32", MAX_LEN)})
+MASKED_CHUNK = Schema("masked_chunk", {"index": Int(0, MAX_LEN), "vector": Array("uint32", MAX_LEN)})
+RESEND_REQUEST = Schema("resend_request", {"chunks": IntList(MAX_LEN, 0, MAX_LEN)})
+"""Chunks whose slices of the sum a broken stream tainted, to be sent again by a complete client."""
 CONSISTENCY_REQUEST = Schema("consistency_request", {"survivors": IntList(MAX_PEERS, 1, MAX_CLIENT_ID)})
 SURVIVOR_SIGNATURE = Schema("survivor_signature", {"signature": Bytes(SIGNATURE_BYTES)})
 UNMASK_REQUEST = Schema("unmask_request", {"signatures": BytesMap(MAX_PEERS, SIGNATURE_BYTES)})
@@ -159,7 +170,7 @@ class SecAggPlusServer(ServerProtocol):
         self, *, round_id: int, clients: Sequence[int], length: int, ring: Ring = RING_2_32,
         degree: int | None = None, threshold_fraction: float = 0.5, min_clients: int = 2,
         colluders: int = 0, planned_dropout: float | None = None, corrupt_fraction: float = 0.05,
-        roster: Roster | None = None, noise_layers: LayerSpec | None = None,
+        roster: Roster | None = None, noise_layers: LayerSpec | None = None, chunk: int | None = None,
     ) -> None:
         """`min_clients`: g, the fewest honest clients whose sum may be opened; `colluders`: c, the
         colluding clients the round withstands (c < t); the round needs max(t, g + c) survivors.
@@ -170,8 +181,17 @@ class SecAggPlusServer(ServerProtocol):
         advertisement (or survivor signature) drops its sender at once (clients check every
         signature themselves anyway). `noise_layers`: removable noise layers (`secagg.noise_layers`,
         XNoise) each client shares with its unmasking shares; the survivors' revealed layer secrets
-        come back in `RoundResult.layer_secrets`."""
+        come back in `RoundResult.layer_secrets`. `chunk`: masked inputs in chunks of this many values,
+        each folded into the sum as it arrives (None, or at least the length: one message)."""
         super().__init__(round_id=round_id, clients=clients, length=length, ring=ring)
+        if chunk is not None and not MIN_CHUNK <= chunk <= MAX_LEN:
+            raise ValueError(f"chunk must be in [{MIN_CHUNK}, {MAX_LEN}] values (clients refuse smaller), got {chunk}")
+        self.chunks = ChunkPlan(length, int(chunk)) if chunk is not None and chunk < length else None
+        self._folder: ChunkFolder | None = None
+        self.resent: tuple[int, ...] = ()
+        """Chunk indices rebuilt from resends in this round (a stream broke), for reports and tests."""
+        if self.chunks is not None:
+            self.schemas = {**type(self).schemas, "masked": MASKED_CHUNK, "resend": MASKED_CHUNK}
         self.roster = roster
         self.layers = noise_layers
         self.share_bytes = share_ciphertext_bytes(noise_layers.count if noise_layers else 0)
@@ -218,8 +238,18 @@ class SecAggPlusServer(ServerProtocol):
         """Half the expected replies, and never fewer than the round's minimum: a driver may close the
         stage once these arrived and a grace derived from their speed passed (a staller then counts as
         dropped). Half, not the minimum alone, so that honest clients answering one after another on a
-        loaded machine (about as long for the second half as for the first) are not cut off."""
+        loaded machine (about as long for the second half as for the first) are not cut off. A resend
+        needs every survivor (a missing one aborts), so it never closes early."""
+        if self.stage == "resend":
+            return len(self._expected)
         return min(len(self._expected), max(self.min_clients, -(-len(self._expected) // 2)))
+
+    def replies_expected(self, client: int) -> int:
+        """Messages the current stage's request asks of `client`: its chunks in a chunked stage, else 1
+        (drivers size what a connection may have in flight by it)."""
+        if self._folder is not None and self.stage in ("masked", "resend"):
+            return self._folder.need
+        return 1
 
     def describe(self) -> str:
         """One line: the round's graph and threat parameters (printed with each round)."""
@@ -286,7 +316,11 @@ class SecAggPlusServer(ServerProtocol):
     def accept(self, msg: Message) -> None:
         """As `ServerProtocol.accept`; a valid masked input is added into the running sum at once and
         only its envelope is kept, so the server holds O(d) of masked inputs, not O(N d). (No client is
-        dropped after its masked input is accepted: accusations are settled in the check stage.)"""
+        dropped after its masked input is accepted: accusations are settled in the check stage.) In a
+        chunked round each chunk is folded as it arrives (`ServerProtocol.accept_chunk`)."""
+        if self._folder is not None and self.stage in ("masked", "resend"):
+            self.accept_chunk(msg, schema=MASKED_CHUNK, folder=self._folder)
+            return
         super().accept(msg)
         if self.stage == "masked":
             self.fold_input(msg)
@@ -342,17 +376,41 @@ class SecAggPlusServer(ServerProtocol):
         self.settle_accusations({c: frozenset(m["bad_shares"]) for c, m in replies.items() if m["bad_shares"]})
         kept = self._viable(set(replies) - self._faulty.keys(), "check")
         self._mask_with = {c: self.graph[c] & kept for c in kept}
+        if self.chunks is not None:
+            self._folder = ChunkFolder(self.chunks, self.ring)
         return self._enter("masked", {
-            c: self._request("masked_request", c, mask_with=tuple(sorted(self._mask_with[c]))) for c in kept
+            c: self._request("masked_request", c, mask_with=tuple(sorted(self._mask_with[c])),
+                             chunk=self.chunks.size if self.chunks is not None else 0) for c in kept
         })
 
     def _after_masked(self, replies: dict[int, Message]) -> dict[int, Message]:
         u3 = frozenset(replies)
         self._check_openable(u3, "masked")
         self._u3 = u3
+        if self._folder is not None:
+            tainted = self._folder.tainted(u3)
+            if tainted:  # a stream broke: rebuild its chunks' slices from the complete clients' resends
+                self._folder.clear(self.running_sum, tainted)
+                self._folder = ChunkFolder(self.chunks, self.ring, wanted=tainted)
+                self.resent = tuple(tainted)
+                return self._enter("resend", {
+                    c: self._request("resend_request", c, chunks=tuple(tainted)) for c in u3
+                })
+        return self._to_consistency()
+
+    def _after_resend(self, replies: dict[int, Message]) -> dict[int, Message]:
+        missing = self._u3 - replies.keys()
+        if missing:
+            raise AbortError(stage="resend", survivors=len(replies), required=len(self._u3),
+                             detail=f"clients {sorted(missing)[:5]} did not resend chunks {list(self.resent)[:5]}: "
+                                    f"their inputs are in the rest of the sum, so those slices cannot be rebuilt")
+        return self._to_consistency()
+
+    def _to_consistency(self) -> dict[int, Message]:
+        self._folder = None
         self._sum = self.take_running_sum()
         return self._enter("consistency", {
-            c: self._request("consistency_request", c, survivors=tuple(sorted(u3))) for c in u3
+            c: self._request("consistency_request", c, survivors=tuple(sorted(self._u3))) for c in self._u3
         })
 
     def _check_openable(self, u3: frozenset[int], stage: str) -> None:
@@ -465,7 +523,9 @@ class SecAggPlusServer(ServerProtocol):
         (keys: 8 bytes, lengths: 4) of sealed shares or of two unmasking shares."""
         k = max((len(v) for v in self.graph.values()), default=0)
         per_neighbour = max(self.share_bytes + 12, 3 * (shamir.SECRET_BYTES + 12))
-        return 4 * self.length + 8 * k + k * per_neighbour + (64 << 10)  # an unmasking reply: shares + excess
+        # a whole vector travels in one message unless the input is chunked and no excess noise is sent
+        vector = self.length if self.chunks is None or self.layers is not None else self.chunks.size
+        return 4 * vector + 8 * k + k * per_neighbour + (64 << 10)  # an unmasking reply: shares (+ excess)
 
 
 class SecAggServer(SecAggPlusServer):
@@ -475,10 +535,11 @@ class SecAggServer(SecAggPlusServer):
 
     def __init__(self, *, round_id: int, clients: Sequence[int], length: int, ring: Ring = RING_2_32,
                  threshold_fraction: float = 0.5, min_clients: int = 2, colluders: int = 0,
-                 roster: Roster | None = None, noise_layers: LayerSpec | None = None) -> None:  # complete graph
+                 roster: Roster | None = None, noise_layers: LayerSpec | None = None,
+                 chunk: int | None = None) -> None:  # complete graph
         super().__init__(round_id=round_id, clients=clients, length=length, ring=ring, degree=None,
                          threshold_fraction=threshold_fraction, min_clients=min_clients, colluders=colluders,
-                         roster=roster, noise_layers=noise_layers)
+                         roster=roster, noise_layers=noise_layers, chunk=chunk)
 
     def _make_graph(self, degree: int) -> dict[int, frozenset[int]]:
         return complete_graph(self.clients)
@@ -502,7 +563,7 @@ class ClientPolicy:
 class SecAggPlusClient(ClientProtocol):
     name = "secagg+"
     schemas = {s.kind: s for s in (ADVERTISE_REQUEST, SHARE_REQUEST, CHECK_REQUEST, MASKED_REQUEST,
-                                   CONSISTENCY_REQUEST, UNMASK_REQUEST)}
+                                   RESEND_REQUEST, CONSISTENCY_REQUEST, UNMASK_REQUEST)}
 
     def __init__(self, *, client_id: int, round_id: int, input_fn: InputFn, max_length: int = MAX_LEN,
                  policy: ClientPolicy = ClientPolicy(), identity: Identity | None = None,
@@ -520,6 +581,8 @@ class SecAggPlusClient(ClientProtocol):
         self.noise_layers = noise_layers
         self.layer_count = noise_layers.spec.count if noise_layers else 0
         self.ring = RING_2_32
+        self._stream: tuple[ChunkPlan, np.ndarray, list[tuple[bytes, int]]] | None = None
+        """A chunked masked input: its plan, the input and the masks (kept until the survivor set)."""
 
     def first_kind(self) -> str:
         return "advertise_request"
@@ -617,13 +680,31 @@ class SecAggPlusClient(ClientProtocol):
         if len(mask_with) < self.partners:
             raise ProtocolError(f"only {len(mask_with)} neighbours to mask with, {self.partners} needed "
                                 f"(threshold {self.threshold}, {self.floors.colluders} colluders)")
+        chunk = msg["chunk"]
+        if 0 < chunk < MIN_CHUNK and chunk < self.length:
+            raise ProtocolError(f"chunks of {chunk} values: fewer than {MIN_CHUNK}, this client's floor")
         mask_keys = {v: self._agree(self.s_pair, self.peer_keys[v][crypto.PUBLIC_KEY_BYTES:],
                                     _mask_info(self.round_id, self.client_id, v)) for v in mask_with}
-        y = self._input(self.length, self.ring).copy()
-        apply_masks_(y, [(_self_mask_key(self.round_id, self.client_id, self.seed), 1),
-                         *((key, _sign(self.client_id, v)) for v, key in mask_keys.items())], self.ring)
+        masks = [(_self_mask_key(self.round_id, self.client_id, self.seed), 1),
+                 *((key, _sign(self.client_id, v)) for v, key in mask_keys.items())]
+        x = self._input(self.length, self.ring)
         self.masked_with = mask_with
+        if 0 < chunk < self.length:  # chunk by chunk, each masked when the driver asks for it
+            self._stream = (ChunkPlan(self.length, chunk), x, masks)
+            return (_masked_chunks(self, *self._stream, range(self._stream[0].count)),
+                    ("resend_request", "consistency_request"))
+        y = x.copy()
+        apply_masks_(y, masks, self.ring)
         return self._reply("masked_input", vector=y), ("consistency_request",)
+
+    def _on_resend_request(self, msg: Message):
+        """Chunks sent before, again (the server rebuilds slices a broken stream tainted): the same values,
+        from the same input and masks, so they tell the server nothing it was not sent already."""
+        plan = self._stream[0]
+        chunks = msg["chunks"]
+        if not chunks or any(i >= plan.count for i in chunks):
+            raise ProtocolError(f"resend asks for chunks {list(chunks)[:5]} of an input in {plan.count} chunks")
+        return _masked_chunks(self, *self._stream, sorted(chunks)), ("consistency_request",)
 
     @staticmethod
     def _agree(own: KeyPair, peer_public: bytes, info: bytes) -> bytes:
@@ -644,6 +725,7 @@ class SecAggPlusClient(ClientProtocol):
             raise ProtocolError(f"only {len(alive)} of the clients this client masked with survived, "
                                 f"{self.partners} needed: its input would not be hidden among honest ones")
         self.survivors, self.alive = survivors, alive
+        self._stream = None  # no chunk is sent after the survivor set: the input may go
         signature = sign_survivors(self.identity, SIGNED_AS, self.round_id, survivors)
         return self._reply("survivor_signature", signature=signature), ("unmask_request",)
 
@@ -665,6 +747,17 @@ class SecAggPlusClient(ClientProtocol):
         excess = self.noise_layers.excess(index) if index >= 0 and self.noise_layers.excess else np.zeros(0, np.uint32)
         return self._reply("unmask_shares", seed_shares=seed_shares, key_shares=key_shares,
                            layer_shares=layer_shares, layer_index=index, excess=excess), ()
+
+
+def _masked_chunks(client: SecAggPlusClient, plan: ChunkPlan, x: np.ndarray, masks: list[tuple[bytes, int]],
+                   indices) -> Iterator[Message]:
+    """`client`'s masked chunks `indices`, each masked with its window of every keystream when asked for:
+    the client never holds a masked copy of its input, and sending one chunk overlaps masking the next."""
+    for index in indices:
+        start, end = plan.bounds(index)
+        y = np.array(x[start:end], dtype=np.uint32)
+        apply_masks_(y, masks, client.ring, offset=start)
+        yield client._reply("masked_chunk", index=index, vector=y)
 
 
 class SecAggClient(SecAggPlusClient):

@@ -45,8 +45,8 @@ def _secagg_no_pairwise_masks(mp: Patcher) -> None:
             pairwise.add(key)
         return key
 
-    def skip_pairwise(target: np.ndarray, masks: Any, ring: Any) -> np.ndarray:
-        return apply_masks_(target, [(key, sign) for key, sign in masks if key not in pairwise], ring)
+    def skip_pairwise(target: np.ndarray, masks: Any, ring: Any, **window: Any) -> np.ndarray:
+        return apply_masks_(target, [(key, sign) for key, sign in masks if key not in pairwise], ring, **window)
 
     mp.setattr(crypto, "agree", recording_agree)
     mp.setattr(sa, "apply_masks_", skip_pairwise)
@@ -68,11 +68,26 @@ def _secagg_no_self_mask(mp: Patcher) -> None:
         self_masks.add(key)
         return key
 
-    def skip_self(target: np.ndarray, masks: Any, ring: Any) -> np.ndarray:
-        return apply_masks_(target, [(key, sign) for key, sign in masks if key not in self_masks], ring)
+    def skip_self(target: np.ndarray, masks: Any, ring: Any, **window: Any) -> np.ndarray:
+        return apply_masks_(target, [(key, sign) for key, sign in masks if key not in self_masks], ring, **window)
 
     mp.setattr(sa, "_self_mask_key", recording_key)
     mp.setattr(sa, "apply_masks_", skip_self)
+
+
+@mutant("secagg_chunks_unmasked",
+        breaks="SecAgg(+) with chunked uploads: each chunk goes out as the input's values, unmasked "
+               "(the server reads x_u chunk by chunk)",
+        tests=("tests/secagg/test_chunks.py::test_chunks_arrive_in_any_order_and_each_is_masked_with_its_window_of_the_keystream",))
+def _secagg_chunks_unmasked(mp: Patcher) -> None:
+    from secagg.protocols import secagg as sa
+
+    def unmasked(client: Any, plan: Any, x: np.ndarray, masks: Any, indices: Any):
+        for index in indices:
+            start, end = plan.bounds(index)
+            yield client._reply("masked_chunk", index=index, vector=np.array(x[start:end], dtype=np.uint32))
+
+    mp.setattr(sa, "_masked_chunks", unmasked)
 
 
 @mutant("lightsecagg_zero_mask",

@@ -145,18 +145,18 @@ def test_client_refuses_bad_requests():
     c = PlainClient(client_id=1, round_id=1, input_fn=lambda: np.zeros(4, np.uint32), max_length=4)
     modulus = r"field 'modulus' must be an int in \[3, 4294967296\]"
     for bad, message in (
-        (Message("plain_request", 1, SERVER, 1, {"length": 5, "modulus": 2**32}), "exceeds this client's limit"),
-        (Message("plain_request", 2, SERVER, 1, {"length": 4, "modulus": 2**32}), "message for round 2"),
-        (Message("plain_request", 1, 2, 1, {"length": 4, "modulus": 2**32}), "message from 2, expected 0"),
-        (Message("plain_request", 1, SERVER, 3, {"length": 4, "modulus": 2**32}), "message addressed to 3, not 1"),
-        (Message("plain_request", 1, SERVER, 1, {"length": 0, "modulus": 2**32}), "field 'length' must be an int"),
-        (Message("plain_request", 1, SERVER, 1, {"length": 4, "modulus": 2}), modulus),
-        (Message("plain_request", 1, SERVER, 1, {"length": 4, "modulus": 2**32 + 1}), modulus),
-        (Message("plain_input", 1, SERVER, 1, {"length": 4, "modulus": 2**32}), "did not expect 'plain_input' now"),
+        (Message("plain_request", 1, SERVER, 1, {"length": 5, "modulus": 2**32, "chunk": 0}), "exceeds this client's limit"),
+        (Message("plain_request", 2, SERVER, 1, {"length": 4, "modulus": 2**32, "chunk": 0}), "message for round 2"),
+        (Message("plain_request", 1, 2, 1, {"length": 4, "modulus": 2**32, "chunk": 0}), "message from 2, expected 0"),
+        (Message("plain_request", 1, SERVER, 3, {"length": 4, "modulus": 2**32, "chunk": 0}), "message addressed to 3, not 1"),
+        (Message("plain_request", 1, SERVER, 1, {"length": 0, "modulus": 2**32, "chunk": 0}), "field 'length' must be an int"),
+        (Message("plain_request", 1, SERVER, 1, {"length": 4, "modulus": 2, "chunk": 0}), modulus),
+        (Message("plain_request", 1, SERVER, 1, {"length": 4, "modulus": 2**32 + 1, "chunk": 0}), modulus),
+        (Message("plain_input", 1, SERVER, 1, {"length": 4, "modulus": 2**32, "chunk": 0}), "did not expect 'plain_input' now"),
     ):
         with pytest.raises(ProtocolError, match=message):
             c.handle(bad)
-    good = Message("plain_request", 1, SERVER, 1, {"length": 4, "modulus": 2**32})
+    good = Message("plain_request", 1, SERVER, 1, {"length": 4, "modulus": 2**32, "chunk": 0})
     assert c.handle(good)["vector"].shape == (4,)
     assert c.finished
     with pytest.raises(ProtocolError, match="client 1 did not expect 'plain_request' now"):
@@ -166,7 +166,7 @@ def test_client_refuses_bad_requests():
 def test_client_refuses_an_unsupported_modulus_as_a_protocol_error():
     c = PlainClient(client_id=1, round_id=1, input_fn=lambda: np.zeros(4, np.uint32))
     with pytest.raises(ProtocolError, match=r"modulus must be 2\^32 or a prime below 2\^31"):
-        c.handle(Message("plain_request", 1, SERVER, 1, {"length": 4, "modulus": 2**31}))
+        c.handle(Message("plain_request", 1, SERVER, 1, {"length": 4, "modulus": 2**31, "chunk": 0}))
 
 
 def test_registry_resolves_every_name_and_refuses_unknown_ones():

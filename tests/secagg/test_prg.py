@@ -191,3 +191,25 @@ def test_applying_many_masks_at_once_equals_applying_them_one_by_one(ring, n):
     assert np.array_equal(apply_masks_(at_once, [(k, -s) for k, s in keys], ring), x)   # and they come off again
     with pytest.raises(ValueError):
         apply_masks_(x, [(keys[0][0], 2), (keys[1][0], 1)], ring)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 3 * CHUNK + 37), st.data(), st.integers(1, 3))
+def test_a_window_of_the_masks_is_that_slice_of_the_whole_masks(length, data, keys):
+    """`offset=`: masking [a, b) of a vector with the keystreams sought to word a (any a, aligned to an AES
+    block or not) gives exactly that slice of masking the whole vector, so chunks can be masked one by one."""
+    start = data.draw(st.integers(0, length - 1))
+    end = data.draw(st.integers(start + 1, length))
+    masks = [(os.urandom(32), s) for s in data.draw(st.lists(st.sampled_from([1, -1]), min_size=keys, max_size=keys))]
+    whole = np.zeros(length, dtype=np.uint32)
+    apply_masks_(whole, masks, RING_2_32)
+    window = np.zeros(end - start, dtype=np.uint32)
+    apply_masks_(window, masks, RING_2_32, offset=start)
+    assert np.array_equal(window, whole[start:end])
+
+
+def test_mask_windows_are_for_power_of_two_rings_and_non_negative_offsets():
+    with pytest.raises(ValueError, match="power-of-two"):
+        apply_masks_(np.zeros(4, np.uint32), [(os.urandom(32), 1)], FIELD_P31, offset=4)
+    with pytest.raises(ValueError, match="offset"):
+        apply_masks_(np.zeros(4, np.uint32), [(os.urandom(32), 1), (os.urandom(32), 1)], RING_2_32, offset=-1)

@@ -62,7 +62,7 @@ def start_client(endpoint: str, client_id: int, out: dict, **config) -> threadin
 
 def request(round_id: int, to: int = 7) -> Message:
     return Message(kind="plain_request", round=round_id, sender=0, receiver=to,
-                   fields={"length": D, "modulus": 1 << 32})
+                   fields={"length": D, "modulus": 1 << 32, "chunk": 0})
 
 
 def test_client_answers_valid_requests_and_drops_the_rest() -> None:

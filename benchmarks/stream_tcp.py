@@ -1,0 +1,113 @@
+"""Secure sums over real sockets at large d, whole inputs against chunked streams (issue 58).
+
+One server process and N client processes over tcp://127.0.0.1 (`benchmarks.secagg_vs_flower.ours_tcp`,
+`--insecure`, synthetic uint32 inputs), per d, protocol (plain, SecAgg+) and upload mode:
+
+- whole: each input in one message, read whole by the server before it is folded;
+- chunked: `--param chunk=C`, each input in messages of C values folded as they arrive
+  (`secagg.protocols.chunks`; the client masks each chunk while the last one is being sent).
+
+Per run: the round's wall time (median of rounds after the first, which pays connection set-up), the
+server process's peak resident memory (VmHWM) and the bytes it received per parameter. Goals (issue 58):
+SecAgg+ at most 1.3x the plaintext round, server peak RSS at most 3 x 4d bytes + 200 MB, at most 4.0 bytes
+per parameter.
+
+    python -m benchmarks.stream_tcp                      # d = 1e7 and 1e8, N = 10 (about 10 minutes)
+    python -m benchmarks.stream_tcp --quick              # d = 1e6, N = 5 (under a minute)
+
+Last lines, one per d and protocol (chunked), then one per d:
+    stream protocol=secagg+ d=.. n=.. mode=chunked round_s=.. peak_rss_mb=.. bytes_per_param=..
+    stream_goal d=.. n=.. secagg_vs_plain=.. peak_rss_mb=.. goal_rss_mb=.. whole_peak_rss_mb=..
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import time
+from pathlib import Path
+
+from benchmarks.secagg_vs_flower import ours_tcp
+
+MIB = 1 << 20
+DEFAULT_CHUNK = 1 << 18
+"""Values per chunk (1 MiB of uint32): small against d, large against a message's fixed costs."""
+
+
+def goal_rss_mb(d: int) -> float:
+    return (3 * 4 * d + 200e6) / MIB
+
+
+def run(*, dims: list[int], clients: int, chunk: int, rounds: int, protocols: list[str]) -> list[dict]:
+    rows = []
+    for d in dims:
+        for protocol in protocols:
+            for mode in ("whole", "chunked"):
+                params = {"chunk": str(chunk)} if mode == "chunked" else {}
+                started = time.monotonic()
+                # whole inputs need a message limit above 4d; chunks fit the default one
+                limit = max(64, -(-(4 * (d + 1)) // MIB) + 8) if mode == "whole" else None
+                r = ours_tcp(protocol=protocol, clients=clients, dim=d, rounds=rounds, params=params,
+                             float_input=False, max_message_mib=limit)
+                row = {"d": d, "n": clients, "protocol": protocol, "mode": mode, "chunk": chunk if mode == "chunked" else 0,
+                       "round_s": r["round_s"], "peak_rss_mb": r["peak_rss_mb"], "bytes_per_param": r["bytes_per_param"],
+                       "wall_s": time.monotonic() - started}
+                rows.append(row)
+                print(f"  d={d:.0e} {protocol:8s} {mode:8s} round {row['round_s']:.3f} s, server peak "
+                      f"{row['peak_rss_mb']:.0f} MiB, {row['bytes_per_param']:.3f} B/param ({row['wall_s']:.0f} s)",
+                      flush=True)
+    return rows
+
+
+def table(rows: list[dict]) -> str:
+    out = ["| d | N | protocol | upload | round s | server peak RSS MiB | goal MiB (3 x 4d + 200 MB) | bytes/param |",
+           "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        out.append(f"| {r['d']:.0e} | {r['n']} | {r['protocol']} | {r['mode']} | {r['round_s']:.3f} | "
+                   f"{r['peak_rss_mb']:.0f} | {goal_rss_mb(r['d']):.0f} | {r['bytes_per_param']:.3f} |")
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--dims", default=None, help="comma-separated d (default 1e7,1e8; --quick 1e6)")
+    ap.add_argument("--clients", type=int, default=None, help="client processes (default 10; --quick 5)")
+    ap.add_argument("--chunk", type=int, default=DEFAULT_CHUNK, help=f"values per chunk (default {DEFAULT_CHUNK})")
+    ap.add_argument("--rounds", type=int, default=2, help="rounds per run; the first is not timed (default 2)")
+    ap.add_argument("--protocols", default="plain,secagg+", help="comma-separated (default plain,secagg+)")
+    ap.add_argument("--quick", action="store_true", help="d = 1e6, N = 5")
+    ap.add_argument("--out", default="results/stream_tcp", help="where stream.csv and stream.md go")
+    args = ap.parse_args(argv)
+    dims = [int(float(x)) for x in (args.dims or ("1e6" if args.quick else "1e7,1e8")).split(",")]
+    clients = args.clients or (5 if args.quick else 10)
+    protocols = [p.strip() for p in args.protocols.split(",") if p.strip()]
+    if "plain" not in protocols or set(protocols) - {"plain", "secagg+", "secagg"} or clients < 3 or args.rounds < 1:
+        ap.error("--protocols must include plain (the baseline) and name plain, secagg+ or secagg; --clients >= 3")
+    print(f"# {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: N={clients}, chunk={args.chunk}, "
+          f"{args.rounds} rounds, tcp://127.0.0.1, one process per party", flush=True)
+    rows = run(dims=dims, clients=clients, chunk=args.chunk, rounds=args.rounds, protocols=protocols)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / "stream.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    (out / "stream.md").write_text(table(rows) + "\n")
+    print(table(rows))
+    by = {(r["d"], r["protocol"], r["mode"]): r for r in rows}
+    for d in dims:
+        for protocol in protocols:
+            r = by[(d, protocol, "chunked")]
+            print(f"stream protocol={protocol} d={d:.0e} n={clients} mode=chunked round_s={r['round_s']:.3f} "
+                  f"peak_rss_mb={r['peak_rss_mb']:.0f} bytes_per_param={r['bytes_per_param']:.3f}")
+    for d in dims:
+        secure = next((p for p in protocols if p != "plain"), None)
+        if secure is None:
+            continue
+        s, p, w = by[(d, secure, "chunked")], by[(d, "plain", "chunked")], by[(d, secure, "whole")]
+        print(f"stream_goal d={d:.0e} n={clients} {secure.replace('+', 'plus')}_vs_plain={s['round_s'] / p['round_s']:.2f} "
+              f"peak_rss_mb={s['peak_rss_mb']:.0f} goal_rss_mb={goal_rss_mb(d):.0f} whole_peak_rss_mb={w['peak_rss_mb']:.0f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -12,12 +12,13 @@ server process's peak resident memory (VmHWM) and the bytes it received per para
 SecAgg+ at most 1.3x the plaintext round, server peak RSS at most 3 x 4d bytes + 200 MB, at most 4.0 bytes
 per parameter.
 
-    python -m benchmarks.stream_tcp                      # d = 1e7 and 1e8, N = 10 (about 10 minutes)
+    python -m benchmarks.stream_tcp                      # d = 1e7 and 1e8, N = 10 (about 3 minutes)
     python -m benchmarks.stream_tcp --quick              # d = 1e6, N = 5 (under a minute)
+    python -m benchmarks.stream_tcp --dropout 0.1        # 10% of clients crash at the masked-input stage
 
 Last lines, one per d and protocol (chunked), then one per d:
-    stream protocol=secagg+ d=.. n=.. mode=chunked round_s=.. peak_rss_mb=.. bytes_per_param=..
-    stream_goal d=.. n=.. secagg_vs_plain=.. peak_rss_mb=.. goal_rss_mb=.. whole_peak_rss_mb=..
+    stream protocol=secagg+ d=.. n=.. dropout=.. mode=chunked round_s=.. peak_rss_mb=.. bytes_per_param=..
+    stream_goal d=.. n=.. dropout=.. secaggplus_vs_plain=.. peak_rss_mb=.. goal_rss_mb=.. whole_peak_rss_mb=..
 """
 from __future__ import annotations
 
@@ -37,8 +38,10 @@ def goal_rss_mb(d: int) -> float:
     return (3 * 4 * d + 200e6) / MIB
 
 
-def run(*, dims: list[int], clients: int, chunk: int, rounds: int, protocols: list[str]) -> list[dict]:
+def run(*, dims: list[int], clients: int, chunk: int, rounds: int, protocols: list[str],
+        dropout: float = 0.0) -> list[dict]:
     rows = []
+    dropouts = round(clients * dropout)
     for d in dims:
         for protocol in protocols:
             for mode in ("whole", "chunked"):
@@ -46,9 +49,11 @@ def run(*, dims: list[int], clients: int, chunk: int, rounds: int, protocols: li
                 started = time.monotonic()
                 # whole inputs need a message limit above 4d; chunks fit the default one
                 limit = max(64, -(-(4 * (d + 1)) // MIB) + 8) if mode == "whole" else None
-                r = ours_tcp(protocol=protocol, clients=clients, dim=d, rounds=rounds, params=params,
-                             float_input=False, max_message_mib=limit)
-                row = {"d": d, "n": clients, "protocol": protocol, "mode": mode, "chunk": chunk if mode == "chunked" else 0,
+                secure = dict(params, planned_dropout=str(dropout)) if protocol == "secagg+" and dropouts else params
+                r = ours_tcp(protocol=protocol, clients=clients, dim=d, rounds=rounds, params=secure,
+                             float_input=False, max_message_mib=limit, dropouts=dropouts)
+                row = {"d": d, "n": clients, "dropout": dropouts / clients, "protocol": protocol, "mode": mode,
+                       "chunk": chunk if mode == "chunked" else 0,
                        "round_s": r["round_s"], "peak_rss_mb": r["peak_rss_mb"], "bytes_per_param": r["bytes_per_param"],
                        "wall_s": time.monotonic() - started}
                 rows.append(row)
@@ -59,10 +64,10 @@ def run(*, dims: list[int], clients: int, chunk: int, rounds: int, protocols: li
 
 
 def table(rows: list[dict]) -> str:
-    out = ["| d | N | protocol | upload | round s | server peak RSS MiB | goal MiB (3 x 4d + 200 MB) | bytes/param |",
-           "|---|---|---|---|---|---|---|---|"]
+    out = ["| d | N | dropout | protocol | upload | round s | server peak RSS MiB | goal MiB (3 x 4d + 200 MB) | bytes/param |",
+           "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        out.append(f"| {r['d']:.0e} | {r['n']} | {r['protocol']} | {r['mode']} | {r['round_s']:.3f} | "
+        out.append(f"| {r['d']:.0e} | {r['n']} | {r['dropout']:.0%} | {r['protocol']} | {r['mode']} | {r['round_s']:.3f} | "
                    f"{r['peak_rss_mb']:.0f} | {goal_rss_mb(r['d']):.0f} | {r['bytes_per_param']:.3f} |")
     return "\n".join(out)
 
@@ -74,6 +79,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--chunk", type=int, default=DEFAULT_CHUNK, help=f"values per chunk (default {DEFAULT_CHUNK})")
     ap.add_argument("--rounds", type=int, default=2, help="rounds per run; the first is not timed (default 2)")
     ap.add_argument("--protocols", default="plain,secagg+", help="comma-separated (default plain,secagg+)")
+    ap.add_argument("--dropout", type=float, default=0.0,
+                    help="fraction of clients that crash at the masked-input stage of the timed round (default 0); "
+                         "SecAgg+ is planned for it (planned_dropout)")
     ap.add_argument("--quick", action="store_true", help="d = 1e6, N = 5")
     ap.add_argument("--out", default="results/stream_tcp", help="where stream.csv and stream.md go")
     args = ap.parse_args(argv)
@@ -82,9 +90,12 @@ def main(argv: list[str] | None = None) -> int:
     protocols = [p.strip() for p in args.protocols.split(",") if p.strip()]
     if "plain" not in protocols or set(protocols) - {"plain", "secagg+", "secagg"} or clients < 3 or args.rounds < 1:
         ap.error("--protocols must include plain (the baseline) and name plain, secagg+ or secagg; --clients >= 3")
+    if not 0.0 <= args.dropout < 0.5:
+        ap.error("--dropout must be in [0, 0.5)")
     print(f"# {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: N={clients}, chunk={args.chunk}, "
-          f"{args.rounds} rounds, tcp://127.0.0.1, one process per party", flush=True)
-    rows = run(dims=dims, clients=clients, chunk=args.chunk, rounds=args.rounds, protocols=protocols)
+          f"{args.rounds} rounds, dropout {args.dropout:.0%}, tcp://127.0.0.1, one process per party", flush=True)
+    rows = run(dims=dims, clients=clients, chunk=args.chunk, rounds=args.rounds, protocols=protocols,
+               dropout=args.dropout)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "stream.csv", "w", newline="") as f:
@@ -97,14 +108,14 @@ def main(argv: list[str] | None = None) -> int:
     for d in dims:
         for protocol in protocols:
             r = by[(d, protocol, "chunked")]
-            print(f"stream protocol={protocol} d={d:.0e} n={clients} mode=chunked round_s={r['round_s']:.3f} "
+            print(f"stream protocol={protocol} d={d:.0e} n={clients} dropout={r['dropout']:.2f} mode=chunked round_s={r['round_s']:.3f} "
                   f"peak_rss_mb={r['peak_rss_mb']:.0f} bytes_per_param={r['bytes_per_param']:.3f}")
     for d in dims:
         secure = next((p for p in protocols if p != "plain"), None)
         if secure is None:
             continue
         s, p, w = by[(d, secure, "chunked")], by[(d, "plain", "chunked")], by[(d, secure, "whole")]
-        print(f"stream_goal d={d:.0e} n={clients} {secure.replace('+', 'plus')}_vs_plain={s['round_s'] / p['round_s']:.2f} "
+        print(f"stream_goal d={d:.0e} n={clients} dropout={s['dropout']:.2f} {secure.replace('+', 'plus')}_vs_plain={s['round_s'] / p['round_s']:.2f} "
               f"peak_rss_mb={s['peak_rss_mb']:.0f} goal_rss_mb={goal_rss_mb(d):.0f} whole_peak_rss_mb={w['peak_rss_mb']:.0f}")
     return 0
 

@@ -140,7 +140,7 @@ CLIENT = ["client", "--id", "1", "--connect", "tcp://127.0.0.1:5555", "--dim", "
     (["server", "--clients", "3", "--dim", "20000000"],
      "--max-message-mib 64: secagg+ rounds of 3 clients on vectors of length 20000000 take replies of up to"),
     (["server", "--clients", "2", "--dim", "17000000", "--protocol", "plain", "--max-message-mib", "64"],
-     "raise it to at least 65"),
+     "raise it to at least 65, or stream the inputs in chunks folded as they arrive (--param chunk=262144"),
 ])
 def test_cli_refuses_bad_arguments_with_an_argparse_error(args, message, capsys) -> None:
     # no message: argparse exits with status 2; the reason is asserted on stderr below

@@ -741,6 +741,9 @@ class Insider:
                 self.log.forced += 1
             if reply is None:
                 continue
+            if not isinstance(reply, Message):  # a chunked reply: the attacks below tamper with one message
+                raise TypeError("the attack driver runs whole-message rounds: start the server without `chunk` "
+                                "(chunked uploads are attacked in tests/secagg/test_chunks.py)")
             if self.coalition is not None:
                 self.coalition.post(msg.round, self.client_id, reply)
             call = StageCall(protocol=self.protocol, stage=stage, request=msg, reply=reply,

@@ -45,7 +45,7 @@ def run(*, dims: list[int], clients: int, chunk: int, rounds: int, protocols: li
     for d in dims:
         for protocol in protocols:
             for mode in ("whole", "chunked"):
-                params = {"chunk": str(chunk)} if mode == "chunked" else {}
+                params = {"chunk": str(chunk)} if mode == "chunked" else {"chunk": "none"}  # whole: never the auto chunks
                 started = time.monotonic()
                 # whole inputs need a message limit above 4d; chunks fit the default one
                 limit = max(64, -(-(4 * (d + 1)) // MIB) + 8) if mode == "whole" else None

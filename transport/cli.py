@@ -177,7 +177,7 @@ def check_server_params(protocol: str, pairs: list[str], *, clients: int, length
         bound = getattr(trial, "max_reply_bytes", None)
         need = int(bound()) if callable(bound) else 16 * length + MIB  # the driver's own fallback
         if need > max_message_bytes:
-            streams = "chunk" in param_names(server_cls) and "chunk" not in params
+            streams = "chunk" in param_names(server_cls) and params.get("chunk", "auto") is None
             hint = (f", or stream the inputs in chunks folded as they arrive ({option} chunk=262144: replies of about "
                     f"1 MiB, and the server holds O(d) whatever the number of clients)") if streams else ""
             raise ValueError(f"--max-message-mib {max_message_bytes / MIB:g}: {protocol} rounds of {clients} clients "

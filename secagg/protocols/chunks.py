@@ -31,6 +31,27 @@ MIN_CHUNK = 1 << 12
 d-value input as millions of tiny messages. The last chunk of an input may be shorter."""
 
 
+DEFAULT_CHUNK = 1 << 18
+"""Values per chunk when a server streams by default (1 MiB of uint32)."""
+AUTO_FROM = 1 << 22
+"""With ``chunk="auto"`` (the servers' default), inputs of at least this many values (16 MiB) stream in
+`DEFAULT_CHUNK`-value chunks; shorter ones travel in one message."""
+
+
+def plan_for(chunk: int | str | None, length: int, *, max_length: int) -> "ChunkPlan | None":
+    """The chunk plan a server's `chunk` argument asks for: None (one message), "auto" (chunks of
+    `DEFAULT_CHUNK` values from `AUTO_FROM` values on) or a size in [MIN_CHUNK, max_length]; a size at
+    least the length means one message too. ValueError for anything else."""
+    if chunk == "auto":
+        chunk = DEFAULT_CHUNK if length >= AUTO_FROM else None
+    if chunk is None:
+        return None
+    if isinstance(chunk, bool) or not isinstance(chunk, int) or not MIN_CHUNK <= chunk <= max_length:
+        raise ValueError(f"chunk must be 'auto', None or in [{MIN_CHUNK}, {max_length}] values (clients refuse "
+                         f"smaller), got {chunk!r}")
+    return ChunkPlan(length, chunk) if chunk < length else None
+
+
 @dataclass(frozen=True)
 class ChunkPlan:
     """How a vector of `length` values is cut: chunks of `size` values, the last one shorter."""
@@ -113,4 +134,4 @@ class ChunkFolder:
             total[start:end] = 0
 
 
-__all__ = ["MIN_CHUNK", "ChunkPlan", "ChunkFolder"]
+__all__ = ["MIN_CHUNK", "DEFAULT_CHUNK", "AUTO_FROM", "plan_for", "ChunkPlan", "ChunkFolder"]

@@ -13,7 +13,7 @@ import numpy as np
 
 from secagg.messages import AbortError, Array, Int, IntList, Message, ProtocolError, Schema
 from secagg.protocols.base import MAX_VECTOR_LENGTH, ClientProtocol, RoundResult, ServerProtocol
-from secagg.protocols.chunks import MIN_CHUNK, ChunkFolder, ChunkPlan
+from secagg.protocols.chunks import MIN_CHUNK, ChunkFolder, ChunkPlan, plan_for
 from secagg.ring import RING_2_32, Ring
 
 MAX_LEN = MAX_VECTOR_LENGTH
@@ -29,14 +29,12 @@ class PlainServer(ServerProtocol):
     schemas = {"collect": INPUT}
 
     def __init__(self, *, round_id: int, clients, length: int, ring: Ring = RING_2_32, min_clients: int = 1,
-                 chunk: int | None = None) -> None:
+                 chunk: int | str | None = "auto") -> None:
         """`chunk`: inputs in chunks of this many values, each folded as it arrives (None, or at least the
-        length: one message)."""
+        length: one message; "auto", the default: chunks from 2^22 values on, `chunks.plan_for`)."""
         super().__init__(round_id=round_id, clients=clients, length=length, ring=ring)
-        if chunk is not None and not MIN_CHUNK <= chunk <= MAX_LEN:
-            raise ValueError(f"chunk must be in [{MIN_CHUNK}, {MAX_LEN}] values (clients refuse smaller), got {chunk}")
         self.min_clients = min_clients
-        self.chunks = ChunkPlan(length, int(chunk)) if chunk is not None and chunk < length else None
+        self.chunks = plan_for(chunk, length, max_length=MAX_LEN)
         self._folder: ChunkFolder | None = ChunkFolder(self.chunks, ring) if self.chunks is not None else None
         self.resent: tuple[int, ...] = ()
         self._kept: frozenset[int] = frozenset()

@@ -76,7 +76,7 @@ from secagg.messages import (
 )
 from secagg.prg import apply_masks_
 from secagg.protocols.base import MAX_VECTOR_LENGTH, ClientProtocol, InputFn, RoundResult, ServerProtocol
-from secagg.protocols.chunks import MIN_CHUNK, ChunkFolder, ChunkPlan
+from secagg.protocols.chunks import MIN_CHUNK, ChunkFolder, ChunkPlan, plan_for
 from secagg.protocols.consistency import Floors, require_signatures, sign_survivors, survivor_statement
 from secagg.ring import RING_2_32, Ring
 
@@ -170,7 +170,7 @@ class SecAggPlusServer(ServerProtocol):
         self, *, round_id: int, clients: Sequence[int], length: int, ring: Ring = RING_2_32,
         degree: int | None = None, threshold_fraction: float = 0.5, min_clients: int = 2,
         colluders: int = 0, planned_dropout: float | None = None, corrupt_fraction: float = 0.05,
-        roster: Roster | None = None, noise_layers: LayerSpec | None = None, chunk: int | None = None,
+        roster: Roster | None = None, noise_layers: LayerSpec | None = None, chunk: int | str | None = "auto",
     ) -> None:
         """`min_clients`: g, the fewest honest clients whose sum may be opened; `colluders`: c, the
         colluding clients the round withstands (c < t); the round needs max(t, g + c) survivors.
@@ -182,11 +182,10 @@ class SecAggPlusServer(ServerProtocol):
         signature themselves anyway). `noise_layers`: removable noise layers (`secagg.noise_layers`,
         XNoise) each client shares with its unmasking shares; the survivors' revealed layer secrets
         come back in `RoundResult.layer_secrets`. `chunk`: masked inputs in chunks of this many values,
-        each folded into the sum as it arrives (None, or at least the length: one message)."""
+        each folded into the sum as it arrives (None, or at least the length: one message; "auto", the
+        default: 262,144-value chunks for inputs of 2^22 values or more, `chunks.plan_for`)."""
         super().__init__(round_id=round_id, clients=clients, length=length, ring=ring)
-        if chunk is not None and not MIN_CHUNK <= chunk <= MAX_LEN:
-            raise ValueError(f"chunk must be in [{MIN_CHUNK}, {MAX_LEN}] values (clients refuse smaller), got {chunk}")
-        self.chunks = ChunkPlan(length, int(chunk)) if chunk is not None and chunk < length else None
+        self.chunks = plan_for(chunk, length, max_length=MAX_LEN)
         self._folder: ChunkFolder | None = None
         self.resent: tuple[int, ...] = ()
         """Chunk indices rebuilt from resends in this round (a stream broke), for reports and tests."""
@@ -536,7 +535,7 @@ class SecAggServer(SecAggPlusServer):
     def __init__(self, *, round_id: int, clients: Sequence[int], length: int, ring: Ring = RING_2_32,
                  threshold_fraction: float = 0.5, min_clients: int = 2, colluders: int = 0,
                  roster: Roster | None = None, noise_layers: LayerSpec | None = None,
-                 chunk: int | None = None) -> None:  # complete graph
+                 chunk: int | str | None = "auto") -> None:  # complete graph
         super().__init__(round_id=round_id, clients=clients, length=length, ring=ring, degree=None,
                          threshold_fraction=threshold_fraction, min_clients=min_clients, colluders=colluders,
                          roster=roster, noise_layers=noise_layers, chunk=chunk)

@@ -176,8 +176,21 @@ def test_clients_refuse_tiny_chunks_and_resends_outside_their_input():
                          fields={"chunks": chunks})
         with pytest.raises(ProtocolError, match="resend asks for chunks"):
             clients[c].handle(resend)
-    with pytest.raises(ValueError, match="chunk must be in"):
-        SecAggPlusServer(round_id=1, clients=[1, 2, 3], length=10 * MIN_CHUNK, chunk=MIN_CHUNK - 1)
+    for bad in (MIN_CHUNK - 1, "big", True, 2.5):
+        with pytest.raises(ValueError, match="chunk must be 'auto', None or in"):
+            SecAggPlusServer(round_id=1, clients=[1, 2, 3], length=10 * MIN_CHUNK, chunk=bad)
+
+
+def test_inputs_stream_by_default_from_2_22_values_and_travel_whole_below():
+    from secagg.protocols.chunks import AUTO_FROM, DEFAULT_CHUNK, plan_for
+    from secagg.protocols.plain import PlainServer
+
+    for cls in (SecAggPlusServer, SecAggServer, PlainServer):
+        assert cls(round_id=1, clients=[1, 2, 3], length=AUTO_FROM - 1).chunks is None
+        big = cls(round_id=1, clients=[1, 2, 3], length=AUTO_FROM)
+        assert big.chunks == ChunkPlan(AUTO_FROM, DEFAULT_CHUNK) and big.max_reply_bytes() < 4 * AUTO_FROM // 8
+        assert cls(round_id=1, clients=[1, 2, 3], length=AUTO_FROM, chunk=None).chunks is None
+    assert plan_for(MIN_CHUNK, MIN_CHUNK, max_length=MIN_CHUNK) is None  # one chunk is one message
 
 
 def _answer(server, clients, requests):

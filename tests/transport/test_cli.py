@@ -137,9 +137,10 @@ CLIENT = ["client", "--id", "1", "--connect", "tcp://127.0.0.1:5555", "--dim", "
     ([*SERVER, "--max-frames", "7"], "--max-frames: must be at least 8"),
     ([*CLIENT, "--max-message-mib", "-3"], "--max-message-mib: must be at least 1"),
     ([*CLIENT, "--max-frames", "257"], "--max-frames: must be at most 256"),
-    (["server", "--clients", "3", "--dim", "20000000"],
+    (["server", "--clients", "3", "--dim", "20000000", "--param", "chunk=none"],
      "--max-message-mib 64: secagg+ rounds of 3 clients on vectors of length 20000000 take replies of up to"),
-    (["server", "--clients", "2", "--dim", "17000000", "--protocol", "plain", "--max-message-mib", "64"],
+    (["server", "--clients", "2", "--dim", "17000000", "--protocol", "plain", "--max-message-mib", "64",
+      "--param", "chunk=none"],
      "raise it to at least 65, or stream the inputs in chunks folded as they arrive (--param chunk=262144"),
 ])
 def test_cli_refuses_bad_arguments_with_an_argparse_error(args, message, capsys) -> None:

@@ -93,8 +93,9 @@ def tiny_bert(
     shape = dict(vocab_size=vocab_size, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
                  intermediate_size=intermediate or 2 * hidden, max_position_embeddings=max_positions,
                  hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout)
-    if not hf:
-        return Bert(BertSettings(**shape), generator=torch.Generator().manual_seed(seed))
+    if not hf:  # the modules' default initialisation draws from the global RNG: leave it untouched
+        with torch.random.fork_rng(devices=[]):
+            return Bert(BertSettings(**shape), generator=torch.Generator().manual_seed(seed))
     from transformers import BertConfig, BertModel
 
     with torch.random.fork_rng(devices=[]):

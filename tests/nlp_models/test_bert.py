@@ -138,3 +138,11 @@ def test_a_minilm_client_starts_without_importing_transformers():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]", done.stdout
+
+
+def test_building_a_tiny_bert_leaves_the_global_rng_alone():
+    torch.manual_seed(5)
+    expected = torch.rand(3)
+    torch.manual_seed(5)
+    tiny_bert(seed=1)
+    assert torch.equal(torch.rand(3), expected)

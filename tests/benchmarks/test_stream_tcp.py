@@ -22,3 +22,15 @@ def test_whole_and_chunked_rounds_are_measured_and_the_goal_line_is_printed(tmp_
 def test_the_baseline_is_required():
     with pytest.raises(SystemExit):
         stream_tcp.main(["--protocols", "secagg+"])
+
+
+@pytest.mark.slow
+def test_a_crash_at_the_masked_stage_is_measured_with_one_fewer_contributor(tmp_path, capsys):
+    """--dropout: a client exits when asked for its input in the timed round; ours_tcp checks that round's
+    contributors (one fewer), so a row exists only if the chunked rounds finished without it."""
+    assert stream_tcp.main(["--dims", "20000", "--clients", "5", "--chunk", "4096", "--rounds", "2",
+                            "--dropout", "0.2", "--out", str(tmp_path)]) == 0
+    goal = capsys.readouterr().out.strip().splitlines()[-1]
+    assert goal.startswith("stream_goal d=2e+04 n=5 dropout=0.20 ")
+    rows = (tmp_path / "stream.csv").read_text().splitlines()[1:]
+    assert len(rows) == 4 and all(",0.2," in row for row in rows)

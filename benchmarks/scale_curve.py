@@ -76,6 +76,7 @@ from secagg.messages import AbortError, Message, ProtocolError
 from secagg.plus_params import PlusParameters, plus_parameters
 from secagg.prg import field_mask
 from secagg.protocols import registry
+from secagg.protocols.base import reply_messages
 from secagg.protocols.secagg import threshold_for
 
 PROTOCOLS = ("plain", "secagg", "secagg+", "lightsecagg")
@@ -235,13 +236,16 @@ def _child_main(spec: str) -> None:
 
 
 def run_point(protocol: str, *, n: int, d: int, dropout: float, seed: int = 0, memory: bool = False,
-              corrupt_fraction: float = DEFAULT_CORRUPT, lazy: bool = False) -> Point:
+              corrupt_fraction: float = DEFAULT_CORRUPT, lazy: bool = False, chunk: int | None = None) -> Point:
     """One round; `memory` traces allocations (slower: the times of a traced round are not reported).
     `corrupt_fraction`: what SecAgg+'s degree and threshold are planned for (no client colludes here);
     where no SecAgg+ parameters exist the point is recorded as aborted, without a round. `lazy`: each
     client's input is generated when it asks for it (`lazy_input`; the seconds that takes are not counted
     as the client's) and regenerated for the final check, so that the round holds O(d), not O(N d), of
-    inputs (the points at d >= LAZY_FROM)."""
+    inputs (the points at d >= LAZY_FROM). `chunk`: inputs in chunks of this many values (plain and
+    SecAgg(+)); None (the default here, unlike the servers' "auto") sends them whole: in one process nothing
+    is queued, and a chunked client keeps its input until the survivor set (for a resend), so N clients
+    in one process would hold N inputs; streaming over sockets is `benchmarks.stream_tcp`'s measure."""
     rng = np.random.default_rng([seed, n, d])
     ring = registry.default_ring(protocol)
     ids = list(range(1, n + 1))
@@ -252,6 +256,8 @@ def run_point(protocol: str, *, n: int, d: int, dropout: float, seed: int = 0, m
         return Point(protocol=protocol, n=n, d=d, dropout=dropout, server_s=nan, client_max_s=nan, round_s=nan,
                      up_B=nan, down_B=nan, server_peak_MB=nan, survivors=0, total_cpu_s=0.0,
                      aborted=f"no parameters: {error}")
+    if protocol != "lightsecagg":
+        params["chunk"] = chunk
     server = registry.server_class(protocol)(round_id=1, clients=ids, length=d, ring=ring, **params)
     cls = registry.client_class(protocol)
     generating = dict.fromkeys(ids, 0.0)   # CPU seconds spent making lazy inputs (not the client's work)
@@ -300,20 +306,26 @@ def run_point(protocol: str, *, n: int, d: int, dropout: float, seed: int = 0, m
                     continue
                 t, made = time.process_time(), generating[cid]
                 try:
-                    reply: Message | None = clients[cid].handle(request)
+                    reply = clients[cid].handle(request)
                 except ProtocolError:
                     reply = None
                 spent = time.process_time() - t - (generating[cid] - made)
+                parts = reply_messages(reply)   # one message, or chunks made (masked) one at a time
+                while True:
+                    t, made = time.process_time(), generating[cid]
+                    part: Message | None = next(parts, None)
+                    spent += time.process_time() - t - (generating[cid] - made)   # making a chunk is the client's
+                    if part is None:
+                        break
+                    up[cid] += part.nbytes()
+                    _, s = timed_server(server.accept, part)
+                    part = None   # the server keeps what it keeps; the sent vector must not outlive this client
+                    stage_server += s
+                    if meter:   # what the server keeps of the stage's replies (a deployment decodes them server-side)
+                        meter.buffered = sum(m.nbytes() for m in server._replies.values())
+                reply = parts = None
                 client_s[cid] += spent
                 slowest = max(slowest, spent)
-                if reply is None:
-                    continue
-                up[cid] += reply.nbytes()
-                _, s = timed_server(server.accept, reply)
-                reply = None   # the server keeps what it keeps; the sent vector must not outlive this client
-                stage_server += s
-                if meter:   # what the server keeps of the stage's replies (a deployment decodes them server-side)
-                    meter.buffered = sum(m.nbytes() for m in server._replies.values())
             requests, s = timed_server(server.advance)
             if meter:
                 meter.buffered = 0

@@ -96,3 +96,15 @@ def test_a_child_point_measures_its_own_peak_rss_and_the_cli_ends_with_scale_d_l
     assert re.match(r"^scale_d protocol=secagg\+ d_max=2e\+04 n=5 seconds=\d+\.\d\d plain_seconds=\d+\.\d\d "
                     r"peak_rss_mb=\d+$", lines[-1]), lines[-1]
     assert (tmp_path / "scale_d.png").stat().st_size > 0
+
+
+@pytest.mark.parametrize("protocol", ["plain", "secagg+"])
+def test_chunked_inputs_are_driven_chunk_by_chunk_and_summed_exactly(protocol):
+    """With `chunk`, the in-process driver iterates the chunks, charges making them to the client and checks
+    the sum (run_point raises if it were wrong)."""
+    from secagg.protocols.chunks import MIN_CHUNK
+
+    d = 3 * MIN_CHUNK + 5
+    p = run_point(protocol, n=6, d=d, dropout=0.0, lazy=True, chunk=MIN_CHUNK)
+    assert not p.aborted and p.survivors == 6
+    assert 4 * d <= p.up_B < 4 * d + 64 * 1024 and p.client_max_s > 0

@@ -190,12 +190,15 @@ def test_frame_limits_from_the_command_line_reach_the_server_and_client_configs(
 
 
 @pytest.mark.slow
-def test_replies_above_the_default_message_limit_need_and_pass_with_max_message_mib(tmp_path) -> None:
-    """17M-value vectors make replies of 68 MB, over the default 64 MiB: the server takes them only
-    when told to (without, argparse refuses it up front; see the argument checks)."""
+@pytest.mark.parametrize("upload", [("--param", "chunk=none", "--max-message-mib", "72"), ()],
+                         ids=["whole-with-max-message-mib", "chunked-by-default"])
+def test_replies_above_the_default_message_limit_need_and_pass_with_max_message_mib(tmp_path, upload) -> None:
+    """17M-value vectors make replies of 68 MB, over the default 64 MiB: sent whole (chunk=none), the
+    server takes them only when told to (without, argparse refuses it up front; see the argument checks);
+    by default they stream in 1 MiB chunks under the default limit."""
     dim = 17_000_000
     server = cli("server", "--insecure", "--protocol", "plain", "--clients", "2", "--dim", str(dim), "--check",
-                 "--max-message-mib", "72", "--stage-timeout", "60", "--register-timeout", "60",
+                 *upload, "--stage-timeout", "60", "--register-timeout", "60",
                  "--endpoint-file", str(tmp_path / "ep"))
     endpoint = wait_for_file(tmp_path / "ep", server)
     clients = [cli("client", "--insecure", "--protocol", "plain", "--id", str(k), "--connect", endpoint,
@@ -205,6 +208,7 @@ def test_replies_above_the_default_message_limit_need_and_pass_with_max_message_
     assert code == 0 and len(rounds) == 1, stdout + stderr
     assert rounds[0]["sum_ok"] is True and rounds[0]["contributors"] == [1, 2]
     assert rounds[0]["bytes_received"] > 2 * (64 << 20)
+    assert rounds[0]["peak_rss_mb"] > 4 * dim / 2**20  # the server's own VmHWM: at least its running sum
     assert all(r[0] == 0 for r in results), results
 
 

@@ -231,13 +231,33 @@ def describe_device() -> str:
     return out
 
 
-def provenance() -> dict[str, Any]:
-    """Where a result came from: the command line, the device, the UTC date and the commit (None outside git)."""
+def _process_start() -> float | None:
+    """When this process started (Unix seconds, from /proc), None where /proc cannot say."""
     try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5,
-                                cwd=Path(__file__).resolve().parent).stdout.strip() or None
+        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        boot = next(int(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
+                    if line.startswith("btime"))
+        return boot + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
+
+
+def _commit_at(start: float | None) -> str | None:
+    """The commit the code of a process started at `start` came from: the newest commit on HEAD made before
+    it (a run outlives the commits made while it runs, and results.json is written at its end), else HEAD."""
+    here = Path(__file__).resolve().parent
+    cmd = (["git", "rev-list", "-1", "--abbrev-commit", f"--before=@{int(start)}", "HEAD"] if start is not None
+           else ["git", "rev-parse", "--short", "HEAD"])
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=5, cwd=here).stdout.strip() or None
     except (OSError, subprocess.SubprocessError):
-        commit = None
+        return None
+
+
+def provenance() -> dict[str, Any]:
+    """Where a result came from: the command line, the device, the UTC date and the commit (None outside git)
+    the process's code came from (`_commit_at` its start, not HEAD at the time of writing)."""
+    commit = _commit_at(_process_start())
     script = sys.argv[0] if sys.argv and sys.argv[0] else "python"
     try:
         script = os.path.relpath(script)

@@ -338,3 +338,30 @@ def test_layout_paths(tmp_path):
     assert run.ledger_path == tmp_path / "r" / "ledger.json"
     assert run.checkpoint_dir == tmp_path / "r" / "checkpoints"
     assert run.plots_dir == tmp_path / "r" / "plots" and run.plots_dir.is_dir()
+
+
+def test_provenance_names_the_commit_the_process_started_from_not_a_later_head(monkeypatch):
+    """A run outlives commits made while it runs, and writes results.json at its end: its commit is the
+    newest one made before the process started (a run of 2026-11-29 was stamped with a commit made an hour
+    after it started)."""
+    import subprocess
+    import time
+
+    from fl_algorithms.experiments import rundir
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], capture_output=True, text=True, cwd=rundir.Path(rundir.__file__).parent,
+                              timeout=10).stdout.strip()
+
+    head, parent = git("rev-parse", "--short", "HEAD"), git("rev-parse", "--short", "HEAD~1")
+    if not head or not parent:
+        pytest.skip("needs a git checkout with two commits")
+    head_time = int(git("log", "-1", "--format=%ct", "HEAD"))
+    parent_time = int(git("log", "-1", "--format=%ct", "HEAD~1"))
+    monkeypatch.setattr(rundir, "_process_start", lambda: time.time())
+    assert rundir.provenance()["commit"] == head
+    if parent_time < head_time:
+        monkeypatch.setattr(rundir, "_process_start", lambda: head_time - 0.5)
+        earlier = rundir.provenance()["commit"]
+        assert earlier != head and earlier == git("rev-list", "-1", "--abbrev-commit", f"--before=@{head_time - 1}", "HEAD")
+    assert rundir._process_start() is None or rundir._process_start() <= time.time()

@@ -1,6 +1,6 @@
 """FedMCP against its baselines on real offline data, with SecAgg+ on and the privacy cost stated.
 
-    python examples/fedmcp_secure.py                      # defaults: 297-316 s on 2 idle CPU cores (2026-11-29)
+    python examples/fedmcp_secure.py                      # defaults: about 210 s on 2 idle CPU cores (2026-11-29)
     python examples/fedmcp_secure.py --quick              # 2 rounds, 60 training / 100 test examples per client
     python examples/fedmcp_secure.py --full --seeds 0,1,2 # the paper's 25 rounds, training sets capped to the smallest
     python examples/fedmcp_secure.py --dp                 # Opacus DP-SGD on the adapters, epsilon per client
@@ -24,8 +24,12 @@ Setting (FedMCP, Zhao et al. 2024, Sec. V): cross-task, cross-silo; four clients
 corpus split 6:2:2 afresh for each seed, the training splits capped alike (to the smallest client's
 with --full, as the paper) and every client tested on its corpus's whole 20% test split. Frozen MiniLM-L6 backbone with bottleneck-16
 GeLU adapters; Adam, lr 5e-4, one local epoch per round, batch 16 (see below). Methods in one run and one table:
-Local, FedAvg (PEFT: both adapters aggregated), FedRep, FedMCP with SecAgg+, and FedMCP again in
-plaintext to show what secure aggregation costs in accuracy (``secure_vs_plain_diff``).
+Local, FedAvg (PEFT: both adapters aggregated), FedRep, FedMCP with SecAgg+, and FedMCP's plaintext twin to
+show what secure aggregation costs in accuracy (``secure_vs_plain_diff``). The twin is checked in-run by default
+(``--twin``): every round, each SecAgg+ sum is also summed by the plaintext protocol from the same inputs; when all
+agree bit for bit the plaintext run is FedMCP's own trajectory (same sums, same next round), so its row is
+FedMCP's, marked derived, and nothing is trained twice (a differing or failed sum trains the twin again;
+``--twin rerun`` always does, and is a deployment's only mode). Both give the same row (tested).
 FedAvg (Full FT) trains and uploads all 22.7 M parameters per client per round: it is left out of
 the default run (its estimated cost is printed) and runs with ``--with-full-ft``.
 
@@ -143,7 +147,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--moon-mu", type=float, help="MOON's contrastive weight (default 1)")
     p.add_argument("--moon-tau", type=float, help="MOON's temperature (default 0.5)")
     p.add_argument("--ditto-lambda", type=float, help="Ditto's proximal weight (default 0.1)")
-    p.add_argument("--no-plain-check", action="store_true", help="skip FedMCP's plaintext-aggregation rerun")
+    p.add_argument("--no-plain-check", action="store_true", help="no plaintext twin of FedMCP")
+    p.add_argument("--twin", choices=("in-run", "rerun"),
+                   help="how FedMCP's plaintext twin is obtained: in-run (the simulation's default) sums every "
+                        "secure sum's inputs with the plaintext protocol too and, when all agree bit for bit, reports "
+                        "FedMCP's trajectory as the twin's without training it again; rerun (a deployment's only "
+                        "mode) trains FedMCP again with plaintext sums")
     p.add_argument("--dp", action="store_true", default=None, help="Opacus DP-SGD on the adapters; epsilon per client")
     p.add_argument("--dp-noise", type=float, help="with --dp: DP-SGD's noise multiplier (default 1.0)")
     p.add_argument("--dp-clip", type=float, help="with --dp: per-example gradient clipping norm (default 1.0)")
@@ -193,6 +202,8 @@ def _given_plan(args: argparse.Namespace) -> dict[str, Any]:
     values.update({k: getattr(args, k) for k in ("protocol", "seeds", "runtime") if getattr(args, k) is not None})
     if args.no_plain_check:
         values["plain_check"] = False
+    if args.twin is not None:
+        values["twin"] = args.twin
     return values
 
 
@@ -297,8 +308,8 @@ def print_report(document: dict[str, Any], settings: FedMCPSettings, plan: Plan,
         print(document["table_before_aggregation"])
     if document["left_out"]:
         print(f"not run (add with --algorithms): {', '.join(TITLES[m] for m in document['left_out'])}")
-    for key in ("paired_text", "paired_before_aggregation_text", "point_differences_text"):
-        if document[key]:
+    for key in ("twin_note", "paired_text", "paired_before_aggregation_text", "point_differences_text"):
+        if document.get(key):  # (twin_note: absent from results written before the in-run twin)
             print(document[key])
     if settings.dp:
         print("epsilon: example-level, per client, at delta "
@@ -343,7 +354,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                                                        format_point_differences, format_point_table, format_table,
                                                        full_ft_estimate, paired_differences, percent_columns,
                                                        plot_curves, point_differences, run_method, run_parts,
-                                                       saved_protocols, summarise, timing_report)
+                                                       saved_protocols, summarise, timing_report, twin_note)
     from fl_algorithms.tasks.fedmcp import FedMCPClients
     from fl_algorithms.training.dp_trainer import quiet_dp_libraries
     from nlp_models.classifiers import make_head
@@ -400,8 +411,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         outer.set_postfix_str(f"{method} seed {seed}")
         if plan.runtime == "sim":  # a no-op once this seed's clients are cached
             prefix_seconds += cache_clients(clients, seed=seed, progress=progress)
+        secure = runs.get("fedmcp")  # FedMCP's run of this seed, which the in-run twin is derived from
         runs[method].append(run_method(method, seed, clients, plan, run, progress=progress, threads=threads,
-                                       logged=logged))
+                                       logged=logged, twin_of=secure[-1] if secure and method == PLAIN_TWIN else None))
     outer.close()
 
     backbone_params = sum(p.numel() for p in backbone.parameters())
@@ -425,6 +437,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     timing = timing_report(summary, prefix_seconds, wall, runtime=plan.runtime)
     document = {"methods": summary, "table": table, "final_line": line, "full_ft": full_note,
                 "paired": paired, "paired_text": format_paired(paired, summary),
+                "twin_note": twin_note(summary, protocol=plan.protocol),
                 "table_before_aggregation": format_point_table(summary, clients.info, seeds=len(plan.seeds)),
                 "paired_before_aggregation": paired_before,
                 "paired_before_aggregation_text": format_paired(paired_before, summary, point="before_aggregation"),

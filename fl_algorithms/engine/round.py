@@ -107,6 +107,9 @@ class RoundRecord:
     """Contributors of each secure sum."""
     failed: dict[str, str] = field(default_factory=dict)
     """Secure sums that did not finish, with the reason."""
+    plain_twin: dict[str, bool] = field(default_factory=dict)
+    """With `RunConfig.plain_twin`: per finished secure sum, whether the plaintext protocol's sum of the
+    same inputs equalled it bit for bit (empty when not checked)."""
 
     def mean(self, key: str) -> float:
         vals = [m[key] for m in self.metrics.values() if key in m]

@@ -707,6 +707,15 @@ class SecureAggregator:
                    for cid, vec in inputs.items()}
         return run_round(server, clients, drop_at=drop_at, bytes_sent=bytes_sent)
 
+    def plain_sum(self, *, round_id: int, inputs: Mapping[int, np.ndarray], length: int) -> np.ndarray:
+        """The plaintext protocol's sum of `inputs` in this config's ring: what the configured protocol's
+        sum over the same contributors must equal (`RunConfig.plain_twin`; simulation only)."""
+        server = registry.server_class("plain")(round_id=round_id, clients=sorted(inputs), length=length,
+                                                ring=self.config.ring, min_clients=1)
+        clients = {cid: registry.client_class("plain")(client_id=cid, round_id=round_id, input_fn=lambda v=vec: v)
+                   for cid, vec in inputs.items()}
+        return run_round(server, clients).ring_sum
+
     def aggregate(self, *, round: int, uploads: Mapping[int, Upload], drop_at: Mapping[str, set[int]] | None = None,
                   stats: SecureRoundStats | None = None, population: Iterable[int] | None = None,
                   sampling: SamplingRecord | None = None) -> AggregateView:

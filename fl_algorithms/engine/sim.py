@@ -67,6 +67,11 @@ class RunConfig:
     """With backend 'ray': a running cluster's address ('auto', 'ray://host:10001'); None starts one here."""
     ray_workers: int | None = None
     """With backend 'ray': actors the clients are sharded over (default: one per available CPU)."""
+    plain_twin: bool = False
+    """Also sum every secure sum's inputs with the plaintext protocol (same ring vectors of the same
+    contributors) and record in `RoundRecord.plain_twin` whether the two sums agree bit for bit: the
+    secure-vs-plaintext comparison without a second training run. Simulation only (a deployed server
+    never holds the inputs); the check costs one plaintext sum per secure sum."""
 
     def __post_init__(self) -> None:
         if self.rounds < 1:
@@ -83,6 +88,9 @@ class RunConfig:
             raise ValueError(f"backend is 'memory' or 'ray', got {self.backend!r}")
         if self.ray_workers is not None and self.ray_workers < 1:
             raise ValueError("ray_workers must be at least 1")
+        if self.plain_twin and self.secure.protocol == "plain":
+            raise ValueError("plain_twin compares a secure protocol with the plaintext one: the run already "
+                             "sums in plaintext")
         self._check_amplification()
 
     def _check_amplification(self) -> None:
@@ -248,6 +256,7 @@ class SimulationRunner:
         drops = {c for c in cohort if self.rng.random() < self.config.dropout} if self.config.dropout > 0 else set()
         sent: dict[int, int] = {}
         clipped = 0
+        twin: dict[str, bool] = {}
         for job in machine.sum_jobs():
             s0 = time.perf_counter()
             vectors = {c: inputs[c][job.name].vector for c in job.members}
@@ -264,6 +273,10 @@ class SimulationRunner:
                 continue
             self.aggregator.record_individuals(t, {c: inputs[c][job.name] for c in job.members}, result.contributors)
             machine.on_sum(job.name, result=result, seconds=time.perf_counter() - s0)
+            if self.config.plain_twin:  # after the secure sum's own timing: the check is not its cost
+                plain = self.aggregator.plain_sum(round_id=job.round_id, length=job.length,
+                                                  inputs={c: vectors[c] for c in sorted(result.contributors)})
+                twin[job.name] = bool(np.array_equal(plain, result.ring_sum))
         self.state, view = machine.finish()
         self.last_view = view
         if self.aggregator.transcript is not None and machine.jobs:
@@ -273,7 +286,8 @@ class SimulationRunner:
         return RoundRecord(round=t, cohort=cohort, contributors=sorted(view.contributors), metrics=metrics,
                            seconds=time.perf_counter() - t0, secure_seconds=machine.secure_seconds,
                            bytes_uploaded=sent, clipped=clipped,
-                           sums={k: sorted(v) for k, v in view.sum_contributors.items()}, failed=dict(view.failed))
+                           sums={k: sorted(v) for k, v in view.sum_contributors.items()}, failed=dict(view.failed),
+                           plain_twin=twin)
 
     def _broadcast_all(self, broadcasts: Mapping[int, Any]) -> dict[int, tuple[Any, Any]]:
         """Every addressed client's (ClientReady, encoded inputs): in parallel on Ray, else one by one."""

@@ -19,7 +19,7 @@ import sys
 import time
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +38,15 @@ from fl_algorithms.training.adapter_trainer import BEFORE_AGGREGATION
 from secagg.protocols import registry
 
 PLAIN_TWIN = "fedmcp_plain"
-"""FedMCP rerun with a plaintext sum, added to the run when FedMCP runs (unless --no-plain-check)."""
+"""FedMCP with plaintext sums, added to the run when FedMCP runs (unless --no-plain-check): checked in-run or
+trained again (`TWIN_MODES`)."""
+TWIN_MODES = ("in-run", "rerun")
+"""How the plaintext twin is obtained. 'in-run' (the simulation's default): FedMCP's run also sums every
+secure sum's inputs with the plaintext protocol (`RunConfig.plain_twin`); when every sum of every round agrees
+bit for bit, the plaintext run's trajectory is FedMCP's own (same inputs, same sums, same next round), so the
+twin's row is FedMCP's, marked as derived, and nothing is trained twice; any disagreement or failed sum falls
+back to a rerun. 'rerun' (a deployment's only mode: its server never holds the inputs): FedMCP trained again
+from the same seed with the plaintext protocol."""
 TITLES = {"fedavg_full": "FedAvg (Full FT)", "local": "Local", "fedavg_peft": "FedAvg (PEFT)", "fedrep": "FedRep",
           "fedlr": "FedLR (LoRA)", "moon": "MOON", "ditto": "Ditto",
           "fedmcp": "FedMCP", "fedmcp_no_cl": "FedMCP w/o L_c", "fedmcp_no_bl": "FedMCP w/o L_b",
@@ -63,9 +71,13 @@ class Plan:
     seeds: tuple[int, ...] = (0,)
     runtime: str = "sim"
     plain_check: bool = True
-    """Rerun FedMCP with a plaintext sum to show what secure aggregation costs in accuracy."""
+    """Compare FedMCP with its plaintext twin to show what secure aggregation costs in accuracy."""
+    twin: str | None = None
+    """`TWIN_MODES`; None resolves to 'in-run' in the simulation, 'rerun' in a deployment (saved resolved)."""
 
     def __post_init__(self) -> None:
+        if self.twin is None:
+            object.__setattr__(self, "twin", "in-run" if self.runtime == "sim" else "rerun")
         unknown = [m for m in self.algorithms if m not in METHODS]
         secure = [p for p in registry.names() if p != "plain"]
         checks = [
@@ -76,6 +88,9 @@ class Plan:
             (bool(self.seeds) and all(s >= 0 for s in self.seeds), "--seeds must be non-negative integers"),
             (len(set(self.seeds)) == len(self.seeds), "--seeds repeats a seed"),
             (self.runtime in RUNTIMES, f"--runtime must be one of {', '.join(RUNTIMES)}"),
+            (self.twin in TWIN_MODES, f"--twin must be one of {', '.join(TWIN_MODES)}"),
+            (not (self.twin == "in-run" and self.runtime == "deploy"),
+             "--twin in-run needs the simulation (a deployed server never holds the inputs): use --twin rerun"),
         ]
         for ok, message in checks:
             if not ok:
@@ -97,6 +112,7 @@ def read_saved(path: Path) -> tuple[FedMCPSettings, Plan]:
         raise ValueError("this run predates per-seed splits with whole test sets (its 'cap' was applied before "
                          "the split): it cannot be resumed exactly; start a new run")
     plan = {k: tuple(v) if isinstance(v, list) else v for k, v in saved["plan"].items()}
+    plan.setdefault("twin", "rerun")  # saved before the in-run twin: it resumes as it ran
     settings = dict(saved["settings"])
     if settings.get("precision", "auto") == "auto":
         settings["precision"] = _precision_as_ran(saved)
@@ -133,8 +149,10 @@ def combine_plans(parts: Sequence[Path]) -> tuple[FedMCPSettings, Plan]:
     methods = {m for _, plan in saved for m in plan.algorithms}
     seeds = sorted({s for _, plan in saved for s in plan.seeds})
     plain = all(plan.plain_check for _, plan in saved if "fedmcp" in plan.algorithms)
+    twins = {plan.twin for _, plan in saved if "fedmcp" in plan.algorithms and plan.plain_check}
     return settings, Plan(algorithms=tuple(m for m in TABLE_ORDER if m in methods), protocol=saved[0][1].protocol,
-                          seeds=tuple(seeds), runtime=saved[0][1].runtime, plain_check=plain)
+                          seeds=tuple(seeds), runtime=saved[0][1].runtime, plain_check=plain,
+                          twin=twins.pop() if len(twins) == 1 else None)
 
 
 def combined_runs(parts: Sequence[Path], plan: Plan, run: RunDirectory,
@@ -162,7 +180,8 @@ def combined_runs(parts: Sequence[Path], plan: Plan, run: RunDirectory,
             found[method, int(seed)] = MethodRun(
                 method=method, seed=int(seed), history=history, trainable=meta["trainable_params"],
                 shared=meta["shared_params"], epsilon=last_epsilon(history),
-                timer=dict(meta["timer"]) if once else {}, clipped=meta["clipped_values"] if once else 0)
+                timer=dict(meta["timer"]) if once else {}, clipped=meta["clipped_values"] if once else 0,
+                derived_from=meta.get("derived_from"))
         for record in RunDirectory.open(path).rounds():
             if (record.get("seed"), record.get("method"), record.get("round")) not in logged:
                 run.log_round(record)
@@ -209,7 +228,7 @@ def run_parts(run: RunDirectory, settings: FedMCPSettings, plan: Plan, *, script
             path = folder / f"seed{seed}-{method}"
             if not (path / "config.toml").is_file():
                 part = Plan(algorithms=(method,), protocol=plan.protocol, seeds=(seed,), runtime=plan.runtime,
-                            plain_check=plan.plain_check and method == "fedmcp")
+                            plain_check=plan.plain_check and method == "fedmcp", twin=plan.twin)
                 path.mkdir(parents=True, exist_ok=True)  # (or left without its config by an interrupted start)
                 config: dict[str, Any] = {"settings": settings, "plan": part}
                 if protocols is not None:  # each method's declared training protocol (as TrainingProtocol.to_dict)
@@ -246,6 +265,8 @@ class MethodRun:
     timer: dict[str, float] = field(default_factory=dict)
     """The clients' timers summed (simulation only: in a deployment they stay in the client processes)."""
     clipped: int = 0
+    derived_from: str | None = None
+    """The in-run twin: the method whose checked trajectory this run's is (nothing was trained for it)."""
 
 
 def last_epsilon(history: Sequence[RoundRecord]) -> dict[int, float]:
@@ -260,9 +281,47 @@ def last_epsilon(history: Sequence[RoundRecord]) -> dict[int, float]:
     return dict(sorted(out.items()))
 
 
+def checked_sums(history: Sequence[RoundRecord]) -> int | None:
+    """How many secure sums of `history` were checked equal to the plaintext protocol's sum of the same inputs
+    (`RunConfig.plain_twin`); None unless every round's every sum was checked and agreed, and none failed."""
+    if not history:
+        return None
+    for rec in history:
+        if rec.failed or not rec.sums or set(rec.plain_twin) != set(rec.sums) or not all(rec.plain_twin.values()):
+            return None
+    return sum(len(rec.plain_twin) for rec in history)
+
+
+def derive_twin(secure: MethodRun | None, *, seed: int, run: RunDirectory,
+                logged: set[tuple[int, str, int]]) -> MethodRun | None:
+    """The in-run twin (`TWIN_MODES`): FedMCP's run of `seed` as the plaintext run's, when every one of its sums
+    agreed bit for bit with the plaintext protocol's; None otherwise (the caller reruns). Its rounds are logged
+    with ``derived_from`` so the record says nothing was trained for them."""
+    if secure is None or secure.method != "fedmcp" or secure.seed != seed or checked_sums(secure.history) is None:
+        return None
+    history = [replace(rec, seconds=0.0, secure_seconds=0.0, bytes_uploaded={}, plain_twin={})
+               for rec in secure.history]
+    for rec in history:
+        if (seed, PLAIN_TWIN, rec.round) not in logged:
+            run.log_round({"seed": seed, "method": PLAIN_TWIN, **asdict(rec), "derived_from": "fedmcp",
+                           "mean_accuracy": rec.mean("accuracy"),
+                           "mean_validation_accuracy": rec.mean("validation_accuracy")})
+            logged.add((seed, PLAIN_TWIN, rec.round))
+    return MethodRun(method=PLAIN_TWIN, seed=seed, history=history, trainable=secure.trainable, shared=secure.shared,
+                     epsilon=dict(secure.epsilon), derived_from="fedmcp")
+
+
 def run_method(method: str, seed: int, clients: FedMCPClients, plan: Plan, run: RunDirectory, *, progress: bool,
-               threads: int, logged: set[tuple[int, str, int]]) -> MethodRun:
-    """One method for one seed in the chosen runtime, each round logged to the run directory as it completes."""
+               threads: int, logged: set[tuple[int, str, int]], twin_of: MethodRun | None = None) -> MethodRun:
+    """One method for one seed in the chosen runtime, each round logged to the run directory as it completes.
+    The plaintext twin in 'in-run' mode is derived from `twin_of` (FedMCP's run of this seed) when all its
+    sums were checked equal, and trained again otherwise."""
+    if method == PLAIN_TWIN and plan.twin == "in-run":
+        derived = derive_twin(twin_of, seed=seed, run=run, logged=logged)
+        if derived is not None:
+            return derived
+        print(f"plaintext twin, seed {seed}: FedMCP's sums were not all checked equal to plaintext sums (a failed or "
+              "differing sum, or a run resumed from before the check): training the twin again", flush=True)
     name = "fedmcp" if method == PLAIN_TWIN else method
     protocol = "plain" if method == PLAIN_TWIN else plan.protocol
     where = f"{method}-seed{seed}"
@@ -272,8 +331,9 @@ def run_method(method: str, seed: int, clients: FedMCPClients, plan: Plan, run: 
                                      # FedMCP's benchmark has 4 clients in all: every sum is over all of them
                                      min_release_group=min(5, clients.num_clients))
     # the learning curve on the (small) validation splits every round, the whole test splits in the last round
+    in_run = method == "fedmcp" and plan.plain_check and plan.twin == "in-run" and plan.runtime == "sim"
     config = RunConfig(rounds=clients.settings.rounds, seed=seed, secure=secure, curve_split="validation",
-                       checkpoint_dir=str(run.checkpoint_dir / where))
+                       checkpoint_dir=str(run.checkpoint_dir / where), plain_twin=in_run)
     twin = method == PLAIN_TWIN  # trains exactly as FedMCP; its gradient-norm probe would only repeat FedMCP's
     task = clients.task(name, seed=seed, probe=not twin)
 
@@ -376,7 +436,7 @@ def summarise(runs: dict[str, list[MethodRun]], clients: Sequence[ClientInfo], *
             "points": points,
             "curve": [float(v) for v in curve],
             "curve_before_aggregation": [float(v) for v in curve_before],
-            "grad_ratio_mu_c_to_a": _grad_ratio(seed_runs),
+            "grad_ratio_mu_c_to_a": {} if first.derived_from else _grad_ratio(seed_runs),  # (the probe is FedMCP's)
             "trainable_params": first.trainable,
             "shared_params": first.shared,
             "bytes_uploaded_per_round": float(np.mean(uploaded)) if first.shared else 0.0,
@@ -388,6 +448,11 @@ def summarise(runs: dict[str, list[MethodRun]], clients: Sequence[ClientInfo], *
             "timer": dict(timer),
             "clipped_values": sum(r.clipped for r in seed_runs),
         }
+        if first.derived_from is not None:
+            methods[method]["derived_from"] = first.derived_from
+        checked = [checked_sums(r.history) for r in seed_runs]
+        if method == "fedmcp" and all(c is not None for c in checked):
+            methods[method]["plain_twin_checked_sums"] = sum(checked)
     return methods
 
 
@@ -436,11 +501,12 @@ def format_table(summary: dict[str, Any], clients: Sequence[ClientInfo], *, seed
         if method not in summary:
             continue
         s = summary[method]
+        derived = "derived_from" in s  # the in-run twin: nothing uploaded or timed of its own
         row = [s["title"]] + [cell(s["per_client"][c.key]) for c in clients] + [
             cell(s["average"]), f"{s['param_pct']:.2f}",
             "-" if s["comm_pct"] is None else f"{s['comm_pct']:.2f}",
-            "-" if not s["shared_params"] else f"{s['bytes_uploaded_per_round'] / 1e6:.2f} MB",
-            "-" if not s["shared_params"] else f"{100 * s['secure_share']:.1f}%"]
+            "in-run" if derived else "-" if not s["shared_params"] else f"{s['bytes_uploaded_per_round'] / 1e6:.2f} MB",
+            "in-run" if derived else "-" if not s["shared_params"] else f"{100 * s['secure_share']:.1f}%"]
         if dp:
             row.append("/".join(f"{e:.2f}" for e in s["epsilon"].values()))
         rows.append(row)
@@ -532,6 +598,19 @@ def format_point_differences(differences: dict[str, dict[str, float]], summary: 
     return f"before minus after aggregation, average accuracy paired by seed (95% t-interval, {n} seeds): {cells}"
 
 
+def twin_note(summary: dict[str, Any], *, protocol: str) -> str:
+    """How the plaintext twin's row was obtained ('' without a twin)."""
+    twin = summary.get(PLAIN_TWIN)
+    if twin is None:
+        return ""
+    if "derived_from" not in twin:
+        return (f"{twin['title']}: FedMCP trained again from the same seeds with plaintext sums (--twin rerun)")
+    checked = summary.get("fedmcp", {}).get("plain_twin_checked_sums", 0)
+    return (f"{twin['title']}: checked in-run: all {checked} {protocol} sums of FedMCP's run (every round, every "
+            "seed) equalled the plaintext protocol's sums of the same inputs bit for bit, so the plaintext run's "
+            "trajectory is FedMCP's and it was not trained twice (--twin rerun trains it)")
+
+
 def ablation_line(summary: dict[str, Any], clients: Sequence[ClientInfo]) -> str:
     """FedMCP's Table II in one line, with the smallest client's test-set size (one example's weight)."""
     def value(method: str) -> str:
@@ -590,6 +669,9 @@ def timing_report(summary: dict[str, Any], prefix_seconds: float, wall: float, *
         if method not in summary:
             continue
         s = summary[method]
+        if "derived_from" in s:
+            lines.append(f"  {method:<13}    0.0 s: derived in-run from {s['derived_from']}'s checked sums")
+            continue
         timer = s["timer"]
         evaluation = timer.get("evaluation", 0.0)
         train = sum(v for k, v in timer.items() if k != "evaluation")
@@ -615,7 +697,7 @@ def cache_clients(clients: FedMCPClients, *, seed: int, progress: bool) -> float
 
 
 __all__ = ["PART_ORDER", "PLAIN_TWIN", "POINTS", "RUNTIMES", "SAME_POINT", "TABLE_ORDER", "TASK_SPEC", "TITLES",
-           "MethodRun", "Plan", "ablation_line", "cache_clients", "combine_plans", "combined_runs", "final_line",
-           "format_paired", "format_point_differences", "format_point_table", "format_table", "full_ft_estimate",
+           "TWIN_MODES", "MethodRun", "Plan", "ablation_line", "cache_clients", "checked_sums", "combine_plans",
+           "combined_runs", "derive_twin", "final_line", "format_paired", "format_point_differences", "format_point_table", "format_table", "full_ft_estimate",
            "last_epsilon", "paired_differences", "percent_columns", "plot_curves", "point_differences", "read_saved",
-           "run_method", "run_parts", "saved_protocols", "summarise", "timing_report"]
+           "run_method", "run_parts", "saved_protocols", "summarise", "timing_report", "twin_note"]

@@ -45,12 +45,17 @@ def test_main_runs_end_to_end_and_resumes(tmp_path, capsys):
     assert set(methods) == {"fedmcp", "fedmcp_plain", "fedavg_peft", "local", "fedrep"}
     assert saved["summary"]["final_line"] == lines[-1]
     assert saved["config"]["plan"] == {"algorithms": ["fedmcp", "fedavg_peft", "local", "fedrep"],
-                                       "protocol": "secagg+", "seeds": [0], "runtime": "sim", "plain_check": True}
+                                       "protocol": "secagg+", "seeds": [0], "runtime": "sim", "plain_check": True,
+                                       "twin": "in-run"}
     assert saved["config"]["settings"]["backbone"] == "tiny" and saved["config"]["settings"]["rounds"] == 2
     # FedMCP uploads one adapter set of two: half FedAvg (PEFT)'s communication; Local uploads nothing
     assert methods["fedmcp"]["comm_pct"] == pytest.approx(methods["fedavg_peft"]["comm_pct"] / 2)
     assert methods["local"]["comm_pct"] is None and methods["local"]["bytes_uploaded_per_round"] == 0
-    assert methods["fedmcp"]["bytes_uploaded_per_round"] > methods["fedmcp_plain"]["bytes_uploaded_per_round"] > 0
+    # the plaintext twin, checked in-run: both rounds' SecAgg+ sums equalled the plaintext sums of their inputs
+    assert methods["fedmcp"]["plain_twin_checked_sums"] == 2 and methods["fedmcp_plain"]["derived_from"] == "fedmcp"
+    assert methods["fedmcp_plain"]["per_client"] == methods["fedmcp"]["per_client"]
+    assert methods["fedmcp_plain"]["bytes_uploaded_per_round"] == 0 and methods["fedmcp_plain"]["timer"] == {}
+    assert any(line.startswith("FedMCP (plaintext agg.): checked in-run: all 2 secagg+ sums") for line in lines)
     assert 0 < methods["fedmcp"]["secure_share"] < 1
     assert all(len(m["curve"]) == 2 for m in methods.values())
     assert "not run" in document["full_ft"]
@@ -68,6 +73,35 @@ def test_main_runs_end_to_end_and_resumes(tmp_path, capsys):
     assert len((run / "metrics.jsonl").read_text().splitlines()) == len(logged)  # nothing logged twice
     fedmcp_secure.main(["--resume", str(run), "--report"])  # `fedsecure report RUN`: the saved report, run none
     assert capsys.readouterr().out.strip().splitlines()[-2:] == lines[-2:]
+
+
+def test_the_in_run_twin_is_the_twin_a_rerun_trains(tmp_path, capsys):
+    """What the in-run twin reports (FedMCP's checked trajectory) is what training the twin again measures."""
+    argv = TINY + ["--algorithms", "fedmcp", "--out", str(tmp_path)]
+    in_run = fedmcp_secure.main(argv + ["--run-name", "in-run"])["methods"]
+    rerun = fedmcp_secure.main(argv + ["--run-name", "rerun", "--twin", "rerun"])["methods"]
+    capsys.readouterr()
+    assert "derived_from" not in rerun["fedmcp_plain"] and "derived_from" in in_run["fedmcp_plain"]
+    assert rerun["fedmcp"]["bytes_uploaded_per_round"] > rerun["fedmcp_plain"]["bytes_uploaded_per_round"] > 0
+    for point in ("after_aggregation", "before_aggregation"):
+        assert (in_run["fedmcp_plain"]["points"][point]["per_client_by_seed"]
+                == rerun["fedmcp_plain"]["points"][point]["per_client_by_seed"])
+    assert in_run["fedmcp_plain"]["curve"] == rerun["fedmcp_plain"]["curve"]
+    with pytest.raises(SystemExit):  # a deployed server never holds the inputs
+        fedmcp_secure.parse_settings(["--runtime", "deploy", "--twin", "in-run"])
+    assert "--twin in-run needs the simulation" in capsys.readouterr().err
+
+
+def test_a_sum_that_differs_from_the_plaintext_sum_makes_the_twin_train_again(tmp_path, capsys, monkeypatch):
+    from fl_algorithms.engine.secure_sum import SecureAggregator
+
+    monkeypatch.setattr(SecureAggregator, "plain_sum", lambda self, **kw: np.zeros(kw["length"], dtype=np.uint32))
+    document = fedmcp_secure.main(TINY + ["--algorithms", "fedmcp", "--out", str(tmp_path), "--run-name", "r"])
+    out = capsys.readouterr().out
+    assert "training the twin again" in out and "derived_from" not in document["methods"]["fedmcp_plain"]
+    assert "plain_twin_checked_sums" not in document["methods"]["fedmcp"]
+    assert document["methods"]["fedmcp_plain"]["bytes_uploaded_per_round"] > 0
+    assert "FedAvg" not in document["twin_note"] and "--twin rerun" in document["twin_note"]
 
 
 def test_resume_after_a_crash_finishes_like_an_uninterrupted_run(tmp_path, capsys, monkeypatch):

@@ -31,6 +31,33 @@ def test_fedavg_secure_equals_plaintext_within_quantisation(toy_trainers, protoc
         assert diff < 1e3 * bound + 1e-5, (k, diff, bound)
 
 
+@pytest.mark.parametrize("protocol", ["secagg+", "lightsecagg"])
+def test_the_in_run_plain_twin_checks_every_secure_sum_against_the_plaintext_sum_of_its_inputs(toy_trainers, protocol):
+    runner = _run(toy_trainers, protocol, plain_twin=True, clients_per_round=4, dropout=0.25, seed=2, sampler="seeded")
+    assert all(set(r.plain_twin) == set(r.sums) and all(r.plain_twin.values()) for r in runner.history)
+    if protocol == "secagg+":  # (the simulated dropout stage is SecAgg's)
+        assert any(len(r.contributors) < 4 for r in runner.history)  # checked over the survivors only
+    assert all(r.plain_twin == {} for r in _run(toy_trainers, protocol).history)  # not checked unless asked
+
+
+def test_the_in_run_plain_twin_flags_a_secure_sum_that_differs(toy_trainers, monkeypatch):
+    """A protocol whose sum is off by one in one coordinate (a mask that does not cancel) is caught."""
+    from fl_algorithms.engine.secure_sum import SecureAggregator
+
+    real = SecureAggregator.run_sum
+
+    def off_by_one(self, **kw):
+        result = real(self, **kw)
+        result.ring_sum[0] += 1
+        return result
+
+    monkeypatch.setattr(SecureAggregator, "run_sum", off_by_one)
+    runner = _run(toy_trainers, "secagg+", plain_twin=True)
+    assert all(r.plain_twin and not any(r.plain_twin.values()) for r in runner.history)
+    with pytest.raises(ValueError, match="already sums in plaintext"):
+        RunConfig(plain_twin=True, secure=SecureAggregationConfig(protocol="plain"))
+
+
 def test_fedavg_learns(toy_trainers):
     runner = _run(toy_trainers, "secagg+", rounds=8)
     first, last = runner.history[0].mean("accuracy"), runner.history[-1].mean("accuracy")

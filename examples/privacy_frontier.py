@@ -83,6 +83,10 @@ def _parser() -> argparse.ArgumentParser:
                    help="DDP without XNoise: each client's noise sized for the floor n_min and left in, so a round "
                         "of u survivors carries u / n_min times the accounted noise (the runs before 2026-11-29); "
                         "default: exact noise, the excess removed once the survivors are known")
+    p.add_argument("--max-participations", type=_cap, default=None, metavar="K|auto",
+                   help="each client takes part in at most K rounds (every setting alike); DDP's and DP-SGD's noise "
+                        "is then calibrated for K participations against the server instead of every round; auto: "
+                        "per cohort, the smallest K that fewer than one client is expected to exceed (default: no cap)")
     p.add_argument("--local-epochs", type=int, default=5, help="local epochs per round (default 5)")
     p.add_argument("--max-examples", type=int, default=None, help="cap on the corpus' examples (default: all)")
     p.add_argument("--no-baselines", action="store_true",
@@ -94,6 +98,18 @@ def _parser() -> argparse.ArgumentParser:
                    help="report finished runs (made in parallel, e.g. one per cohort) as one: writes the tables, "
                         "plots and last line under --out/--run-name; runs nothing")
     return p
+
+
+def _cap(text: str) -> int | str:
+    if text == "auto":
+        return text
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer or 'auto', got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer or 'auto', got {text!r}")
+    return value
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -134,11 +150,22 @@ def configs(args: argparse.Namespace) -> list[FrontierConfig]:
             out.append(FrontierConfig(task=task, rounds=args.rounds or (8 if q else 20), cohort=cohort,
                                       sampler=args.sampler, cohort_tail=args.cohort_tail,
                                       exact_noise=not args.floor_sized_noise,
+                                      max_participations=_resolve_cap(args, clients=clients, cohort=cohort),
                                       local_epochs=args.local_epochs,
                                       epsilons=tuple(args.epsilons or ((8.0,) if q else (1.0, 2.0, 4.0, 8.0))),
                                       mechanisms=tuple(args.mechanisms), save_transcripts=args.save_transcripts,
                                       baselines=not args.no_baselines, seed=seed))
     return out
+
+
+def _resolve_cap(args: argparse.Namespace, *, clients: int, cohort: int) -> int | None:
+    """--max-participations for one cohort: 'auto' resolved from the sampler (`participation_cap`)."""
+    if args.max_participations != "auto":
+        return args.max_participations
+    from fl_algorithms.experiments.frontier import participation_cap
+
+    rounds = args.rounds or (8 if args.quick else 20)
+    return participation_cap(population=clients, rate=cohort / clients, rounds=rounds)
 
 
 def exact_noise(runs: Sequence[dict]) -> bool:

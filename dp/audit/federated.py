@@ -88,10 +88,15 @@ class Cohorts:
     sampling_rate: float = 1.0
     """Poisson rate of the cohort sampler for every client, canaries included (1: everyone, every round)."""
     rounds: int = 1
+    max_participations: int | None = None
+    """The run's participation cap (`RunConfig.max_participations`): a client drawn after this many cohorts
+    is left out, canaries included, as in the run audited."""
 
     def __post_init__(self) -> None:
         if self.background_clients < 0 or self.rounds < 1 or not self.background_norm >= 0:
             raise ValueError("need background_clients >= 0, rounds >= 1, background_norm >= 0")
+        if self.max_participations is not None and self.max_participations < 1:
+            raise ValueError("max_participations must be at least 1 (or None: no cap)")
         if not 0 < self.sampling_rate <= 1:
             raise ValueError(f"sampling_rate must be in (0, 1], got {self.sampling_rate}")
         if self.population is not None and self.population < 1:
@@ -212,8 +217,13 @@ def run_trial(mechanism: SumMechanism, *, design: CanaryDesign, cohorts: Cohorts
     c = mechanism.l2_clip
     deltas = np.zeros((cohorts.rounds, d))
     skipped = 0
+    drawn: dict[int, int] = {}
     for r in range(cohorts.rounds):
         cohort = draw(ids) if ids else []
+        if cohorts.max_participations is not None:
+            cohort = [cid for cid in cohort if drawn.get(cid, 0) < cohorts.max_participations]
+            for cid in cohort:
+                drawn[cid] = drawn.get(cid, 0) + 1
         members = []
         for cid in cohort:
             if cid in canary_ids:

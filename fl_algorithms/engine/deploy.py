@@ -120,6 +120,10 @@ class DeployedServer:
                              f"amplification, but the DP config claims '{claimed_sampler(config)}' sampling: draw "
                              "cohorts from the OS CSPRNG (sampler='poisson' or 'fixed_size') or account at "
                              "sampling_rate=1")
+        if config.max_participations is not None or config.plain_twin:
+            # a cap the server keeps binds nobody against the server; a deployed server never holds the inputs
+            raise ValueError("max_participations and plain_twin are simulation settings: a deployed client does "
+                             "not count its own participations yet, and the server never holds the inputs")
         self.task, self.config, self.driver, self.deployment = task, config, driver, deployment
         self.roster = roster
         self.algorithm = task.algorithm

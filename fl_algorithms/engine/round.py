@@ -110,6 +110,8 @@ class RoundRecord:
     plain_twin: dict[str, bool] = field(default_factory=dict)
     """With `RunConfig.plain_twin`: per finished secure sum, whether the plaintext protocol's sum of the
     same inputs equalled it bit for bit (empty when not checked)."""
+    capped: list[int] = field(default_factory=list)
+    """Clients the sampler drew whom `RunConfig.max_participations` left out of the cohort."""
 
     def mean(self, key: str) -> float:
         vals = [m[key] for m in self.metrics.values() if key in m]

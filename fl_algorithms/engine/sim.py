@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -67,6 +68,14 @@ class RunConfig:
     """With backend 'ray': a running cluster's address ('auto', 'ray://host:10001'); None starts one here."""
     ray_workers: int | None = None
     """With backend 'ray': actors the clients are sharded over (default: one per available CPU)."""
+    max_participations: int | None = None
+    """Each client takes part in at most this many rounds: one drawn after that many is left out of the
+    cohort (after the sampler has drawn, so nobody else's inclusion rate changes; `RoundRecord.capped`).
+    Noise calibrated against the server may then be sized for this many participations instead of every
+    round (a high cap rarely binds: at rate 0.1 over 20 rounds, 7 or more draws has probability 0.24%).
+    Against a server that ignores it the cap is the clients' to keep; here the simulated clients keep it,
+    and a deployment refuses it (its clients do not count yet). Counted in cohorts drawn, so a client's
+    contributions, which the ledger charges, never exceed it."""
     plain_twin: bool = False
     """Also sum every secure sum's inputs with the plaintext protocol (same ring vectors of the same
     contributors) and record in `RoundRecord.plain_twin` whether the two sums agree bit for bit: the
@@ -88,6 +97,13 @@ class RunConfig:
             raise ValueError(f"backend is 'memory' or 'ray', got {self.backend!r}")
         if self.ray_workers is not None and self.ray_workers < 1:
             raise ValueError("ray_workers must be at least 1")
+        if self.max_participations is not None and self.max_participations < 1:
+            raise ValueError("max_participations must be at least 1 (or None: no cap)")
+        ddp = self.secure.distributed_dp
+        if (self.max_participations is not None and ddp is not None and ddp.target_observer == "server"
+                and ddp.rounds < min(self.max_participations, self.rounds)):
+            raise ValueError(f"distributed DP is calibrated for {ddp.rounds} participations against the server, "
+                             f"fewer than the cap of {self.max_participations} allows")
         if self.plain_twin and self.secure.protocol == "plain":
             raise ValueError("plain_twin compares a secure protocol with the plaintext one: the run already "
                              "sums in plaintext")
@@ -233,15 +249,24 @@ class SimulationRunner:
     def sample(self) -> tuple[list[int], SamplingRecord]:
         return draw_cohort(self.config, self.rng, self.trainers)
 
+    def within_cap(self, cohort: list[int]) -> tuple[list[int], list[int]]:
+        """(those of `cohort` below `max_participations` cohorts so far, those the cap leaves out)."""
+        cap = self.config.max_participations
+        if cap is None:
+            return cohort, []
+        drawn = Counter(c for rec in self.history for c in rec.cohort)
+        return [c for c in cohort if drawn[c] < cap], [c for c in cohort if drawn[c] >= cap]
+
     def run_round(self, t: int) -> RoundRecord:
         t0 = time.perf_counter()
         cohort, sampling = self.sample()
+        cohort, capped = self.within_cap(cohort)
         if not cohort:  # Poisson sampling drew nobody: nothing is sent or released (recorded for dp.sampling)
             record_empty_round(self.aggregator, round=t, population=sorted(self.trainers), sampling=sampling)
             metrics = self._evaluate_all({c: self.server.client_parameters(state=self.state, client_id=c)
                                           for c in sorted(self.clients)}, round=t)
             return RoundRecord(round=t, cohort=[], contributors=[], metrics=metrics, seconds=time.perf_counter() - t0,
-                               secure_seconds=0.0, bytes_uploaded={}, clipped=0, sums={}, failed={})
+                               secure_seconds=0.0, bytes_uploaded={}, clipped=0, sums={}, failed={}, capped=capped)
         machine = RoundMachine(server=self.server, state=self.state, round=t, cohort=cohort,
                                population=sorted(self.trainers), aggregator=self.aggregator, relays=self.relays,
                                sampling=sampling)
@@ -287,7 +312,7 @@ class SimulationRunner:
                            seconds=time.perf_counter() - t0, secure_seconds=machine.secure_seconds,
                            bytes_uploaded=sent, clipped=clipped,
                            sums={k: sorted(v) for k, v in view.sum_contributors.items()}, failed=dict(view.failed),
-                           plain_twin=twin)
+                           plain_twin=twin, capped=capped)
 
     def _broadcast_all(self, broadcasts: Mapping[int, Any]) -> dict[int, tuple[Any, Any]]:
         """Every addressed client's (ClientReady, encoded inputs): in parallel on Ray, else one by one."""

@@ -134,6 +134,10 @@ class FrontierConfig:
     """DDP's noise made exact for the survivors (XNoise, `dp.xnoise`): every released sum carries the
     accounted variance whatever the cohort's size from n_min up. False: each share is sized for n_min and
     left in, so a round of u survivors carries u / n_min times the noise (the runs before 2026-11-29)."""
+    max_participations: int | None = None
+    """A client takes part in at most this many rounds (`RunConfig.max_participations`, every setting alike,
+    so costs stay paired): DDP's noise and DP-SGD's are then calibrated for this many participations
+    against the server instead of every round. None: calibrated for `rounds` participations."""
     local_epochs: int = 5
     epsilons: tuple[float, ...] = (1.0, 2.0, 4.0, 8.0)
     mechanisms: tuple[str, ...] = MECHANISMS
@@ -158,6 +162,8 @@ class FrontierConfig:
             raise ValueError("without the baselines there must be a mechanism and an epsilon to run")
         if self.rounds < 1 or self.local_epochs < 1:
             raise ValueError("rounds and local_epochs must be positive")
+        if self.max_participations is not None and not 1 <= self.max_participations <= self.rounds:
+            raise ValueError(f"max_participations must be in 1..rounds ({self.rounds}), or None")
         if not 2 <= self.cohort < self.task.num_clients:
             raise ValueError("need 2 <= cohort < clients (a cohort is a sample of the population)")
         if self.sampler not in ("poisson", "seeded", "fixed_size"):
@@ -174,6 +180,11 @@ class FrontierConfig:
     @property
     def rate(self) -> float:
         return self.cohort / self.task.num_clients
+
+    @property
+    def participations(self) -> int:
+        """The most rounds a client can take part in: what noise is calibrated for against the server."""
+        return self.max_participations or self.rounds
 
     def settings(self) -> list[Setting]:
         out = [Setting("plain", "plaintext", "plain"), Setting("secagg", "SecAgg+", "secagg+")] if self.baselines else []
@@ -216,6 +227,16 @@ class RunOutput:
     parameters: dict[str, Any]
 
 
+def participation_cap(*, population: int, rate: float, rounds: int, expected_capped: float = 1.0) -> int:
+    """The smallest cap K such that fewer than `expected_capped` of `population` clients are expected to be
+    drawn more than K times in `rounds` Poisson rounds at `rate` (population x P[Binomial(rounds, rate) > K]):
+    a cap that rarely binds, chosen from the sampler alone, before any training (`--max-participations auto`)."""
+    for k in range(1, rounds + 1):
+        if population * stats.binom.sf(k, rounds, rate) <= expected_capped:
+            return k
+    return rounds
+
+
 def secure_config(setting: Setting, task: Any, cfg: FrontierConfig) -> tuple[SecureAggregationConfig, dict]:
     """The secure layer of a setting and what it was configured with (for the ledger file)."""
     n, (floor, ceiling) = task.config.num_clients, cfg.cohort_range()
@@ -224,10 +245,11 @@ def secure_config(setting: Setting, task: Any, cfg: FrontierConfig) -> tuple[Sec
     if setting.mechanism == "ddp":
         q = cfg.outsider_rate(floor)
         ddp = DistributedDPConfig(l2_clip=cfg.clip, target_epsilon=setting.epsilon, delta=cfg.delta,
-                                  expected_clients=ceiling, min_clients=floor, bits=cfg.ddp_bits, rounds=cfg.rounds,
-                                  sampling_rate=q, population=n if q < 1 else None, target_observer="server",
-                                  exact_noise=cfg.exact_noise)
-        params.update(unit="client", target_observer="server", target_horizon=cfg.rounds, n_min=floor,
+                                  expected_clients=ceiling, min_clients=floor, bits=cfg.ddp_bits,
+                                  rounds=cfg.participations, sampling_rate=q, population=n if q < 1 else None,
+                                  target_observer="server", exact_noise=cfg.exact_noise)
+        params.update(unit="client", target_observer="server", target_horizon=cfg.participations,
+                      max_participations=cfg.max_participations, n_min=floor,
                       expected_clients=ceiling, outsider_rate=q, exact_noise=cfg.exact_noise)
     elif setting.mechanism == "central":
         fixed = cfg.sampler == "fixed_size"  # the without-replacement bound (replace-one), no boundary delta
@@ -252,13 +274,14 @@ def run_setting(setting: Setting, task: Any, cfg: FrontierConfig, *, progress: b
     if setting.mechanism == "dpsgd":
         configs = kit.calibrated_dpsgd_configs(task, target_epsilon=setting.epsilon, delta=cfg.delta,
                                                max_grad_norm=cfg.clip, local_epochs=cfg.local_epochs,
-                                               planned_rounds=cfg.rounds)
+                                               planned_rounds=cfg.participations)
         trainers = kit.build_dp_trainers(task, dp_config=configs, ledger=ledger)
-        params.update(unit="example", target_observer="anyone", planned_participations=cfg.rounds,
+        params.update(unit="example", target_observer="anyone", planned_participations=cfg.participations,
                       noise_multiplier=sorted({c.noise_multiplier for c in configs.values()}))
     else:
         trainers = kit.build_trainers(task)
-    run = RunConfig(rounds=cfg.rounds, clients_per_round=cfg.cohort, seed=cfg.seed, secure=secure, sampler=cfg.sampler)
+    run = RunConfig(rounds=cfg.rounds, clients_per_round=cfg.cohort, seed=cfg.seed, secure=secure, sampler=cfg.sampler,
+                    max_participations=cfg.max_participations)
     runner = SimulationRunner(algorithm=FedAvg(local_epochs=cfg.local_epochs), trainers=trainers, config=run,
                               initial=task.initial, ledger=ledger, transcript=transcript)
 
@@ -274,6 +297,9 @@ def run_setting(setting: Setting, task: Any, cfg: FrontierConfig, *, progress: b
     t0 = time.perf_counter()
     history = runner.run(progress=progress, desc=setting.name)
     seconds = time.perf_counter() - t0
+    if cfg.max_participations is not None:  # how often the cap bound: draws it left out, and whose
+        params["capped_draws"] = sum(len(r.capped) for r in history)
+        params["capped_clients"] = len({c for r in history for c in r.capped})
     final = {k: np.asarray(v) for k, v in runner.algorithm.shared_parameters(runner.state).items()}
     if secure.distributed_dp is not None:
         params["plan"] = runner.aggregator.ddp_encoder(sum(v.size for v in task.initial.values())).plan.summary()
@@ -476,20 +502,21 @@ def audit_ddp(task: Any, cfg: FrontierConfig, *, epsilon: float | None = None, p
     mechanism = DistributedDP(config=secure.distributed_dp, dim=plan.dim)
     design = CanaryDesign(trials=plan.trials, canaries_per_trial=plan.canaries_per_trial, inclusion=0.5,
                           held_out_per_trial=plan.held_out_per_trial, seed=cfg.seed)
-    cohorts = Cohorts(population=task.config.num_clients, sampling_rate=cfg.rate, rounds=cfg.rounds)
+    cohorts = Cohorts(population=task.config.num_clients, sampling_rate=cfg.rate, rounds=cfg.rounds,
+                      max_participations=cfg.max_participations)
     result = audit(mechanism, design=design, cohorts=cohorts, delta=cfg.delta, claimed_epsilon=setting.epsilon)
     enc = mechanism.encoder.plan
     out = result.to_dict()
     out.update(setting=setting.name, claimed_eps=setting.epsilon, empirical_eps=out["empirical_epsilon"],
                eps_lower_bound=out["epsilon_lower_bound"], line=result.line(mechanism="ddp", claimed=setting.epsilon),
-               claimed_observer="server", claimed_horizon=cfg.rounds,
+               claimed_observer="server", claimed_horizon=cfg.participations,
                outsider_eps=json_epsilon(enc.epsilon(observer="outsider", rounds=cfg.rounds)),
-               server_eps=json_epsilon(enc.epsilon(observer="server", rounds=cfg.rounds)),
+               server_eps=json_epsilon(enc.epsilon(observer="server", rounds=cfg.participations)),
                audit_dim=plan.dim, noise_multiplier_at_audit_dim=enc.noise_multiplier,
                level="secure-sum (synthetic client vectors, the setting's DDP config)",
                sampler="poisson" if cfg.sampler == "poisson" else f"poisson (the run used '{cfg.sampler}')")
     return out
 
 
-__all__ = ["MECHANISMS", "Setting", "FrontierConfig", "RunOutput", "secure_config", "run_setting", "shadow_updates",
+__all__ = ["MECHANISMS", "Setting", "FrontierConfig", "participation_cap", "RunOutput", "secure_config", "run_setting", "shadow_updates",
            "shadow_views", "measure", "run_frontier", "AUDIT_DIM", "AuditPlan", "audit_ddp"]

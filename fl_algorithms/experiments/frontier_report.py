@@ -177,6 +177,7 @@ def settings_key(run: Mapping[str, Any]) -> str:
     """What must agree between runs reported together: the model and the config without the cohort, seed,
     epsilons, mechanisms and baselines (which a report may span)."""
     config = re.sub(r", baselines=(True|False)", "", run["config"])  # which settings a part ran, like mechanisms
+    config = config.replace(", max_participations=None", "")  # no cap: as every run before the cap existed
     if "cohort_tail=" not in config:  # recorded before the floor's quantile was configurable: the default then
         config = re.sub(r"(sampler='\w+', )", rf"\g<1>cohort_tail={COHORT_TAIL!r}, ", config, count=1)
     return f"{run['model']}:" + _VARYING.sub(r"\1=*", config)

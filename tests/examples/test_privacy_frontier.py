@@ -243,3 +243,14 @@ def test_report_rewrites_a_finished_runs_tables_and_runs_nothing(sweep, tmp_path
     assert printed[-1] == lines[-1].replace(str(run), str(copy)) == reported["last_line"]
     assert reported["rows"] == json.loads(json.dumps(summary["rows"]))
     assert (copy / "table.md").read_text() == (run / "table.md").read_text()
+
+
+def test_max_participations_takes_a_count_or_auto_per_cohort(capsys):
+    args = frontier.parse_args(["--max-participations", "auto", "--cohorts", "20", "50", "--seeds", "0"])
+    assert [c.max_participations for c in frontier.configs(args)] == [6, 10]  # 200 clients, 20 rounds
+    args = frontier.parse_args(["--max-participations", "4", "--cohorts", "20", "--seeds", "0"])
+    assert [c.max_participations for c in frontier.configs(args)] == [4]
+    for bad in ("0", "some"):
+        with pytest.raises(SystemExit):
+            frontier.parse_args(["--max-participations", bad])
+        assert "expected a positive integer or 'auto'" in capsys.readouterr().err

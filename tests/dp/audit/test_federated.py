@@ -70,6 +70,18 @@ def test_canaries_replace_background_clients_when_the_population_is_fixed():
         Cohorts(population=2).background(3)
 
 
+def test_a_participation_cap_leaves_canaries_out_as_the_run_audited_does():
+    mech = make_mechanism("secagg", dim=32, min_clients=2, expected_clients=40)
+    design = CanaryDesign(canaries_per_trial=4, inclusion=1.0)
+    capped = Cohorts(population=10, sampling_rate=1.0, rounds=3, max_participations=1)
+    *_, skipped = run_trial(mech, design=design, cohorts=capped, trial=0)
+    assert skipped == 2  # everyone took part in round 1, so rounds 2 and 3 had nobody left
+    *_, skipped = run_trial(mech, design=design, cohorts=Cohorts(population=10, sampling_rate=1.0, rounds=3), trial=0)
+    assert skipped == 0
+    with pytest.raises(ValueError, match="max_participations"):
+        Cohorts(max_participations=0)
+
+
 def test_designs_refuse_what_cannot_be_audited():
     with pytest.raises(ValueError, match="inclusion must be in"):
         CanaryDesign(inclusion=0.0)

@@ -446,3 +446,14 @@ def test_a_client_says_how_its_run_ended(exit_reason, end, line, code, says):
     out = client_exit(client_id=2, exit_reason=exit_reason, end=end, last_round=2, idle_timeout=600.0)
     assert (out.line, out.code) == (line, code)
     assert out.message == says if says is None else says in out.message
+
+
+@pytest.mark.parametrize("setting", [{"max_participations": 2}, {"plain_twin": True}])
+def test_a_deployment_refuses_the_simulations_cap_and_in_run_twin(setting):
+    """The cap binds against the server only if the clients keep it (they do not count yet); a deployed
+    server never holds the inputs the twin check sums."""
+    from fl_algorithms.engine.deploy import DeployedServer
+
+    config = RunConfig(rounds=2, secure=SecureAggregationConfig(protocol="secagg+"), **setting)
+    with pytest.raises(ValueError, match="simulation settings"):
+        DeployedServer(task=None, config=config, driver=None)

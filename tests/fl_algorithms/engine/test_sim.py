@@ -58,6 +58,28 @@ def test_the_in_run_plain_twin_flags_a_secure_sum_that_differs(toy_trainers, mon
         RunConfig(plain_twin=True, secure=SecureAggregationConfig(protocol="plain"))
 
 
+def test_a_participation_cap_leaves_clients_out_once_they_reached_it(toy_trainers):
+    runner = _run(toy_trainers, "secagg+", rounds=5, max_participations=2)  # everyone drawn every round
+    drawn = {c: sum(c in r.cohort for r in runner.history) for c in runner.trainers}
+    assert drawn == {c: 2 for c in runner.trainers}
+    assert [len(r.cohort) for r in runner.history] == [4, 4, 0, 0, 0]
+    assert [sorted(r.capped) for r in runner.history] == [[], [], [1, 2, 3, 4], [1, 2, 3, 4], [1, 2, 3, 4]]
+    assert all(not r.contributors for r in runner.history[2:])  # nothing released without participants
+
+
+def test_a_cap_must_be_positive_and_cover_what_ddp_noise_is_calibrated_for():
+    from dp.distributed import DistributedDPConfig
+
+    with pytest.raises(ValueError, match="max_participations must be at least 1"):
+        RunConfig(max_participations=0)
+    ddp = DistributedDPConfig(l2_clip=1.0, target_epsilon=8.0, expected_clients=8, min_clients=4, rounds=3,
+                              target_observer="server")
+    secure = SecureAggregationConfig(protocol="secagg+", clip=4.0, max_clients=8, distributed_dp=ddp)
+    with pytest.raises(ValueError, match="calibrated for 3 participations"):
+        RunConfig(rounds=10, max_participations=4, secure=secure)
+    assert RunConfig(rounds=10, max_participations=3, secure=secure).max_participations == 3
+
+
 def test_fedavg_learns(toy_trainers):
     runner = _run(toy_trainers, "secagg+", rounds=8)
     first, last = runner.history[0].mean("accuracy"), runner.history[-1].mean("accuracy")

@@ -68,3 +68,22 @@ def test_without_baselines_only_the_noised_settings_run_and_there_must_be_one():
     for empty in ({"mechanisms": ()}, {"epsilons": ()}):
         with pytest.raises(ValueError, match="without the baselines"):
             FrontierConfig(task=TASK, cohort=20, baselines=False, **empty)
+
+
+def test_a_participation_cap_calibrates_ddp_and_dpsgd_for_that_many_participations():
+    from types import SimpleNamespace
+
+    from fl_algorithms.experiments.frontier import Setting, secure_config
+
+    task = SimpleNamespace(config=TASK, clients={1: SimpleNamespace(train=[0] * 10)})
+    ddp = Setting("ddp_eps8", "ddp", "secagg+", "ddp", 8.0)
+    capped = FrontierConfig(task=TASK, cohort=20, rounds=20, max_participations=6)
+    secure, params = secure_config(ddp, task, capped)
+    assert secure.distributed_dp.rounds == 6 == capped.participations and params["target_horizon"] == 6
+    uncapped, _ = secure_config(ddp, task, FrontierConfig(task=TASK, cohort=20, rounds=20))
+    assert uncapped.distributed_dp.rounds == 20
+    # fewer participations to cover: less noise for the same target epsilon
+    assert secure.distributed_dp.rounds < uncapped.distributed_dp.rounds
+    for bad in (0, 21):
+        with pytest.raises(ValueError, match="max_participations must be in 1..rounds"):
+            FrontierConfig(task=TASK, cohort=20, rounds=20, max_participations=bad)

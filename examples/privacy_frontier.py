@@ -12,6 +12,10 @@ and each setting's accuracy cost against plaintext paired by seed), results.json
 every run), frontier.png (accuracy against the realistic attacker's advantage, epsilon labels),
 cost_vs_epsilon.png (each mechanism's cost over epsilon), ledger.json (every run's ledger with the
 configured mechanism).
+Participation cap (`--max-participations`, default auto): a client takes part in at most K rounds, every
+setting alike, and DDP's and DP-SGD's noise covers K participations against the server instead of every round;
+auto takes, per cohort, the smallest K that fewer than one client is expected to exceed (6 of 20 rounds at
+cohort 20 of 200), so it rarely binds (`capped_draws` per setting in results.json says how often it did).
 The last line: `frontier cohort=C sampler=S plain_adv=A ddp_eps8_adv=B plain_acc=P ddp_eps8_acc=Q exact_noise=0|1
 ledger=PATH` (exact_noise=1: DDP's released sums carry exactly the accounted noise, `dp.xnoise`).
 
@@ -23,7 +27,7 @@ training run: the same DDP plan configuration (target epsilon, noise floor n_min
 rounds, Poisson cohorts over the same population) through the project's DDP encoder and decoder,
 on synthetic client vectors of 256 values instead of the model's (the mechanism's privacy depends
 only on the clipped vectors). `claimed_eps` (the ledger's epsilon the setting targets: against the
-server, a client in every round), `empirical_eps` (Andrew et al.'s Gaussian fit) and
+server, a client in as many rounds as the participation cap allows), `empirical_eps` (Andrew et al.'s Gaussian fit) and
 `eps_lower_bound` (95% Clopper-Pearson) go into that setting's result in results.json (its leakage
 report), and `audit mechanism=ddp claimed_eps=8 empirical_eps=E eps_lower_bound=L canaries=K` is
 printed just before the last line.
@@ -83,10 +87,11 @@ def _parser() -> argparse.ArgumentParser:
                    help="DDP without XNoise: each client's noise sized for the floor n_min and left in, so a round "
                         "of u survivors carries u / n_min times the accounted noise (the runs before 2026-11-29); "
                         "default: exact noise, the excess removed once the survivors are known")
-    p.add_argument("--max-participations", type=_cap, default=None, metavar="K|auto",
+    p.add_argument("--max-participations", type=_cap, default="auto", metavar="K|auto|none",
                    help="each client takes part in at most K rounds (every setting alike); DDP's and DP-SGD's noise "
-                        "is then calibrated for K participations against the server instead of every round; auto: "
-                        "per cohort, the smallest K that fewer than one client is expected to exceed (default: no cap)")
+                        "is then calibrated for K participations against the server instead of every round; auto "
+                        "(default): per cohort, the smallest K that fewer than one client is expected to exceed; "
+                        "none: no cap, noise for a client in every round (the runs before 2026-11-29 evening)")
     p.add_argument("--local-epochs", type=int, default=5, help="local epochs per round (default 5)")
     p.add_argument("--max-examples", type=int, default=None, help="cap on the corpus' examples (default: all)")
     p.add_argument("--no-baselines", action="store_true",
@@ -100,15 +105,15 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _cap(text: str) -> int | str:
-    if text == "auto":
-        return text
+def _cap(text: str) -> int | str | None:
+    if text in ("auto", "none"):
+        return None if text == "none" else text
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer or 'auto', got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"expected a positive integer, 'auto' or 'none', got {text!r}") from None
     if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer or 'auto', got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected a positive integer, 'auto' or 'none', got {text!r}")
     return value
 
 

@@ -250,7 +250,10 @@ def test_max_participations_takes_a_count_or_auto_per_cohort(capsys):
     assert [c.max_participations for c in frontier.configs(args)] == [6, 10]  # 200 clients, 20 rounds
     args = frontier.parse_args(["--max-participations", "4", "--cohorts", "20", "--seeds", "0"])
     assert [c.max_participations for c in frontier.configs(args)] == [4]
+    args = frontier.parse_args(["--max-participations", "none", "--cohorts", "20", "--seeds", "0"])
+    assert [c.max_participations for c in frontier.configs(args)] == [None]
+    assert frontier.parse_args([]).max_participations == "auto"  # the default
     for bad in ("0", "some"):
         with pytest.raises(SystemExit):
             frontier.parse_args(["--max-participations", bad])
-        assert "expected a positive integer or 'auto'" in capsys.readouterr().err
+        assert "expected a positive integer, 'auto' or 'none'" in capsys.readouterr().err

@@ -1,10 +1,10 @@
 """Accuracy against measured leakage at realistic cohorts: plaintext, SecAgg+, distributed DP, central DP, DP-SGD.
 
-    python examples/privacy_frontier.py --quick     # 100 clients, Poisson cohorts of 20, eps 8: < 10 min on 2 cores
+    python examples/privacy_frontier.py --quick     # 100 clients, Poisson cohorts of 20, eps 8, audited: < 10 min on 2 cores
     python examples/privacy_frontier.py             # 200 clients, cohorts 5/20/50, eps 1/2/4/8, 3 seeds (hours)
     python examples/privacy_frontier.py --model adapter   # MiniLM adapters (26k shared values; ~30 s a round on CPU)
     python examples/privacy_frontier.py --combine RUN_DIR RUN_DIR ...   # parts run in parallel, one report
-    python examples/privacy_frontier.py --quick --audit   # also audit the DDP claim with canary clients
+    python examples/privacy_frontier.py --audit     # audit the DDP claim with canary clients (on by default with --quick)
 
 What is run, measured and accounted is in `fl_algorithms.experiments.frontier`. Outputs under
 results/privacy_frontier/<run>/: table.md and table.csv (mean and 95% Student-t interval over seeds,
@@ -97,8 +97,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--no-baselines", action="store_true",
                    help="skip plaintext and SecAgg+: more epsilons for cells another run measured (then --combine both)")
     p.add_argument("--save-transcripts", action="store_true", help="export each run's server transcript (large)")
-    p.add_argument("--audit", action="store_true",
-                   help="audit the largest-epsilon DDP setting's claim with canary clients (dp.audit; about 10 s per run)")
+    p.add_argument("--audit", action=argparse.BooleanOptionalAction, default=None,
+                   help="audit the largest-epsilon DDP setting's claim with canary clients (dp.audit; about 10 s per "
+                        "run; default: on with --quick, off otherwise)")
     p.add_argument("--combine", nargs="+", type=Path, metavar="RUN_DIR", default=None,
                    help="report finished runs (made in parallel, e.g. one per cohort) as one: writes the tables, "
                         "plots and last line under --out/--run-name; runs nothing")
@@ -132,6 +133,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         args.device = str(resolve_device(args.device))
     except ValueError as error:
         p.error(str(error))
+    if args.audit is None:  # the quick run shows the audit line before its last line
+        args.audit = bool(args.quick)
     if args.model == "bag" and args.device != "cpu":
         p.error("the bag model runs on the CPU: --device is for --model adapter")
     return args

@@ -253,6 +253,9 @@ def test_max_participations_takes_a_count_or_auto_per_cohort(capsys):
     args = frontier.parse_args(["--max-participations", "none", "--cohorts", "20", "--seeds", "0"])
     assert [c.max_participations for c in frontier.configs(args)] == [None]
     assert frontier.parse_args([]).max_participations == "auto"  # the default
+    # the quick run is audited unless told not to; a full run only when asked
+    assert frontier.parse_args(["--quick"]).audit and not frontier.parse_args(["--quick", "--no-audit"]).audit
+    assert not frontier.parse_args([]).audit and frontier.parse_args(["--audit"]).audit
     for bad in ("0", "some"):
         with pytest.raises(SystemExit):
             frontier.parse_args(["--max-participations", bad])

@@ -296,12 +296,13 @@ class SimulationRunner:
             except Exception as exc:  # an aborted sum (too few survivors) fails that sum only
                 machine.on_sum(job.name, error=f"{type(exc).__name__}: {exc}", seconds=time.perf_counter() - s0)
                 continue
-            self.aggregator.record_individuals(t, {c: inputs[c][job.name] for c in job.members}, result.contributors)
-            machine.on_sum(job.name, result=result, seconds=time.perf_counter() - s0)
-            if self.config.plain_twin:  # after the secure sum's own timing: the check is not its cost
+            seconds = time.perf_counter() - s0  # the check below is not the secure sum's cost
+            if self.config.plain_twin:  # before decoding, which may work on the ring sum in place
                 plain = self.aggregator.plain_sum(round_id=job.round_id, length=job.length,
                                                   inputs={c: vectors[c] for c in sorted(result.contributors)})
                 twin[job.name] = bool(np.array_equal(plain, result.ring_sum))
+            self.aggregator.record_individuals(t, {c: inputs[c][job.name] for c in job.members}, result.contributors)
+            machine.on_sum(job.name, result=result, seconds=seconds)
         self.state, view = machine.finish()
         self.last_view = view
         if self.aggregator.transcript is not None and machine.jobs:

@@ -40,6 +40,21 @@ def test_the_in_run_plain_twin_checks_every_secure_sum_against_the_plaintext_sum
     assert all(r.plain_twin == {} for r in _run(toy_trainers, protocol).history)  # not checked unless asked
 
 
+def test_the_in_run_plain_twin_holds_under_exact_distributed_dp(toy_trainers):
+    """The noised inputs, layers included, sum to the secure sum before the server removes the excess."""
+    from dp.distributed import DistributedDPConfig
+
+    ddp = DistributedDPConfig(l2_clip=1.0, noise_multiplier=1.0, expected_clients=4, min_clients=3, bits=20,
+                              exact_noise=True)
+    secure = SecureAggregationConfig(protocol="secagg+", clip=4.0, max_clients=4, distributed_dp=ddp)
+    from dp.ledger import Ledger
+
+    runner = SimulationRunner(algorithm=FedAvg(local_epochs=1), trainers=toy_trainers(4), ledger=Ledger(),
+                              config=RunConfig(rounds=2, secure=secure, plain_twin=True))
+    runner.run(progress=False)
+    assert all(r.plain_twin and all(r.plain_twin.values()) for r in runner.history)
+
+
 def test_the_in_run_plain_twin_flags_a_secure_sum_that_differs(toy_trainers, monkeypatch):
     """A protocol whose sum is off by one in one coordinate (a mask that does not cancel) is caught."""
     from fl_algorithms.engine.secure_sum import SecureAggregator

@@ -1,6 +1,6 @@
 """FedMCP against its baselines on real offline data, with SecAgg+ on and the privacy cost stated.
 
-    python examples/fedmcp_secure.py                      # defaults: about 210 s on 2 idle CPU cores (2026-11-29)
+    python examples/fedmcp_secure.py                      # defaults: 210-225 s on 2 idle CPU cores (2026-11-29)
     python examples/fedmcp_secure.py --quick              # 2 rounds, 60 training / 100 test examples per client
     python examples/fedmcp_secure.py --full --seeds 0,1,2 # the paper's 25 rounds, training sets capped to the smallest
     python examples/fedmcp_secure.py --dp                 # Opacus DP-SGD on the adapters, epsilon per client

@@ -604,7 +604,8 @@ def twin_note(summary: dict[str, Any], *, protocol: str) -> str:
     if twin is None:
         return ""
     if "derived_from" not in twin:
-        return (f"{twin['title']}: FedMCP trained again from the same seeds with plaintext sums (--twin rerun)")
+        return (f"{twin['title']}: FedMCP trained again from the same seeds with plaintext sums (--twin rerun, or "
+                "an in-run check that did not hold for every sum)")
     checked = summary.get("fedmcp", {}).get("plain_twin_checked_sums", 0)
     return (f"{twin['title']}: checked in-run: all {checked} {protocol} sums of FedMCP's run (every round, every "
             "seed) equalled the plaintext protocol's sums of the same inputs bit for bit, so the plaintext run's "
@@ -698,6 +699,6 @@ def cache_clients(clients: FedMCPClients, *, seed: int, progress: bool) -> float
 
 __all__ = ["PART_ORDER", "PLAIN_TWIN", "POINTS", "RUNTIMES", "SAME_POINT", "TABLE_ORDER", "TASK_SPEC", "TITLES",
            "TWIN_MODES", "MethodRun", "Plan", "ablation_line", "cache_clients", "checked_sums", "combine_plans",
-           "combined_runs", "derive_twin", "final_line", "format_paired", "format_point_differences", "format_point_table", "format_table", "full_ft_estimate",
-           "last_epsilon", "paired_differences", "percent_columns", "plot_curves", "point_differences", "read_saved",
+           "combined_runs", "derive_twin", "final_line", "format_paired", "format_point_differences",
+           "format_point_table", "format_table", "full_ft_estimate", "last_epsilon", "paired_differences", "percent_columns", "plot_curves", "point_differences", "read_saved",
            "run_method", "run_parts", "saved_protocols", "summarise", "timing_report", "twin_note"]

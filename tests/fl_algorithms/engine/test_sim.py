@@ -82,6 +82,26 @@ def test_a_participation_cap_leaves_clients_out_once_they_reached_it(toy_trainer
     assert all(not r.contributors for r in runner.history[2:])  # nothing released without participants
 
 
+@pytest.mark.parametrize("kept", [True, False], ids=["cap-kept", "cap-ignored"])
+def test_the_ledger_shows_whether_the_cap_held_ddp_calibrated_for_it(toy_trainers, monkeypatch, kept):
+    """DDP calibrated for 2 participations against the server: with the cap kept every client's server epsilon
+    is within the target; a sampler that ignores the cap (the attack on the bound) shows in the ledger."""
+    from dp.distributed import DistributedDPConfig
+    from dp.ledger import Ledger
+
+    if not kept:
+        monkeypatch.setattr(SimulationRunner, "within_cap", lambda self, cohort: (cohort, []))
+    ddp = DistributedDPConfig(l2_clip=1.0, target_epsilon=4.0, expected_clients=4, min_clients=3, bits=20, rounds=2,
+                              target_observer="server")
+    secure = SecureAggregationConfig(protocol="secagg+", clip=4.0, max_clients=4, distributed_dp=ddp)
+    ledger = Ledger()
+    runner = SimulationRunner(algorithm=FedAvg(local_epochs=1), trainers=toy_trainers(4), ledger=ledger,
+                              config=RunConfig(rounds=4, secure=secure, max_participations=2))
+    runner.run(progress=False)
+    spent = max(ledger.epsilon(c, unit="client", observer="server") for c in ledger.clients())
+    assert (spent <= 4.0 + 1e-6) if kept else (spent > 4.0)
+
+
 def test_a_cap_must_be_positive_and_cover_what_ddp_noise_is_calibrated_for():
     from dp.distributed import DistributedDPConfig
 

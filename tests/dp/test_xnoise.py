@@ -239,3 +239,33 @@ def test_recompute_counts_the_noise_records_of_every_file(tmp_path, capsys):
     paths = [ledger.write(tmp_path / f"ledger{i}.json") for i in range(2)]
     assert recompute.main([str(p) for p in paths]) == 0
     assert capsys.readouterr().out.strip().splitlines()[-1].endswith("noise_records=2 mismatches=0")
+
+
+@pytest.mark.parametrize("ring", ["z2^32", "f_p"])
+def test_a_clients_own_excess_is_its_layers_up_to_the_index_at_every_index(ring):
+    """`ClientExcess` keeps only the sum of all layers from encoding and answers a lower index by
+    subtracting the layers above it (or redrawing those below): every index must equal layers 0..index
+    redrawn from their keys, as the server would regenerate them, mod the ring."""
+    import dataclasses
+
+    from dp.distributed import DistributedDPEncoder
+    from secagg.ring import FIELD_P31, RING_2_32
+
+    cfg = DistributedDPConfig(l2_clip=1.0, noise_multiplier=1.0, expected_clients=12, min_clients=5, exact_noise=True)
+    encoder = DistributedDPEncoder.from_config(cfg, dim=64, ring=RING_2_32 if ring == "z2^32" else FIELD_P31)
+    spec = LayerSpec(count=7, floor=5)
+    secrets = LayerSecrets.fresh(spec)
+    layered, dim = encoder.plan.layered(spec), encoder.plan.padded_dim
+    for index in [-1, *range(spec.count)]:
+        excess = encoder.excess_fn(secrets, client=3)
+        encoder.encode(np.zeros(64), round_seed=1, noise_layers=dataclasses.replace(secrets, excess=excess), client=3)
+        got = excess(index)
+        if index < 0:
+            assert got.shape == (0,)
+            continue
+        want = encoder._reduce(layered.removed({3: secrets.secrets[index]}, index, dim=dim))
+        np.testing.assert_array_equal(got, want)
+        # without an encoding first (nothing kept) the layers are redrawn from the bottom: the same
+        np.testing.assert_array_equal(encoder.excess_fn(secrets, client=3)(index), want)
+    with pytest.raises(ValueError, match="past"):
+        encoder.excess_fn(secrets, client=3)(spec.count)

@@ -14,7 +14,8 @@ Samplers:
   TABLE_MAX entries, lam up to about 2.7e9 (each tail left out has mass below 1e-21), Hormann's PTRS
   transformed rejection (the algorithm numpy uses) for larger means, vectorised by resampling only the
   rejected positions.
-* `skellam`: Poisson(lam) - Poisson(lam), variance 2 lam.
+* `skellam`: variance 2 lam; inversion of its own cached CDF table (modified Bessel pmf) up to
+  lam = SKELLAM_TABLE_MAX, Poisson(lam) - Poisson(lam) above.
 * `discrete_gaussian`: Canonne, Kamath, Steinke (arXiv 2004.00010, Alg. 3): discrete Laplace
   proposal with t = floor(sigma) + 1, accepted with prob. exp(-(|y| - sigma^2/t)^2 / (2 sigma^2)).
 """
@@ -51,13 +52,20 @@ def poisson(lam: float, size: int, rng: CryptoRandom) -> np.ndarray:
         raise ValueError(f"Poisson mean must be finite and non-negative, got {lam}")
     if lam == 0 or size == 0:
         return np.zeros(size, dtype=np.int64)
-    draw = _poisson_inversion if _by_table(lam) else _poisson_ptrs
+    if _by_table(lam):
+        table = _poisson_table(lam)
+        return _blocked(lambda n: _invert(table, n, rng), size)
+    return _blocked(lambda n: _poisson_ptrs(lam, n, rng), size)
+
+
+def _blocked(draw, size: int) -> np.ndarray:
+    """`draw(n)` in blocks of at most BLOCK values."""
     if size <= BLOCK:
-        return draw(lam, size, rng)
+        return draw(size)
     out = np.empty(size, dtype=np.int64)
     for start in range(0, size, BLOCK):
         stop = min(size, start + BLOCK)
-        out[start:stop] = draw(lam, stop - start, rng)
+        out[start:stop] = draw(stop - start)
     return out
 
 
@@ -82,7 +90,8 @@ def _by_table(lam: float) -> bool:
     return _table_size(lam) <= TABLE_MAX
 
 
-_TABLES: OrderedDict[float, tuple[int, np.ndarray, np.ndarray]] = OrderedDict()
+_TABLES: OrderedDict[float | tuple[str, float], tuple[int, np.ndarray, np.ndarray]] = OrderedDict()
+"""Kept tables: a Poisson mean's by the mean, a Skellam's by ('skellam', lam)."""
 TABLE_ENTRIES_KEPT = 1 << 21
 """Entries of all kept tables together (16 bytes each: 32 MiB), least recently used dropped first. A budget
 in entries rather than tables: XNoise draws each client's noise in about 40 layers of different means, and a
@@ -93,16 +102,20 @@ _KEPT_ENTRIES = 0
 
 
 def _poisson_table(lam: float) -> tuple[int, np.ndarray, np.ndarray]:
+    return _kept_table(lam, lambda: _build_table(lam))
+
+
+def _kept_table(key, build) -> tuple[int, np.ndarray, np.ndarray]:
     with _LOCK:  # clients of a threaded simulation draw at once
-        if lam in _TABLES:
-            _TABLES.move_to_end(lam)
-            return _TABLES[lam]
-    table = _build_table(lam)
+        if key in _TABLES:
+            _TABLES.move_to_end(key)
+            return _TABLES[key]
+    table = build()
     with _LOCK:
         global _KEPT_ENTRIES
-        if lam not in _TABLES:
+        if key not in _TABLES:
             _KEPT_ENTRIES += len(table[1])
-        _TABLES[lam] = table
+        _TABLES[key] = table
         while _KEPT_ENTRIES > TABLE_ENTRIES_KEPT and len(_TABLES) > 1:
             _KEPT_ENTRIES -= len(_TABLES.popitem(last=False)[1][1])
     return table
@@ -117,6 +130,10 @@ def _build_table(lam: float) -> tuple[int, np.ndarray, np.ndarray]:
     base = math.floor(lam)
     j = np.arange(lo - base, hi - base + 1, dtype=np.float64)
     cdf = np.cumsum(np.exp(_poisson_logpmf(j, base=base, frac=lam - base, lam=lam)))
+    return _with_guide(lo, cdf)
+
+
+def _with_guide(lo: int, cdf: np.ndarray) -> tuple[int, np.ndarray, np.ndarray]:
     m = len(cdf)
     # one entry more than buckets: u * m may round up to m itself for u just below 1
     guide = np.minimum(np.searchsorted(cdf, (np.arange(m + 1, dtype=np.float64) - 1.0) / m, side="right"), m - 1)
@@ -126,9 +143,14 @@ def _build_table(lam: float) -> tuple[int, np.ndarray, np.ndarray]:
 
 
 def _poisson_inversion(lam: float, size: int, rng: CryptoRandom) -> np.ndarray:
+    """Poisson(lam) by inversion of its kept table."""
+    return _invert(_poisson_table(lam), size, rng)
+
+
+def _invert(table: tuple[int, np.ndarray, np.ndarray], size: int, rng: CryptoRandom) -> np.ndarray:
     """K = lo + the first i with cdf[i] > u: start at the guide table's index for u's bucket and step
     up (about one step on average)."""
-    lo, cdf, guide = _poisson_table(lam)
+    lo, cdf, guide = table
     last = len(cdf) - 1
     u = rng.uniform(size)
     idx = guide[(u * len(cdf)).astype(np.intp)]
@@ -197,9 +219,35 @@ def _poisson_logpmf(j: np.ndarray, *, base: int, frac: float, lam: float) -> np.
     return np.where(k >= 10, stable, direct)
 
 
+SKELLAM_TABLE_MAX = 1e8
+"""Symmetric Skellam(lam) with lam up to this is drawn by inversion of its own CDF table (pmf
+P(k) = e^(-2 lam) I_|k|(2 lam), scipy's `ive`, over +-(10 sqrt(2 lam) + 40), each tail left out below
+1e-21): one uniform and one table walk a value instead of two Poisson draws, 1.5-2.3x faster (lam 0.3 to
+1e7 on 2 shared cores, 2026-11-30), the distribution within 1e-13 in total variation of the two Poissons'
+difference (`tests/dp/test_samplers.py`). Above it, Poisson(lam) - Poisson(lam): `ive` returns NaN from
+about lam 6e8. A constant, not a check of the built table, so that a client and a server drawing one
+noise layer from one key choose the same algorithm (XNoise's removal needs the same values)."""
+
+
 def skellam(lam: float, size: int, rng: CryptoRandom) -> np.ndarray:
     """Symmetric Skellam: Poisson(lam) - Poisson(lam); mean 0, variance 2 lam."""
-    return poisson(lam, size, rng) - poisson(lam, size, rng)
+    if not lam >= 0 or not math.isfinite(lam):
+        raise ValueError(f"Skellam parameter must be finite and non-negative, got {lam}")
+    if lam == 0 or size == 0:
+        return np.zeros(size, dtype=np.int64)
+    if lam > SKELLAM_TABLE_MAX:
+        return poisson(lam, size, rng) - poisson(lam, size, rng)
+    table = _kept_table(("skellam", lam), lambda: _build_skellam_table(lam))
+    return _blocked(lambda n: _invert(table, n, rng), size)
+
+
+def _build_skellam_table(lam: float) -> tuple[int, np.ndarray, np.ndarray]:
+    reach = math.ceil(10.0 * math.sqrt(2.0 * lam) + 40.0)
+    k = np.arange(-reach, reach + 1, dtype=np.float64)
+    cdf = np.cumsum(special.ive(np.abs(k), 2.0 * lam))
+    if not np.all(np.isfinite(cdf)) or abs(cdf[-1] - 1.0) > 1e-9:
+        raise RuntimeError(f"Skellam table for lam={lam} does not sum to 1 ({cdf[-1]!r}): scipy's ive failed")
+    return _with_guide(-reach, cdf)
 
 
 def discrete_laplace(t: float, size: int, rng: CryptoRandom) -> np.ndarray:

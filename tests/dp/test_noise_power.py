@@ -300,7 +300,7 @@ def test_checker_designs_are_certified_and_reject_silence():
 
 @pytest.mark.parametrize("lam", [2.5, 40.0, 5e4])
 def test_skellam_sampler_has_variance_two_lambda(lam):
-    """samplers.skellam(lam) (table inversion below lam = 10, PTRS above) has variance 2 lam.
+    """samplers.skellam(lam) (inversion of its own table up to SKELLAM_TABLE_MAX) has variance 2 lam.
 
     Design: Chernoff bounds with the exact Skellam pmf ive(|k|, 2 lam); the starting size is the CLT
     one with Var(X^2 / 2 lam) = 2 + 1/(2 lam) (excess kurtosis 1/(2 lam)): ~520 draws for large lam,
@@ -311,16 +311,28 @@ def test_skellam_sampler_has_variance_two_lambda(lam):
 
 
 @pytest.mark.parametrize("mutant", MUTANTS)
+@pytest.mark.parametrize("draw", ["table", "two_poisson"])
 @pytest.mark.parametrize("lam", [2.5, 40.0])
-def test_skellam_checker_rejects_a_sampler_with_less_noise(monkeypatch, lam, mutant):
-    """Poisson(lam / 2) (or 0) inside samplers.skellam: variance lam (or 0), rejected (P[accept] < 1e-6)."""
+def test_skellam_checker_rejects_a_sampler_with_less_noise(monkeypatch, lam, mutant, draw):
+    """samplers.skellam with half its variance (or none) is rejected (P[accept] < 1e-6), on each of its
+    paths: its own table built for lam / 2 (or every draw 0), and Poisson(lam / 2) (or 0) in the
+    two-Poisson difference it takes above SKELLAM_TABLE_MAX (forced here by lowering the limit)."""
     design = skellam_design(lam)
     design.assert_certified()
-    real = samplers.poisson
-    if mutant == "half":
-        monkeypatch.setattr(samplers, "poisson", lambda lam_, size, rng: real(lam_ / 2, size, rng))
+    monkeypatch.setattr(samplers, "_TABLES", type(samplers._TABLES)())
+    if draw == "table":
+        real = samplers._build_skellam_table
+        if mutant == "half":
+            monkeypatch.setattr(samplers, "_build_skellam_table", lambda lam_: real(lam_ / 2))
+        else:
+            monkeypatch.setattr(samplers, "_invert", lambda table, size, rng: np.zeros(size, dtype=np.int64))
     else:
-        monkeypatch.setattr(samplers, "poisson", lambda lam_, size, rng: np.zeros(size, dtype=np.int64))
+        monkeypatch.setattr(samplers, "SKELLAM_TABLE_MAX", 0.0)
+        real = samplers.poisson
+        if mutant == "half":
+            monkeypatch.setattr(samplers, "poisson", lambda lam_, size, rng: real(lam_ / 2, size, rng))
+        else:
+            monkeypatch.setattr(samplers, "poisson", lambda lam_, size, rng: np.zeros(size, dtype=np.int64))
     assert not design.accepts(samplers.skellam(lam, design.n, _fresh_rng()), 2.0 * lam)
 
 

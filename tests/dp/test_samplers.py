@@ -56,6 +56,44 @@ def test_skellam_is_centred_with_variance_two_lambda():
     assert x.dtype == np.int64
 
 
+@pytest.mark.parametrize("lam", [0.3, 4.0, 250.0, 8000.0])
+def test_skellam_matches_its_pmf(lam):
+    """Drawn from its own table: the chi-square against scipy's Skellam pmf."""
+    x = skellam(lam, 200_000, CryptoRandom(_key(6)))
+    sd = math.sqrt(2 * lam)
+    lo, hi = int(-4 * sd) - 1, int(4 * sd) + 1
+    assert _chi_square_pvalue(x, lambda k: stats.skellam.pmf(k, lam, lam), lo, hi) > 1e-3
+
+
+@pytest.mark.parametrize("lam", [0.3, 50.0, 3000.0, 2e5])
+def test_the_skellam_table_is_the_difference_of_two_poisson_tables(lam):
+    """Its pmf (the Bessel form) against the exact convolution of two Poisson tables: within 1e-12 in
+    total variation, so a table draw and a two-Poisson draw are the same distribution to float rounding."""
+    lo, cdf, _ = samplers._poisson_table(lam)
+    p = np.diff(cdf, prepend=0.0)
+    conv = np.convolve(p, p[::-1])  # P(K1 - K2 = d), d from -(len - 1) to len - 1
+    slo, scdf, _ = samplers._build_skellam_table(lam)
+    mine = np.diff(scdf, prepend=0.0)
+    ref = np.zeros_like(mine)
+    d = np.arange(-(len(p) - 1), len(p))
+    keep = (d >= slo) & (d < slo + len(mine))
+    ref[d[keep] - slo] = conv[keep]
+    assert 0.5 * np.abs(mine - ref).sum() < 1e-12
+
+
+def test_the_skellam_algorithm_is_chosen_by_the_mean_alone(monkeypatch):
+    """At the limit the table still sums to 1 (scipy's ive holds there); above it both Poisson draws are
+    taken, whatever tables this process holds."""
+    lo, cdf, _ = samplers._build_skellam_table(samplers.SKELLAM_TABLE_MAX)
+    assert abs(cdf[-1] - 1.0) < 1e-9 and len(cdf) <= samplers.TABLE_MAX
+    calls = []
+    real = samplers.poisson
+    monkeypatch.setattr(samplers, "poisson", lambda lam, size, rng: calls.append(lam) or real(lam, size, rng))
+    skellam(samplers.SKELLAM_TABLE_MAX * 2, 10, CryptoRandom(_key(7)))
+    skellam(5.0, 10, CryptoRandom(_key(7)))
+    assert calls == [samplers.SKELLAM_TABLE_MAX * 2] * 2
+
+
 @pytest.mark.parametrize("sigma", [0.8, 3.0, 20.0])
 def test_discrete_gaussian_matches_pmf(sigma):
     x = discrete_gaussian(sigma, 200_000, CryptoRandom(_key(4)))

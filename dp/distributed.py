@@ -543,7 +543,7 @@ class ClientExcess:
     """A client's excess noise for the removal index the survivors warrant: its layers 0..index, reduced
     mod the ring. Encoding keeps one vector, the sum of all L layers (`keep`); the excess for index i is
     that sum less the layers above i, redrawn from their keys, or layers 0..i redrawn, whichever draws
-    fewer. With no dropout (i = L - 1) it costs nothing more. Until 2026-11-30 every prefix sum was kept
+    fewer. With no dropout (i = L - 1) it costs nothing more. Until 2026-11-29 every prefix sum was kept
     (L ring vectors a client: 8.8 GB resident at cohort 50 of the privacy frontier, a reduction per
     layer); now one int64 vector."""
 

@@ -223,7 +223,7 @@ SKELLAM_TABLE_MAX = 1e8
 """Symmetric Skellam(lam) with lam up to this is drawn by inversion of its own CDF table (pmf
 P(k) = e^(-2 lam) I_|k|(2 lam), scipy's `ive`, over +-(10 sqrt(2 lam) + 40), each tail left out below
 1e-21): one uniform and one table walk a value instead of two Poisson draws, 1.5-2.3x faster (lam 0.3 to
-1e7 on 2 shared cores, 2026-11-30), the distribution within 1e-13 in total variation of the two Poissons'
+1e7 on 2 shared cores, 2026-11-29), the distribution within 1e-12 in total variation of the two Poissons'
 difference (`tests/dp/test_samplers.py`). Above it, Poisson(lam) - Poisson(lam): `ive` returns NaN from
 about lam 6e8. A constant, not a check of the built table, so that a client and a server drawing one
 noise layer from one key choose the same algorithm (XNoise's removal needs the same values)."""

@@ -31,8 +31,8 @@ def test_quick_grid_prints_one_line_per_task_and_resumes(tmp_path, capsys):
     printed = capsys.readouterr().out.strip().splitlines()
     lines = printed[-4:]
     # the run's header declares every algorithm's protocol, per task at its client lr (classification's SGD
-    # clients at the lr chosen on validation for SGD, 3.0; FedOPT's AdamW at the task's 1e-2)
-    assert "classification: training protocol (fedavg): protocol=fednlp optimizer=sgd(lr=3) fresh-each-round " \
+    # clients at the lr chosen on validation for SGD, 1.0; FedOPT's AdamW at the task's 1e-2)
+    assert "classification: training protocol (fedavg): protocol=fednlp optimizer=sgd(lr=1) fresh-each-round " \
            "schedule=linear warmup=6% clip=1 epochs=1 eval=after-aggregation select=last-round fp32" in printed
     assert any(line.startswith("qa: training protocol (fedopt): protocol=fednlp optimizer=adamw(lr=0.002)")
                for line in printed)

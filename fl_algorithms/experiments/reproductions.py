@@ -288,6 +288,10 @@ def collect(run_dirs: Sequence[Path], ledger: Mapping[str, Any], *,
             if _name(seen) != _name(protocol):
                 raise ValueError(f"{run}: {method} ran under protocol {_name(protocol)!r} here and {_name(seen)!r} "
                                  f"in another run given")
+            differ = _differing(seen, protocol)
+            if differ:
+                raise ValueError(f"{run}: {method} ran protocol {_name(protocol)!r} with other settings than in another "
+                                 f"run given ({', '.join(differ)}): seeds of different settings are not pooled")
         into["provenance"].append({**{k: results.get("provenance", {}).get(k) for k in ("command", "device", "date")},
                                    "run": str(Path(run))})
     for experiment, into in pooled.items():
@@ -309,6 +313,16 @@ def collect(run_dirs: Sequence[Path], ledger: Mapping[str, Any], *,
 
 def _name(protocol: Any) -> str | None:
     return protocol.get("name") if isinstance(protocol, Mapping) else None
+
+
+def _differing(a: Any, b: Any) -> list[str]:
+    """The settings two declared protocols of one name differ in (optimiser and its lr, lifetime, schedule,
+    clipping, local work, evaluation, selection, precision); their citations and stated reasons, which are
+    prose and may be reworded between runs, are not compared."""
+    if not (isinstance(a, Mapping) and isinstance(b, Mapping)):
+        return []
+    keys = sorted((set(a) | set(b)) - {"cite"})
+    return [k for k in keys if not k.endswith("_reason") and a.get(k) != b.get(k)]
 
 
 # ---- the page ---------------------------------------------------------------------------------------------

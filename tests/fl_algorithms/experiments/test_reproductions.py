@@ -175,3 +175,21 @@ def test_one_method_under_two_protocols_is_not_pooled(tmp_path):
     (other / "results.json").write_text(json.dumps(doc))
     with pytest.raises(ValueError, match="fedavg ran under protocol 'kept-adamw' here and 'fednlp'"):
         rp.collect([first, other], {})
+
+
+def test_one_protocol_at_two_settings_is_not_pooled_but_reworded_reasons_are(tmp_path):
+    """Seeds run at another lr (or any other setting) under the same protocol name are another experiment;
+    a citation or a stated reason reworded between two runs of the same settings is not."""
+    def run(name, seed, lr, reason):
+        path = _fednlp_run(tmp_path / name, accs={"fedavg": [0.5], "fedopt": [0.6]}, seeds=[seed])
+        doc = json.loads((path / "results.json").read_text())
+        doc["summary"]["training_protocol"]["fedavg"] = {
+            "name": "fednlp", "optimizer": {"name": "sgd", "lr": lr}, "lifetime_reason": reason, "cite": {"lr": reason}}
+        (path / "results.json").write_text(json.dumps(doc))
+        return path
+
+    first, reworded, other_lr = run("a", 0, 1.0, "why"), run("b", 1, 1.0, "why, reworded"), run("c", 2, 3.0, "why")
+    ledger, _ = rp.collect([first, reworded], {})
+    assert ledger["fednlp-fedopt-over-fedavg"]["seeds"] == [0, 1]
+    with pytest.raises(ValueError, match=r"fedavg ran protocol 'fednlp' with other settings .*\(optimizer\)"):
+        rp.collect([first, other_lr], {})

@@ -161,12 +161,18 @@ class DistributedDPConfig:
                                       f"{self.expected_clients} (the ring is sized for that many): raise "
                                       "expected_clients or shrink the cohort")
 
-    def layer_spec(self, *, colluders: int = 0) -> "LayerSpec":
-        """XNoise layers for honest survivor counts n_min .. expected_clients - colluders - 1."""
+    def layer_spec(self, *, colluders: int = 0, members: int | None = None) -> "LayerSpec":
+        """XNoise layers for honest survivor counts n_min .. m - colluders - 1, m = the sum's `members` (no more
+        can survive it; at most expected_clients) or, when not given, expected_clients.
+
+        Per sum, not per config: a Poisson cohort of 50 drawn for a ring sized for 90 needs 18 layers, not 58,
+        and every client draws them all (3x the noise draws; measured on the privacy frontier, 2026-11-29).
+        A count below what the survivors reach can only leave more noise than the target, never less
+        (`LayeredNoise.remaining_variance`): a server that understates a sum's size gains nothing."""
         from secagg.noise_layers import LayerSpec
 
-        return LayerSpec(count=max(0, self.expected_clients - colluders - self.n_min), floor=self.n_min,
-                         colluders=colluders)
+        m = self.expected_clients if members is None else min(int(members), self.expected_clients)
+        return LayerSpec(count=max(0, m - colluders - self.n_min), floor=self.n_min, colluders=colluders)
 
     @property
     def k_stddevs(self) -> float:

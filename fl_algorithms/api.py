@@ -253,7 +253,8 @@ class Broadcast:
                 raise ValueError(f"client {c}'s parts repeat common/group part names {sorted(clash)}")
 
     def for_client(self, client_id: int, *, round: int, inbox: tuple[Relayed, ...] = (),
-                   sums: Mapping[str, tuple[str, ...] | None] | None = None) -> "ClientBroadcast":
+                   sums: Mapping[str, tuple[str, ...] | None] | None = None,
+                   sum_sizes: Mapping[str, int] | None = None) -> "ClientBroadcast":
         group = self.group_of.get(client_id)
 
         def own_copy(parts: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -262,7 +263,7 @@ class Broadcast:
         return ClientBroadcast(round=round, common=own_copy(self.common),
                                group=group, group_parts=own_copy(self.groups[group]) if group is not None else {},
                                own=own_copy(self.per_client.get(client_id, {})), inbox=tuple(inbox),
-                               sums=dict(sums or {DEFAULT_SUM: None}))
+                               sums=dict(sums or {DEFAULT_SUM: None}), sum_sizes=dict(sum_sizes or {}))
 
 
 @dataclass(frozen=True)
@@ -281,6 +282,9 @@ class ClientBroadcast(Mapping[str, np.ndarray]):
     own: Mapping[str, np.ndarray] = field(default_factory=dict)
     inbox: tuple[Relayed, ...] = ()
     sums: Mapping[str, tuple[str, ...] | None] = field(default_factory=lambda: {DEFAULT_SUM: None})
+    sum_sizes: Mapping[str, int] = field(default_factory=dict)
+    """How many clients each of `sums` has (what sizes exact noise's layers); a sum not named here is taken
+    at the ring's most clients."""
 
     def _merged(self) -> dict[str, np.ndarray]:
         return {**self.common, **self.group_parts, **self.own}

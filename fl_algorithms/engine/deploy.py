@@ -281,7 +281,7 @@ class DeployedServer:
             try:  # the secure layer's limits (members vs encoding, survivor floor) fail this sum only
                 protocol = self.aggregator.server_protocol(
                     round_id=job.round_id, members=job.members, length=job.length, overrides=job.protocol_params,
-                    **registry.with_enrolment(server_cls, {}, roster=self.roster))
+                    sized_for=job.sized_for, **registry.with_enrolment(server_cls, {}, roster=self.roster))
             except Exception as exc:
                 machine.on_sum(job.name, error=f"{type(exc).__name__}: {exc}", seconds=time.perf_counter() - s0)
                 continue

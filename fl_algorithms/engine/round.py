@@ -91,6 +91,9 @@ class SumJob:
     layout: Layout
     length: int
     protocol_params: Mapping[str, object]
+    sized_for: int | None = None
+    """Members the broadcast announced for this sum (`ClientBroadcast.sum_sizes`): what sized the clients'
+    exact-noise layers, so the server sizes them alike, however many of them answer."""
 
 
 @dataclass
@@ -194,14 +197,21 @@ class RoundMachine:
         return {s.name: (transport_round(self.round, 1 + j), s.parts)
                 for j, s in enumerate(self.specs) if client_id in s.members}
 
+    def sum_size(self, name: str) -> int:
+        """How many of the cohort are members of sum `name` (announced in each member's broadcast)."""
+        spec = next(s for s in self.specs if s.name == name)
+        return sum(1 for c in self.cohort if c in spec.members)
+
     def start(self) -> dict[int, ClientBroadcast]:
         if self.stage != "new":
             raise RuntimeError("start() runs once")
         self.stage = "collect"
         out = {}
         for c in self.cohort:
+            sums = self.sums_of(c)
             out[c] = self.plan.broadcast.for_client(c, round=self.round, inbox=self.relays.take(c),
-                                                    sums={n: p for n, (_, p) in self.sums_of(c).items()})
+                                                    sums={n: p for n, (_, p) in sums.items()},
+                                                    sum_sizes={n: self.sum_size(n) for n in sums})
         return out
 
     def on_ready(self, client_id: int, ready: ClientReady) -> None:
@@ -256,7 +266,7 @@ class RoundMachine:
                 continue
             self.jobs[spec.name] = SumJob(name=spec.name, round_id=transport_round(self.round, 1 + j), members=members,
                                           layout=layout, length=self.aggregator.input_length(layout),
-                                          protocol_params=dict(spec.protocol_params))
+                                          protocol_params=dict(spec.protocol_params), sized_for=self.sum_size(spec.name))
         return list(self.jobs.values())
 
     def on_sum(self, name: str, *, result: Any = None, error: str | None = None, seconds: float = 0.0) -> None:
@@ -287,7 +297,8 @@ class RoundMachine:
                                                             sampling=self.sampling,
                                                             layer_index=getattr(result, "layer_index", -1),
                                                             layer_secrets=getattr(result, "layer_secrets", None),
-                                                            layer_excess=getattr(result, "layer_excess", None))
+                                                            layer_excess=getattr(result, "layer_excess", None),
+                                                            members=job.sized_for)
             except Exception as exc:  # e.g. too few survivors for the DP noise: this sum only
                 self.failed[name] = f"{type(exc).__name__}: {exc}"
                 continue
@@ -346,7 +357,7 @@ class ClientEndpoint:
         upload, new_state = self.role.client_update(broadcast=broadcast, client=self.context(broadcast.round))
         self.state = dict(new_state)
         inputs = {name: self.aggregator.client_encode(upload, parts=parts, round=broadcast.round, sum_name=name,
-                                                      client_id=self.client_id)
+                                                      client_id=self.client_id, members=broadcast.sum_sizes.get(name))
                   for name, parts in broadcast.sums.items()}
         undeclared = sorted(set(upload.released) - set(self.role.releases))
         if undeclared:

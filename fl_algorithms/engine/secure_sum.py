@@ -316,10 +316,13 @@ class SecureAggregator:
     def exact_noise(self) -> bool:
         return self.ddp and self.config.distributed_dp.exact_noise
 
-    def layer_spec(self):
-        """XNoise layers of every sum (None without exact noise): from this side's own config, so a client
-        never reveals more than its configuration allows."""
-        return self.config.distributed_dp.layer_spec(colluders=self.config.colluders) if self.exact_noise else None
+    def layer_spec(self, members: int | None = None):
+        """XNoise layers of a sum of `members` clients (None without exact noise; `members` None: the ring's
+        most, expected_clients): from this side's own config, so a client never reveals more than its
+        configuration allows."""
+        if not self.exact_noise:
+            return None
+        return self.config.distributed_dp.layer_spec(colluders=self.config.colluders, members=members)
 
     def ddp_encoder(self, dim: int):
         if dim not in self._ddp:
@@ -406,10 +409,11 @@ class SecureAggregator:
         return {}
 
     def server_protocol(self, *, round_id: int, members: Iterable[int], length: int,
-                        overrides: Mapping[str, object] | None = None, **extra: object):
+                        overrides: Mapping[str, object] | None = None, sized_for: int | None = None, **extra: object):
         """The configured protocol's server for one sum, built with `protocol_params` (both runtimes
         should build it here). `extra`: constructor arguments that are not survivor policy (e.g. an
-        enrolment roster); they may not name the survivor minimum."""
+        enrolment roster); they may not name the survivor minimum. `sized_for`: the size the members'
+        exact-noise layers were drawn for (the broadcast's; default: the members given)."""
         clients = sorted(int(c) for c in members)
         params = self.protocol_params(members=len(clients), overrides=overrides)
         clash = sorted(set(extra) & {"min_clients", "target_survivors", "min_group", "colluders", "round_id", "clients",
@@ -417,7 +421,7 @@ class SecureAggregator:
         if clash:
             raise ValueError(f"server_protocol: {clash} are set by the secure layer; pass policy in `overrides`")
         if self.exact_noise:
-            params["noise_layers"] = self.layer_spec()
+            params["noise_layers"] = self.layer_spec(len(clients) if sized_for is None else sized_for)
         return registry.server_class(self.config.protocol)(round_id=round_id, clients=clients, length=length,
                                                            ring=self.config.ring, **params, **extra)
 
@@ -434,8 +438,9 @@ class SecureAggregator:
 
     # ---- client half ------------------------------------------------------------------------
     def client_encode(self, upload: Upload, *, parts: tuple[str, ...] | None, round: int,
-                      sum_name: str = DEFAULT_SUM, client_id: int = 0) -> EncodedInput:
-        """Client side: the ring vector of this client's parts in one sum (fixed point or DDP)."""
+                      sum_name: str = DEFAULT_SUM, client_id: int = 0, members: int | None = None) -> EncodedInput:
+        """Client side: the ring vector of this client's parts in one sum (fixed point or DDP). `members`: how
+        many clients the sum has (the broadcast's `sum_sizes`), which sizes exact noise's layers."""
         layout = Layout.of(upload, parts)
         self.refuse_forgeable_counts(layout)
         seed = self.config.insecure_seed
@@ -453,7 +458,7 @@ class SecureAggregator:
                 from secagg import shamir
                 from secagg.noise_layers import LayerSecrets, chain
 
-                spec = self.layer_spec()
+                spec = self.layer_spec(members)
                 layers = LayerSecrets.fresh(spec) if seed is None else LayerSecrets(spec=spec, secrets=tuple(chain(
                     int.from_bytes(_key(seed, "xnoise", round, sum_name, client_id), "little") % shamir.PRIME, spec.count)))
             encoder = self.ddp_encoder(x.shape[0])
@@ -597,10 +602,12 @@ class SecureAggregator:
     def server_decode(self, ring_sum: np.ndarray, *, layout: Layout, contributors: frozenset[int], round: int,
                       sum_name: str = DEFAULT_SUM, population: Iterable[int] | None = None,
                       sampling: SamplingRecord | None = None, layer_index: int = -1,
-                      layer_secrets: Mapping[int, int] | None = None, layer_excess: np.ndarray | None = None):
+                      layer_secrets: Mapping[int, int] | None = None, layer_excess: np.ndarray | None = None,
+                      members: int | None = None):
         """Server side: (per-part aggregates, the Released noisy mean under DDP or None). Under exact
         noise, `layer_index`, `layer_excess` and `layer_secrets` (the protocol's `RoundResult`) remove the
-        survivors' excess noise layers before anything is decoded.
+        survivors' excess noise layers before anything is decoded; `members` is the sum's size, which
+        sized the layers (as in `server_protocol` and the clients' `client_encode`).
 
         Refuses (ValueError) more contributors than the encoding can sum, and (DisclosureError) a
         noise-free release the disclosure guard refuses; either fails this sum only."""
@@ -619,7 +626,7 @@ class SecureAggregator:
                 return groups, None
             return self._central_release(groups, layout=layout, contributors=contributors, round=round,
                                          population=population, summary_key=summary_key, sampling=sampling)
-        encoder, spec = self.ddp_encoder(layout.dim), self.layer_spec()
+        encoder, spec = self.ddp_encoder(layout.dim), self.layer_spec(members)
         if spec is not None and layer_index >= 0:
             if not set(layer_secrets or {}) <= set(contributors):
                 raise ValueError(f"noise layers revealed for {sorted(layer_secrets or {})[:5]}..., not contributors")
@@ -690,13 +697,14 @@ class SecureAggregator:
     def run_sum(self, *, round_id: int, inputs: Mapping[int, np.ndarray], length: int,
                 protocol_params: Mapping[str, object] | None = None,
                 drop_at: Mapping[str, set[int]] | None = None, bytes_sent: dict[int, int] | None = None,
-                noise_layers: Mapping[int, Any] | None = None):
+                noise_layers: Mapping[int, Any] | None = None, sized_for: int | None = None):
         """Run the configured protocol over `inputs` in this process; returns its RoundResult.
         `noise_layers`: each client's XNoise layer secrets (`EncodedInput.noise_layers`).
 
         The protocol is built by `server_protocol`: a sum over too many members, or too few to reach
         the survivor floor, is refused before anything runs."""
-        server = self.server_protocol(round_id=round_id, members=inputs, length=length, overrides=protocol_params)
+        server = self.server_protocol(round_id=round_id, members=inputs, length=length, overrides=protocol_params,
+                                      sized_for=sized_for)
         policy = self.client_protocol_params()
         layers = dict(noise_layers or {})
         if self.exact_noise and set(layers) != set(inputs):
@@ -727,7 +735,8 @@ class SecureAggregator:
         if not uploads:
             raise ValueError("no uploads to aggregate")
         self.check_members(len(uploads))  # before any client encodes
-        inputs = {cid: self.client_encode(up, parts=None, round=round, client_id=cid) for cid, up in uploads.items()}
+        inputs = {cid: self.client_encode(up, parts=None, round=round, client_id=cid, members=len(uploads))
+                  for cid, up in uploads.items()}
         layouts = {enc.layout for enc in inputs.values()}
         if len(layouts) != 1:
             raise ValueError("all uploads of a round must have the same parts")
@@ -740,7 +749,8 @@ class SecureAggregator:
         groups, released_sum = self.server_decode(result.ring_sum, layout=layout, contributors=result.contributors,
                                                   round=round, population=population if population is not None else uploads,
                                                   sampling=sampling, layer_index=result.layer_index,
-                                                  layer_secrets=result.layer_secrets, layer_excess=result.layer_excess)
+                                                  layer_secrets=result.layer_secrets, layer_excess=result.layer_excess,
+                                                  members=len(uploads))
         self.record_individuals(round, inputs, result.contributors)
         if stats is not None:
             stats.seconds += time.perf_counter() - t0

@@ -292,7 +292,7 @@ class SimulationRunner:
                 result = self.aggregator.run_sum(round_id=job.round_id, inputs=vectors, length=job.length,
                                                  protocol_params=job.protocol_params,
                                                  drop_at={"masked": drops & set(job.members)} if drops else None,
-                                                 bytes_sent=sent, noise_layers=layers)
+                                                 bytes_sent=sent, noise_layers=layers, sized_for=job.sized_for)
             except Exception as exc:  # an aborted sum (too few survivors) fails that sum only
                 machine.on_sum(job.name, error=f"{type(exc).__name__}: {exc}", seconds=time.perf_counter() - s0)
                 continue

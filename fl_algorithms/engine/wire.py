@@ -52,6 +52,10 @@ MAX_EVALUATED_BYTES = HEADER_ALLOWANCE + MAX_META_BYTES
 """Wire bytes of the largest fl_evaluated message: a header and 'meta'."""
 
 
+MAX_SUM_SIZE = 1 << 20
+"""Most members a broadcast may announce for one secure sum (a size outside 1 .. this is malformed)."""
+
+
 def max_ready_bytes(*, releases: int, sealed_bytes: int) -> int:
     """Wire bytes of the largest fl_ready a client can legitimately send when the run declares
     `releases` DP releases and allows `sealed_bytes` of Sealed ciphertexts per client: header, 'meta',
@@ -139,7 +143,8 @@ def broadcast_fields(b: ClientBroadcast, *, round_ids: Mapping[str, int], config
     if b.inbox:
         fields["i"] = b"".join(r.ciphertext for r in b.inbox)
     fields["meta"] = _meta({"round": b.round, "group": b.group, "config": dict(config),
-                            "sums": {n: [round_ids[n], list(p) if p is not None else None] for n, p in b.sums.items()},
+                            "sums": {n: [round_ids[n], list(p) if p is not None else None, b.sum_sizes.get(n)]
+                                     for n, p in b.sums.items()},
                             "inbox": [[r.sender, r.round, len(r.ciphertext)] for r in b.inbox]})
     return fields
 
@@ -153,12 +158,16 @@ def parse_broadcast(fields: Mapping[str, Value]) -> tuple[ClientBroadcast, dict[
         group = meta["group"]
         if group is not None and not isinstance(group, str):
             raise ValueError
-        sums, round_ids = {}, {}
+        sums, round_ids, sizes = {}, {}, {}
         if not isinstance(meta["sums"], dict) or len(meta["sums"]) > 64:
             raise ValueError
-        for name, (rid, parts) in meta["sums"].items():
+        for name, (rid, parts, size) in meta["sums"].items():
             round_ids[str(name)] = int(rid)
             sums[str(name)] = None if parts is None else tuple(str(p) for p in parts)
+            if size is not None:
+                if isinstance(size, bool) or not isinstance(size, int) or not 1 <= size <= MAX_SUM_SIZE:
+                    raise ValueError
+                sizes[str(name)] = size
         relays = meta["inbox"]
         if not isinstance(relays, list) or len(relays) > MAX_RELAY_QUEUE:
             raise ValueError
@@ -168,7 +177,7 @@ def parse_broadcast(fields: Mapping[str, Value]) -> tuple[ClientBroadcast, dict[
     except (KeyError, TypeError, ValueError) as exc:
         raise ProtocolError("malformed broadcast metadata") from exc
     b = ClientBroadcast(round=round_, common=_arrays(fields, "c/"), group=group, group_parts=_arrays(fields, "g/"),
-                        own=_arrays(fields, "p/"), inbox=inbox, sums=sums)
+                        own=_arrays(fields, "p/"), inbox=inbox, sums=sums, sum_sizes=sizes)
     return b, round_ids, config
 
 

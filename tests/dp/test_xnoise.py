@@ -37,6 +37,26 @@ def test_honest_survivors_keep_exactly_the_target_for_every_count(floor, count, 
         assert recompute.realised_variance({**record.to_dict(), "layer_index": index + 1}) == 0.0
 
 
+@given(floor=st.integers(1, 40), count=st.integers(0, 40), colluders=st.integers(0, 5), extra=st.integers(0, 120))
+@settings(max_examples=200, deadline=None)
+def test_fewer_layers_than_the_survivors_reach_leave_more_noise_never_less(floor, count, colluders, extra):
+    """Layers are sized by the sum's announced size (`layer_spec(members=)`); a server that understates it gives
+    the clients fewer layers than the survivors reach. The released sum then keeps at least the target."""
+    noise = LayeredNoise(spec=LayerSpec(count=count, floor=floor, colluders=colluders), target_variance=7.0)
+    survivors = colluders + floor + extra  # any honest count from the floor up, past the layers too
+    record = noise.record(survivors=survivors, index=noise.spec.reveal_index(survivors))
+    assert record.realised_variance >= 7.0 * (1 - 1e-12)
+    if extra <= count:
+        assert record.realised_variance == pytest.approx(7.0, rel=1e-12)
+
+
+def test_a_sums_layers_follow_its_size_up_to_the_ring():
+    cfg = DistributedDPConfig(l2_clip=1.0, noise_multiplier=1.0, expected_clients=90, min_clients=32, exact_noise=True)
+    assert cfg.layer_spec().count == 58 and cfg.layer_spec(members=50).count == 18
+    assert cfg.layer_spec(members=50, colluders=2).count == 16 and cfg.layer_spec(members=500).count == 58
+    assert cfg.layer_spec(members=20).count == 0  # below the floor: no layer (and no sum is opened)
+
+
 def test_a_revealed_chain_secret_opens_that_layer_and_the_lower_ones_only():
     secrets = chain(shamir.random_element(), 8)
     assert descend(secrets[4], 4) == secrets[:5]

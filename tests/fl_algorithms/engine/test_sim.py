@@ -55,6 +55,38 @@ def test_the_in_run_plain_twin_holds_under_exact_distributed_dp(toy_trainers):
     assert all(r.plain_twin and all(r.plain_twin.values()) for r in runner.history)
 
 
+@pytest.mark.parametrize("protocol", ["secagg+", "lightsecagg"])
+def test_exact_noise_layers_are_sized_by_the_sum_not_the_ring_and_stay_exact(toy_trainers, protocol, monkeypatch):
+    """A cohort of 4 under a ring sized for 8: every client draws 4 - n_min layers (not 8 - n_min), the server's
+    protocol and decoder use the same count, and each release carries exactly the target noise (the ledger)."""
+    from dp.distributed import DistributedDPConfig
+    from dp.ledger import Ledger
+    from fl_algorithms.engine.secure_sum import SecureAggregator
+
+    ddp = DistributedDPConfig(l2_clip=1.0, noise_multiplier=1.0, expected_clients=8, min_clients=2, bits=20,
+                              exact_noise=True)
+    secure = SecureAggregationConfig(protocol=protocol, clip=4.0, max_clients=8, distributed_dp=ddp,
+                                     **({"protocol_params": {"target_survivors": 3, "privacy": 1}} if protocol == "lightsecagg" else {}))
+    counts = []
+    real = SecureAggregator.client_encode
+
+    def spy(self, upload, **kw):
+        enc = real(self, upload, **kw)
+        counts.append(enc.noise_layers.spec.count)
+        return enc
+
+    monkeypatch.setattr(SecureAggregator, "client_encode", spy)
+    ledger = Ledger()
+    runner = SimulationRunner(algorithm=FedAvg(local_epochs=1), trainers=toy_trainers(4), ledger=ledger,
+                              config=RunConfig(rounds=2, secure=secure, plain_twin=True))
+    runner.run(progress=False)
+    assert counts and set(counts) == {4 - 2}
+    assert all(r.plain_twin and all(r.plain_twin.values()) for r in runner.history)
+    records = ledger.noise_records()
+    assert len(records) == 2 and all(r["layers"] == 2 and r["survivors"] == 4 for r in records)
+    assert all(r["realised_variance"] == pytest.approx(r["target_variance"]) for r in records)
+
+
 def test_the_in_run_plain_twin_flags_a_secure_sum_that_differs(toy_trainers, monkeypatch):
     """A protocol whose sum is off by one in one coordinate (a mask that does not cancel) is caught."""
     from fl_algorithms.engine.secure_sum import SecureAggregator

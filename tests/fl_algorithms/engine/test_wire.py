@@ -1,5 +1,6 @@
 """The engine's deployment messages: a client's answer survives the wire exactly, and anything
 malformed is a ProtocolError before the engine uses it."""
+import json
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -197,3 +198,19 @@ def test_the_end_of_a_run_crosses_the_wire_and_a_malformed_one_is_refused():
         parse_end({**end_fields(end), "p/w": np.zeros(1, dtype=np.float32)})
     with pytest.raises(ValueError, match="end reason"):
         RunEnd(reason="bored", round=1)
+
+
+@pytest.mark.parametrize("size", [0, -3, True, 1.5, "4", 1 << 21])
+def test_a_sums_size_crosses_the_wire_and_a_malformed_one_is_refused(size):
+    """`sum_sizes` sizes the client's exact-noise layers: it arrives as sent, and anything but a whole count in
+    1 .. MAX_SUM_SIZE is malformed (an absent size leaves the ring's default)."""
+    b = ClientBroadcast(round=3, common={"w": np.ones(3, np.float32)}, sums={"all": None, "g": ("w",)},
+                        sum_sizes={"all": 17})
+    got = parse_broadcast(over_the_wire(broadcast_fields(b, round_ids={"all": 193, "g": 194}, config={})))[0]
+    assert got.sum_sizes == {"all": 17} and got.sums == {"all": None, "g": ("w",)}
+    fields = dict(over_the_wire(broadcast_fields(b, round_ids={"all": 193, "g": 194}, config={})))
+    meta = json.loads(fields["meta"])
+    meta["sums"]["all"][2] = size
+    fields["meta"] = json.dumps(meta).encode()
+    with pytest.raises(ProtocolError, match="malformed broadcast metadata"):
+        parse_broadcast(fields)

@@ -567,15 +567,14 @@ class ClientExcess:
         count = self.secrets.spec.count
         if not index < count:
             raise ValueError(f"removal index {index} is past this client's {count} layers")
-        kept, self._all = self._all, None  # one removal per round: the kept sum is not needed again
-        above = range(index + 1, count)
-        if kept is not None and len(above) <= index + 1:
-            total, sign, draw = kept, -1, above
+        total, self._all = self._all, None  # one removal per round: the kept sum is not needed again
+        if total is not None and count - 1 - index <= index + 1:  # fewer layers above the index than up to it
+            for j in range(index + 1, count):
+                total -= self._layer(j)
         else:
-            total, sign, draw = np.zeros(self.encoder.plan.padded_dim, dtype=np.int64), 1, range(index + 1)
-        for j in draw:
-            layer = self._layer(j)
-            total = total - layer if sign < 0 else total + layer
+            total = np.zeros(self.encoder.plan.padded_dim, dtype=np.int64)
+            for j in range(index + 1):
+                total += self._layer(j)
         return self.encoder._reduce(total)
 
     def _layer(self, j: int) -> np.ndarray:

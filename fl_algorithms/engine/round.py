@@ -166,9 +166,12 @@ class RoundMachine:
         self.specs: tuple[SumSpec, ...] = self.plan.sums_for(self.cohort)
         if len(self.specs) > MAX_SUMS_PER_ROUND:
             raise ValueError(f"at most {MAX_SUMS_PER_ROUND} secure sums per round")
-        for spec in self.specs:  # before any client encodes: refuse a sum the encoding cannot add without wrap
-            if spec.members & set(self.cohort):
-                self.aggregator.check_members(len(spec.members & set(self.cohort)))
+        self.sizes: dict[str, int] = {s.name: len(s.members & set(self.cohort)) for s in self.specs}
+        """How many of the cohort are members of each sum: announced in each member's broadcast (it sizes
+        the clients' exact-noise layers) and kept in its SumJob."""
+        for n in self.sizes.values():  # before any client encodes: refuse a sum the encoding cannot add without wrap
+            if n:
+                self.aggregator.check_members(n)
         self.sampling = self._floored(sampling)
         self.ready: dict[int, ClientReady] = {}
         self.admitted: dict[int, dict[str, Released]] = {}
@@ -197,11 +200,6 @@ class RoundMachine:
         return {s.name: (transport_round(self.round, 1 + j), s.parts)
                 for j, s in enumerate(self.specs) if client_id in s.members}
 
-    def sum_size(self, name: str) -> int:
-        """How many of the cohort are members of sum `name` (announced in each member's broadcast)."""
-        spec = next(s for s in self.specs if s.name == name)
-        return sum(1 for c in self.cohort if c in spec.members)
-
     def start(self) -> dict[int, ClientBroadcast]:
         if self.stage != "new":
             raise RuntimeError("start() runs once")
@@ -211,7 +209,7 @@ class RoundMachine:
             sums = self.sums_of(c)
             out[c] = self.plan.broadcast.for_client(c, round=self.round, inbox=self.relays.take(c),
                                                     sums={n: p for n, (_, p) in sums.items()},
-                                                    sum_sizes={n: self.sum_size(n) for n in sums})
+                                                    sum_sizes={n: self.sizes[n] for n in sums})
         return out
 
     def on_ready(self, client_id: int, ready: ClientReady) -> None:
@@ -266,7 +264,7 @@ class RoundMachine:
                 continue
             self.jobs[spec.name] = SumJob(name=spec.name, round_id=transport_round(self.round, 1 + j), members=members,
                                           layout=layout, length=self.aggregator.input_length(layout),
-                                          protocol_params=dict(spec.protocol_params), sized_for=self.sum_size(spec.name))
+                                          protocol_params=dict(spec.protocol_params), sized_for=self.sizes[spec.name])
         return list(self.jobs.values())
 
     def on_sum(self, name: str, *, result: Any = None, error: str | None = None, seconds: float = 0.0) -> None:

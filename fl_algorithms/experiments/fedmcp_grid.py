@@ -700,5 +700,6 @@ def cache_clients(clients: FedMCPClients, *, seed: int, progress: bool) -> float
 __all__ = ["PART_ORDER", "PLAIN_TWIN", "POINTS", "RUNTIMES", "SAME_POINT", "TABLE_ORDER", "TASK_SPEC", "TITLES",
            "TWIN_MODES", "MethodRun", "Plan", "ablation_line", "cache_clients", "checked_sums", "combine_plans",
            "combined_runs", "derive_twin", "final_line", "format_paired", "format_point_differences",
-           "format_point_table", "format_table", "full_ft_estimate", "last_epsilon", "paired_differences", "percent_columns", "plot_curves", "point_differences", "read_saved",
-           "run_method", "run_parts", "saved_protocols", "summarise", "timing_report", "twin_note"]
+           "format_point_table", "format_table", "full_ft_estimate", "last_epsilon", "paired_differences",
+           "percent_columns", "plot_curves", "point_differences", "read_saved", "run_method",
+           "run_parts", "saved_protocols", "summarise", "timing_report", "twin_note"]

@@ -87,6 +87,33 @@ def test_exact_noise_layers_are_sized_by_the_sum_not_the_ring_and_stay_exact(toy
     assert all(r["realised_variance"] == pytest.approx(r["target_variance"]) for r in records)
 
 
+def test_a_server_that_understates_a_sums_size_leaves_more_noise_not_less(toy_trainers, monkeypatch):
+    """The attack on `sum_sizes`: a server announcing 3 members for a sum of 4 (so that the clients draw fewer
+    removable layers) gets a release carrying more than the target noise, never less: the clients reveal
+    only the layers their own announced size gave them."""
+    from dp.distributed import DistributedDPConfig
+    from dp.ledger import Ledger
+    from fl_algorithms.engine.round import RoundMachine
+
+    real = RoundMachine.__init__
+
+    def understating(self, **kw):
+        real(self, **kw)
+        self.sizes = {name: n - 1 for name, n in self.sizes.items()}
+
+    monkeypatch.setattr(RoundMachine, "__init__", understating)
+    ddp = DistributedDPConfig(l2_clip=1.0, noise_multiplier=1.0, expected_clients=8, min_clients=2, bits=20,
+                              exact_noise=True)
+    ledger = Ledger()
+    SimulationRunner(algorithm=FedAvg(local_epochs=1), trainers=toy_trainers(4), ledger=ledger,
+                     config=RunConfig(rounds=2, secure=SecureAggregationConfig(protocol="secagg+", clip=4.0,
+                                                                                max_clients=8, distributed_dp=ddp))
+                     ).run(progress=False)
+    records = ledger.noise_records()
+    assert len(records) == 2 and all(r["layers"] == 1 and r["survivors"] == 4 for r in records)
+    assert all(r["realised_variance"] == pytest.approx(4 / 3 * r["target_variance"]) for r in records)
+
+
 def test_the_in_run_plain_twin_flags_a_secure_sum_that_differs(toy_trainers, monkeypatch):
     """A protocol whose sum is off by one in one coordinate (a mask that does not cancel) is caught."""
     from fl_algorithms.engine.secure_sum import SecureAggregator

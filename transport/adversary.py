@@ -476,7 +476,7 @@ def wrong_stage(call: StageCall) -> list[list]:
 
 ACCUSATIONS: dict[str, tuple[str, str]] = {
     "share_check": ("check_request", "bad_shares"),    # SecAgg, SecAgg+: the check stage
-    "lsa_masked_input": ("lsa_relay", "bad_pieces"),   # LightSecAgg: with the masked input
+    "lsa_piece_check": ("lsa_relay", "bad_pieces"),    # LightSecAgg: the check stage
 }
 """Reply kind that carries accusations -> (the request kind it answers, the accusation field)."""
 

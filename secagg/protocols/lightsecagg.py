@@ -10,8 +10,12 @@ may drop), privacy T (1 <= T < U <= N). Vectors live in F_p, p = 2^31 - 1, uint3
                   `secagg.lcc`) into coded pieces [~z_i]_j, keeps [~z_i]_i and sends every other
                   [~z_i]_j SEALED to j: AES-256-GCM under HKDF(X25519(sk_i, pk_j)), with the round,
                   stage, sender and receiver as associated data. The server relays ciphertext only.
-    masked_input  server -> client j: the ciphertexts addressed to j. Client j opens them and
-                  uploads y_j = x_j + z_j (mod p), 4 bytes per coordinate.
+    check         server -> client j: the ciphertexts addressed to j. Client j opens them and
+                  names the senders of any that fail to open (`bad_pieces`, usually empty).
+    masked_input  server -> the clients left once the accusations are settled: client j uploads
+                  y_j = x_j + z_j (mod p), 4 bytes per coordinate. No client can be dropped after
+                  this stage's replies are accepted, so the server adds each y_j into a running sum
+                  as it arrives and holds O(d) of inputs, not O(N d).
     consistency   server -> U1 (clients whose y arrived; abort if |U1| < max(U, g + c)): the set U1.
                   Each client checks it and signs it with its enrolled key (`consistency.py`).
     recovery      server -> the signers: U1 and the signatures. Each client j checks at least U
@@ -35,10 +39,12 @@ Security (honest-but-curious server, which also relays every client-to-client me
 Faulty clients are isolated, not fatal: a reply that fails validation (a low-order public key, a
 wrong piece set, a vector outside F_p) drops its sender at that stage. A sealed piece that fails
 authentication (or is not in F_p) at its receiver j cannot be judged by the server, so j names the
-sender in its masked input (`bad_pieces`) and goes on; the server drops both ends of each
+sender in its check reply (`bad_pieces`) and goes on; the server drops both ends of each
 accusation of a maximal matching (`base.accusation_matching`: an accusation never costs more
-honest seats than colluding ones) before it fixes U1, so every member of U1 holds a piece from
-every other. Two clients advertising the same key are both dropped. With c colluders (c <= T)
+honest seats than colluding ones) before it asks for masked inputs, so every member of U1 holds a
+piece from every other. (Until 2026-11-29 the accusations came with the masked inputs, so the
+server had to hold all N of them until they were settled: an accusation could drop a client whose
+input had already arrived, and a folded input cannot be taken back out.) Two clients advertising the same key are both dropped. With c colluders (c <= T)
 the server opens U1 only if |U1| >= g + c, and each client checks that before it signs, so no
 sum over fewer than g honest clients is opened. A server announcing different survivor sets to
 different clients needs U signatures on each (the consistency stage, enrolled runs).
@@ -51,7 +57,8 @@ learn nothing) inside the sealed piece it sends every other client; in recovery 
 returns its share of the link its OWN spec gives for U1 of every member of U1, and the server
 rebuilds those links (cross-checked as Reed–Solomon codewords) into `RoundResult.layer_secrets`.
 Simplification relative to the paper: the offline (share) stage runs inside the round rather than
-ahead of it and in parallel with training; the protocol is otherwise the paper's.
+ahead of it and in parallel with training; the check stage is ours (the paper assumes honest
+relays and clients that do not lie about pieces); the protocol is otherwise the paper's.
 """
 from __future__ import annotations
 
@@ -87,6 +94,7 @@ SETUP = Schema("lsa_setup", {
 KEYS = Schema("lsa_keys", {"keys": BytesMap(MAX_CLIENTS, crypto.PUBLIC_KEY_BYTES, exact=True),
                            "signatures": BytesMap(MAX_CLIENTS, SIGNATURE_BYTES)})
 RELAY = Schema("lsa_relay", {"pieces": BytesMap(MAX_CLIENTS, _MAX_BLOB)})
+INPUT_REQUEST = Schema("lsa_input_request", {})
 SURVIVORS = Schema("lsa_survivors", {"survivors": IntList(MAX_CLIENTS, 1)})
 RECOVER = Schema("lsa_recover", {"survivors": IntList(MAX_CLIENTS, 1),
                                  "signatures": BytesMap(MAX_CLIENTS, SIGNATURE_BYTES)})
@@ -94,7 +102,8 @@ RECOVER = Schema("lsa_recover", {"survivors": IntList(MAX_CLIENTS, 1),
 PUBLIC_KEY = Schema("lsa_public_key", {"public_key": Bytes(crypto.PUBLIC_KEY_BYTES, exact=True),
                                        "signature": Bytes(SIGNATURE_BYTES)})
 CODED_PIECES = Schema("lsa_coded_pieces", {"pieces": BytesMap(MAX_CLIENTS, _MAX_BLOB)})
-MASKED_INPUT = Schema("lsa_masked_input", {"vector": Array("uint32", MAX_LEN), "bad_pieces": IntList(MAX_CLIENTS, 1)})
+PIECE_CHECK = Schema("lsa_piece_check", {"bad_pieces": IntList(MAX_CLIENTS, 1)})
+MASKED_INPUT = Schema("lsa_masked_input", {"vector": Array("uint32", MAX_LEN)})
 SURVIVOR_SIGNATURE = Schema("lsa_survivor_signature", {"signature": Bytes(SIGNATURE_BYTES)})
 AGGREGATE_PIECE = Schema("lsa_aggregate_piece", {
     "piece": Array("uint32", MAX_LEN),
@@ -142,7 +151,7 @@ class LightSecAggServer(ServerProtocol):
     """Server of one LightSecAgg round; `result().ring_sum` is the sum over the committed set U1."""
 
     name = NAME
-    schemas = {"advertise": PUBLIC_KEY, "share": CODED_PIECES, "masked_input": MASKED_INPUT,
+    schemas = {"advertise": PUBLIC_KEY, "share": CODED_PIECES, "check": PIECE_CHECK, "masked_input": MASKED_INPUT,
                "consistency": SURVIVOR_SIGNATURE, "recovery": AGGREGATE_PIECE}
 
     def __init__(self, *, round_id: int, clients: Sequence[int], length: int, ring: Ring = FIELD_P31,
@@ -202,10 +211,11 @@ class LightSecAggServer(ServerProtocol):
                 raise ProtocolError(f"client {msg.sender} must send one piece to every other advertised client")
             if any(len(b) != self.blob_bytes for b in pieces.values()):
                 raise ProtocolError(f"sealed pieces are {self.blob_bytes} bytes")
-        elif self.stage == "masked_input":
-            self._check_vector(msg["vector"], self.length)
+        elif self.stage == "check":
             if not set(msg["bad_pieces"]) <= self._relayed_to.get(msg.sender, frozenset()):
                 raise ProtocolError(f"client {msg.sender} reports bad pieces from clients that sent it none")
+        elif self.stage == "masked_input":
+            self._check_vector(msg["vector"], self.length)
         elif self.stage == "consistency":
             if self.roster is not None and not self.roster.verify(
                     msg.sender, msg["signature"], survivor_statement(NAME, self.round_id, self._survivors)):
@@ -225,13 +235,16 @@ class LightSecAggServer(ServerProtocol):
                 raise ProtocolError(str(exc)) from exc
 
     def accept(self, msg: Message) -> None:
-        """As `ServerProtocol.accept`; a recovery reply's own excess noise (XNoise) is folded at once."""
+        """As `ServerProtocol.accept`; a masked input is folded into the running sum at once (no client
+        is dropped after that stage), and a recovery reply's own excess noise (XNoise) too."""
         super().accept(msg)
-        if self.stage == "recovery":
+        if self.stage == "masked_input":
+            self.fold_input(msg)
+        elif self.stage == "recovery":
             self.fold_excess(msg)
 
     def on_stage_complete(self, replies: dict[int, Message]) -> dict[int, Message]:
-        handler = {"advertise": self._after_advertise, "share": self._after_share,
+        handler = {"advertise": self._after_advertise, "share": self._after_share, "check": self._after_check,
                    "masked_input": self._after_masked_input, "consistency": self._after_consistency,
                    "recovery": self._after_recovery}[self.stage]
         return handler(replies)
@@ -287,16 +300,17 @@ class LightSecAggServer(ServerProtocol):
             for j in sorted(replies)
         }
         self._relayed_to = {j: frozenset(replies) - {j} for j in replies}
-        return self._enter("masked_input", relays)
+        return self._enter("check", relays)
 
-    def _after_masked_input(self, replies: dict[int, Message]) -> dict[int, Message]:
+    def _after_check(self, replies: dict[int, Message]) -> dict[int, Message]:
         self.settle_accusations({c: frozenset(m["bad_pieces"]) for c, m in replies.items() if m["bad_pieces"]})
         replies = {c: m for c, m in replies.items() if c not in self._faulty}
+        self._require(replies, "too few clients hold every other's coded piece")
+        return self._enter("masked_input", {c: self._request(INPUT_REQUEST.kind, c) for c in sorted(replies)})
+
+    def _after_masked_input(self, replies: dict[int, Message]) -> dict[int, Message]:
         self._require(replies, "too few masked inputs")
-        acc = np.zeros(self.length, dtype=np.uint32)
-        for msg in replies.values():
-            self.ring.add_(acc, msg["vector"])
-        self._masked_sum = acc
+        self._masked_sum = self.take_running_sum()  # folded as they arrived (`accept`)
         self._survivors = tuple(sorted(replies))
         return self._enter("consistency", {
             c: self._request(SURVIVORS.kind, c, survivors=self._survivors) for c in self._survivors
@@ -381,7 +395,7 @@ class LightSecAggClient(ClientProtocol):
     it refuses a round whose T or U is smaller (a weaker guarantee than it accepts)."""
 
     name = NAME
-    schemas = {s.kind: s for s in (SETUP, KEYS, RELAY, SURVIVORS, RECOVER)}
+    schemas = {s.kind: s for s in (SETUP, KEYS, RELAY, INPUT_REQUEST, SURVIVORS, RECOVER)}
 
     def __init__(self, *, client_id: int, round_id: int, input_fn: InputFn, max_length: int = MAX_LEN,
                  min_privacy: int = 1, min_survivors: int = 2, min_colluders: int = 0, min_group: int = 1,
@@ -415,7 +429,7 @@ class LightSecAggClient(ClientProtocol):
 
     def respond(self, msg: Message) -> tuple[Message | None, tuple[str, ...]]:
         handler = {SETUP.kind: self._on_setup, KEYS.kind: self._on_keys, RELAY.kind: self._on_relay,
-                   SURVIVORS.kind: self._on_survivors, RECOVER.kind: self._on_recover}[msg.kind]
+                   INPUT_REQUEST.kind: self._on_input_request, SURVIVORS.kind: self._on_survivors, RECOVER.kind: self._on_recover}[msg.kind]
         return handler(msg)
 
     # ---- stages -----------------------------------------------------------------------------
@@ -507,11 +521,14 @@ class LightSecAggClient(ClientProtocol):
                 bad.append(sender)  # reported, not fatal: the server drops the sender (or this client)
                 continue
             held[sender], held_layers[sender] = piece, layers
-        self._held_layers = held_layers
-        masked = self._input(code.length, FIELD_P31).copy()
+        self._held, self._held_layers, self._peer_keys = held, held_layers, {}
+        return self._reply(PIECE_CHECK.kind, bad_pieces=tuple(sorted(bad))), (INPUT_REQUEST.kind,)
+
+    def _on_input_request(self, msg: Message):
+        masked = self._input(self.code.length, FIELD_P31).copy()
         FIELD_P31.add_(masked, self._mask)
-        self._held, self._mask, self._peer_keys = held, None, {}
-        return self._reply(MASKED_INPUT.kind, vector=masked, bad_pieces=tuple(sorted(bad))), (SURVIVORS.kind,)
+        self._mask = None
+        return self._reply(MASKED_INPUT.kind, vector=masked), (SURVIVORS.kind,)
 
     def _on_survivors(self, msg: Message):
         survivors, me = tuple(sorted(set(msg["survivors"]))), self.client_id

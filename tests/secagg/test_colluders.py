@@ -172,7 +172,7 @@ def test_five_colluders_accusing_five_victims_cannot_leave_one_victim_in_the_sum
         inputs = {c: random_vector(FIELD_P31, 8) for c in ids}
         server = LightSecAggServer(round_id=5, clients=ids, length=8, target_survivors=2, privacy=1)
         clients = {c: LightSecAggClient(client_id=c, round_id=5, input_fn=lambda c=c: inputs[c]) for c in ids}
-        stage, field = "masked_input", "bad_pieces"
+        stage, field = "check", "bad_pieces"
 
     def rewrite(st_, cid, reply, req):
         if st_ == stage and cid in colluders:

@@ -21,7 +21,7 @@ from secagg.ring import FIELD_P31, RING_2_32
 from secagg.simulate import run_round
 
 ROUND = 11
-STAGES = ("advertise", "share", "masked_input", "recovery")
+STAGES = ("advertise", "share", "check", "masked_input", "recovery")
 
 
 def make_round(n: int, d: int, *, target=None, privacy=None, round_id: int = ROUND, ids=None):
@@ -279,10 +279,13 @@ def test_envelope_errors_are_discarded_and_malformed_replies_drop_their_sender()
         server.accept(shares[c])
     requests = server.advance()
     assert set(requests) == {5, 6, 7}
+    deliver(server, clients, requests)  # the relayed pieces open: no accusation
+    requests = server.advance()
+    assert set(requests) == {5, 6, 7}
 
     masked = {c: clients[c].handle(requests[c]) for c in requests}
     with pytest.raises(ProtocolError, match="outside|range|F_p|modulus"):
-        server.accept(reply("lsa_masked_input", 6, vector=np.full(30, 2**31 - 1, dtype=np.uint32), bad_pieces=()))
+        server.accept(reply("lsa_masked_input", 6, vector=np.full(30, 2**31 - 1, dtype=np.uint32)))
     with pytest.raises(ProtocolError, match="not expected"):
         server.accept(masked[6])  # dropped: its genuine reply comes too late
     with pytest.raises(AbortError,  # two left, three needed: too few honest clients to finish
@@ -291,6 +294,35 @@ def test_envelope_errors_are_discarded_and_malformed_replies_drop_their_sender()
             server.accept(masked[c])
         server.advance()
     assert server._faulty.keys() == {1, 2, 3, 4, 6}
+
+
+def test_an_accusation_against_a_client_that_relayed_nothing_drops_the_accuser():
+    server, clients, inputs = make_round(6, 16, target=4, privacy=2)
+    requests = advance_to("share", server, clients)
+    deliver(server, clients, requests, skip={6})  # 6 never shares: nobody was relayed a piece from it
+    relays = server.advance()
+    assert set(relays) == {1, 2, 3, 4, 5}
+    with pytest.raises(ProtocolError, match="bad pieces from clients that sent it none"):
+        server.accept(Message("lsa_piece_check", ROUND, 5, SERVER, {"bad_pieces": (6,)}))
+    assert server._faulty[5].startswith("check: ")
+    deliver(server, clients, {c: r for c, r in relays.items() if c != 5})
+    result = finish(server, clients, server.advance())
+    assert result.contributors == frozenset({1, 2, 3, 4})
+    assert np.array_equal(result.ring_sum, field_sum(inputs[c] for c in (1, 2, 3, 4)))
+
+
+def test_masked_inputs_are_folded_as_they_arrive_and_no_input_is_kept():
+    """The accusations are settled before any input is asked for, so the server adds each masked input
+    into one running sum on arrival: it holds O(d) of inputs, not O(N d)."""
+    server, clients, inputs = make_round(5, 40, target=3, privacy=1)
+    requests = advance_to("masked_input", server, clients)
+    assert all(r.kind == "lsa_input_request" and not r.fields for r in requests.values())
+    replies = deliver(server, clients, requests)
+    assert all("vector" not in m.fields for m in server._replies.values())  # envelopes only
+    masked_sum = field_sum(r["vector"] for r in replies.values())
+    assert np.array_equal(server.running_sum, masked_sum)
+    result = finish(server, clients, server.advance())
+    assert np.array_equal(result.ring_sum, field_sum(inputs.values()))
 
 
 def test_a_malformed_aggregate_piece_is_dropped_and_recovery_uses_the_others():
@@ -373,8 +405,9 @@ def test_client_rejects_replays_bad_key_lists_and_inconsistent_survivor_sets():
         clients[1].handle(request("lsa_keys", 1, round_id=ROUND + 1, keys=keys))
     deliver(server, clients, requests, skip={5})  # client 5 never shares
     requests = server.advance()
-    deliver(server, clients, requests)
-    requests = server.advance()
+    for _ in ("check", "masked_input"):
+        deliver(server, clients, requests)
+        requests = server.advance()
 
     survivors = requests[1]["survivors"]
     assert survivors == (1, 2, 3, 4)
@@ -391,9 +424,9 @@ def test_client_rejects_replays_bad_key_lists_and_inconsistent_survivor_sets():
 
 def test_a_relay_from_a_previous_round_fails_authentication_and_its_receiver_reports_every_sender():
     old_server, old_clients, _ = make_round(5, 8, target=3, privacy=1, round_id=1)
-    old_relays = advance_to("masked_input", old_server, old_clients)
+    old_relays = advance_to("check", old_server, old_clients)
     server, clients, inputs = make_round(5, 8, target=3, privacy=1, round_id=2)
-    relays = advance_to("masked_input", server, clients)
+    relays = advance_to("check", server, clients)
     stale = Message(old_relays[1].kind, 2, SERVER, 1, old_relays[1].fields)
     replies, result = _finish_with_relay(server, clients, relays, 1, stale)
     assert replies[1]["bad_pieces"] == (2, 3, 4, 5)  # nothing from round 1 opens in round 2

@@ -38,7 +38,7 @@ instead of the traced server memory the child reports its peak resident memory (
 one client running and the interpreter, `peak_rss_MB`, with `base_rss_MB` before the round). A point is
 not run where the same protocol, N and dropout at the next smaller d, scaled by d, predicts more than
 --cap CPU seconds, or where `estimated_bytes` predicts more than --max-gib GiB in one process
-(LightSecAgg: its relayed coded pieces and held masked inputs are O(N d)); each such stop is printed
+(LightSecAgg: in one process its clients' coded pieces and masks are O(N d)); each such stop is printed
 with its reason. Then one line per secure protocol:
 
     scale_d protocol=secagg+ d_max=.. n=.. seconds=.. plain_seconds=.. peak_rss_mb=..
@@ -176,15 +176,16 @@ def lazy_input(seed: int, client: int, ring, d: int) -> np.ndarray:
 def estimated_bytes(protocol: str, *, n: int, d: int, dropout: float) -> float:
     """Bytes a lazy round holds at its peak in one process, every party included (for the memory stop).
     Plain and SecAgg+/SecAgg: the server's running sum, the running client's input and masked copy (3 x 4d;
-    the final check holds as much). LightSecAgg: the coded pieces relayed through the server (N (N - 1)
-    pieces of 4d / (U - T) bytes, held until the masked-input stage closes), the N masked inputs its
-    server holds until accusations are settled and the N masks its clients hold until they mask."""
+    the final check holds as much). LightSecAgg: the coded pieces (N (N - 1) pieces of 4d / (U - T) bytes: in
+    one process its clients hold them until recovery, whatever the server spills), the N masks its clients
+    hold until they mask, and the server's sum with one input and its masked copy (its inputs are folded on
+    arrival since 2026-11-29; before, it held all N until the accusations were settled)."""
     vector = 4.0 * d
     if protocol != "lightsecagg":
         return 3 * vector
     alive = max(1.0 - dropout, 0.5)
     target, privacy = math.ceil((alive - 1e-9) * n), max(1, math.floor(0.5 * alive * n))
-    return n * (n - 1) * vector / max(target - privacy, 1) + 2 * n * vector
+    return n * (n - 1) * vector / max(target - privacy, 1) + n * vector + 3 * vector
 
 
 def _status_mb(field: str) -> float:

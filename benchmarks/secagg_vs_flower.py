@@ -53,8 +53,8 @@ def ours_tcp(*, protocol: str, clients: int, dim: int, rounds: int, params: dict
     """
     py = [sys.executable, "-m", "transport.cli"]
     extra = [x for k, v in params.items() for x in ("--param", f"{k}={v}")]  # server-side parameters
-    if max_message_mib is not None:
-        extra += ["--max-message-mib", str(max_message_mib)]
+    limit = ["--max-message-mib", str(max_message_mib)] if max_message_mib is not None else []  # both sides
+    extra += limit
     floats = ["--float-input"] if float_input else []
     env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     with tempfile.TemporaryDirectory() as tmp:
@@ -72,7 +72,7 @@ def ours_tcp(*, protocol: str, clients: int, dim: int, rounds: int, params: dict
         endpoint = ep_file.read_text().strip()
         drop = ["--drop-at-input", "--drop-round", str(rounds)]
         procs = [subprocess.Popen(py + ["client", "--insecure", "--id", str(i), "--connect", endpoint, "--dim", str(dim),
-                                        "--protocol", protocol, *floats, "--max-clients", str(clients),
+                                        "--protocol", protocol, *floats, "--max-clients", str(clients), *limit,
                                         *(drop if i > clients - dropouts else [])],
                                   cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                  for i in range(1, clients + 1)]

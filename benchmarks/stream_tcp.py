@@ -5,7 +5,11 @@ One server process and N client processes over tcp://127.0.0.1 (`benchmarks.seca
 
 - whole: each input in one message, read whole by the server before it is folded;
 - chunked: `--param chunk=C`, each input in messages of C values folded as they arrive
-  (`secagg.protocols.chunks`; the client masks each chunk while the last one is being sent).
+  (`secagg.protocols.chunks`; the client masks each chunk while the last one is being sent);
+- LightSecAgg (`--protocols plain,lightsecagg`) has no chunks; its modes are held (`spill=false pace=false`:
+  the sealed pieces in memory, every large message asked for at once) and bounded (the defaults from
+  2026-11-29: pieces spilled to an unlinked file, each relay built when sent, the share, check and
+  masked-input stages paced by `send_window`).
 
 Per run: the round's wall time (median of rounds after the first, which pays connection set-up), the
 server process's peak resident memory (VmHWM) and the bytes it received per parameter. Goals (issue 58):
@@ -19,6 +23,7 @@ per parameter.
 Last lines, one per d and protocol (chunked), then one per d:
     stream protocol=secagg+ d=.. n=.. dropout=.. mode=chunked round_s=.. peak_rss_mb=.. bytes_per_param=..
     stream_goal d=.. n=.. dropout=.. secaggplus_vs_plain=.. peak_rss_mb=.. goal_rss_mb=.. whole_peak_rss_mb=..
+    stream_lightsecagg d=.. n=.. dropout=.. held_peak_rss_mb=.. bounded_peak_rss_mb=.. held_round_s=.. bounded_round_s=..
 """
 from __future__ import annotations
 
@@ -28,10 +33,27 @@ import time
 from pathlib import Path
 
 from benchmarks.secagg_vs_flower import ours_tcp
+from secagg.protocols.lightsecagg import LightSecAggServer
 
 MIB = 1 << 20
 DEFAULT_CHUNK = 1 << 18
 """Values per chunk (1 MiB of uint32): small against d, large against a message's fixed costs."""
+
+
+def modes(protocol: str, chunk: int) -> dict[str, dict[str, str]]:
+    """Upload modes -> the server parameters that select them."""
+    if protocol == "lightsecagg":
+        return {"held": {"spill": "false", "pace": "false"}, "bounded": {"spill": "true", "pace": "true"}}
+    return {"whole": {"chunk": "none"}, "chunked": {"chunk": str(chunk)}}  # whole: never the auto chunks
+
+
+def message_mib(protocol: str, mode: str, d: int, clients: int) -> int | None:
+    """The message limit a mode needs (None: the default fits): a whole input is 4d bytes, and a LightSecAgg
+    share reply or relay about (N - 1) sealed pieces of 4d / (U - T) bytes."""
+    if protocol == "lightsecagg":
+        largest = LightSecAggServer(round_id=0, clients=range(1, clients + 1), length=d).max_reply_bytes()
+        return max(64, -(-largest // MIB) + 8)
+    return max(64, -(-(4 * (d + 1)) // MIB) + 8) if mode == "whole" else None
 
 
 def goal_rss_mb(d: int) -> float:
@@ -44,11 +66,9 @@ def run(*, dims: list[int], clients: int, chunk: int, rounds: int, protocols: li
     dropouts = round(clients * dropout)
     for d in dims:
         for protocol in protocols:
-            for mode in ("whole", "chunked"):
-                params = {"chunk": str(chunk)} if mode == "chunked" else {"chunk": "none"}  # whole: never the auto chunks
+            for mode, params in modes(protocol, chunk).items():
                 started = time.monotonic()
-                # whole inputs need a message limit above 4d; chunks fit the default one
-                limit = max(64, -(-(4 * (d + 1)) // MIB) + 8) if mode == "whole" else None
+                limit = message_mib(protocol, mode, d, clients)
                 secure = dict(params, planned_dropout=str(dropout)) if protocol == "secagg+" and dropouts else params
                 r = ours_tcp(protocol=protocol, clients=clients, dim=d, rounds=rounds, params=secure,
                              float_input=False, max_message_mib=limit, dropouts=dropouts)
@@ -88,8 +108,10 @@ def main(argv: list[str] | None = None) -> int:
     dims = [int(float(x)) for x in (args.dims or ("1e6" if args.quick else "1e7,1e8")).split(",")]
     clients = args.clients or (5 if args.quick else 10)
     protocols = [p.strip() for p in args.protocols.split(",") if p.strip()]
-    if "plain" not in protocols or set(protocols) - {"plain", "secagg+", "secagg"} or clients < 3 or args.rounds < 1:
-        ap.error("--protocols must include plain (the baseline) and name plain, secagg+ or secagg; --clients >= 3")
+    if "plain" not in protocols or set(protocols) - {"plain", "secagg+", "secagg", "lightsecagg"} or clients < 3 \
+            or args.rounds < 1:
+        ap.error("--protocols must include plain (the baseline) and name plain, secagg+, secagg or lightsecagg; "
+                 "--clients >= 3")
     if not 0.0 <= args.dropout < 0.5:
         ap.error("--dropout must be in [0, 0.5)")
     print(f"# {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: N={clients}, chunk={args.chunk}, "
@@ -106,12 +128,16 @@ def main(argv: list[str] | None = None) -> int:
     print(table(rows))
     by = {(r["d"], r["protocol"], r["mode"]): r for r in rows}
     for d in dims:
-        for protocol in protocols:
+        for protocol in (p for p in protocols if p != "lightsecagg"):
             r = by[(d, protocol, "chunked")]
             print(f"stream protocol={protocol} d={d:.0e} n={clients} dropout={r['dropout']:.2f} mode=chunked round_s={r['round_s']:.3f} "
                   f"peak_rss_mb={r['peak_rss_mb']:.0f} bytes_per_param={r['bytes_per_param']:.3f}")
     for d in dims:
-        secure = next((p for p in protocols if p != "plain"), None)
+        if "lightsecagg" in protocols:
+            h, b = by[(d, "lightsecagg", "held")], by[(d, "lightsecagg", "bounded")]
+            print(f"stream_lightsecagg d={d:.0e} n={clients} dropout={b['dropout']:.2f} held_peak_rss_mb={h['peak_rss_mb']:.0f} "
+                  f"bounded_peak_rss_mb={b['peak_rss_mb']:.0f} held_round_s={h['round_s']:.3f} bounded_round_s={b['round_s']:.3f}")
+        secure = next((p for p in protocols if p not in ("plain", "lightsecagg")), None)
         if secure is None:
             continue
         s, p, w = by[(d, secure, "chunked")], by[(d, "plain", "chunked")], by[(d, secure, "whole")]

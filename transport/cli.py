@@ -118,15 +118,16 @@ _PER_ROUND = frozenset({"round_id", "clients", "length", "ring", "client_id", "i
 
 def param_names(cls: type) -> list[str]:
     """The keyword arguments of a protocol class that `--param NAME=VALUE` can set: those with a
-    number, string or None default (not the per-round ones, nor objects such as a ClientPolicy)."""
+    number, bool, string or None default (not the per-round ones, nor objects such as a ClientPolicy)."""
     return sorted(name for name, prm in inspect.signature(cls).parameters.items()
                   if prm.kind is prm.KEYWORD_ONLY and name not in _PER_ROUND
-                  and (prm.default is None or type(prm.default) in (int, float, str)))
+                  and (prm.default is None or type(prm.default) in (int, float, str, bool)))
 
 
 def parse_params(pairs: list[str], *, allowed: Iterable[str] | None = None, protocol: str = "",
                  option: str = "--param") -> dict[str, object]:
-    """NAME=VALUE pairs as constructor keywords (int, then float, 'none' -> None, else str).
+    """NAME=VALUE pairs as constructor keywords (int, then float, 'none' -> None, 'true' / 'false' -> bool,
+    else str).
 
     Raises ValueError naming `option` for a malformed pair or, with `allowed`, an unknown NAME (the
     message lists the valid names), so that CLIs can turn it into an argparse error.
@@ -148,6 +149,8 @@ def parse_params(pairs: list[str], *, allowed: Iterable[str] | None = None, prot
 def _param_value(raw: str) -> object:
     if raw.lower() == "none":
         return None
+    if raw.lower() in ("true", "false"):
+        return raw.lower() == "true"
     for cast in (int, float):
         try:
             return cast(raw)

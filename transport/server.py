@@ -424,19 +424,37 @@ class ServerDriver:
                 t0 = time.perf_counter()
                 answered.clear()
                 sent_at = time.monotonic()
-                unreachable = self._send_requests(requests, sent, protocol)
-                reached = frozenset(requests) - unreachable
-                asked |= reached
+                window = getattr(protocol, "send_window", lambda: None)()
+                order = list(requests)
+                pending = deque(order if window is not None and window < len(order) else ())
+                first = order if not pending else [pending.popleft() for _ in range(window)]
+                unreachable = set(self._send_requests(requests, sent, protocol, ids=first))
+                reached_ids = set(first) - unreachable
+
+                def refill() -> None:
+                    """Paced stage: send the next requests while fewer than `window` sent ones are still owed (a
+                    reply that dropped its sender, or a lost connection, frees its place too)."""
+                    while pending and len((reached_ids & protocol.waiting_for()) - self._lost(reached_ids)) < window:
+                        cid = pending.popleft()
+                        if self._send_requests(requests, sent, protocol, ids=(cid,)):
+                            unreachable.add(cid)
+                        else:
+                            reached_ids.add(cid)
+
                 timeout = (stage_timeouts or {}).get(stage, stage_timeout)
                 clock = _StageClock(self.config.stalls, sent_at=sent_at, deadline=sent_at + timeout,
-                                    replies=lambda: len(answered), quorum=quorum if callable(quorum) else None)
+                                    replies=lambda: len(answered),
+                                    quorum=quorum if callable(quorum) and not pending else None)
 
                 def stage_done() -> bool:
+                    refill()
                     waiting = protocol.waiting_for() - unreachable
                     return waiting <= self._lost(waiting)
 
                 self._pump(clock.close_at, accept, stage_done)
                 self._drain(accept)  # replies already queued when the stage closed still count
+                reached = frozenset(reached_ids)
+                asked |= reached
                 missing = protocol.waiting_for() & reached
                 missed |= missing
                 if missing and clock.closed_early():
@@ -622,13 +640,15 @@ class ServerDriver:
         return frozenset(i for i in ids if i not in self._by_id)
 
     def _send_requests(self, requests: Mapping[int, Message], sent: Counter[int],
-                       protocol: ServerProtocol | None = None) -> frozenset[int]:
-        """Send a stage's requests; each may be answered by the number of messages the protocol expects
-        (`replies_expected`: a chunked masked input), which the queue guard budgets for."""
+                       protocol: ServerProtocol | None = None, *, ids: Iterable[int] | None = None) -> frozenset[int]:
+        """Send a stage's requests (those of `ids` only, if given: a paced stage); each may be answered by
+        the number of messages the protocol expects (`replies_expected`: a chunked masked input), which the
+        queue guard budgets for. Each request is built and encoded only as it is sent (`relay.LazyRequests`)."""
         expected = getattr(protocol, "replies_expected", None)
         unreachable = set()
-        for cid, req in requests.items():
-            n = self._send_to(cid, encode(req), expects_reply=True, replies=int(expected(cid)) if expected else 1)
+        for cid in (requests if ids is None else ids):
+            n = self._send_to(cid, encode(requests[cid]), expects_reply=True,
+                              replies=int(expected(cid)) if expected else 1)
             if n is None:
                 unreachable.add(cid)
             else:

@@ -206,6 +206,12 @@ class ServerProtocol(ABC):
         counts as dropped); the default, every expected client, never closes early."""
         return len(self._expected)
 
+    def send_window(self) -> int | None:
+        """How many of the current stage's requests a driver may have unanswered at once (None: all). A
+        stage whose requests or replies are large paces them, so that a server over a network holds a few
+        of them in its queues, not N (`transport.server` sends the next as replies arrive)."""
+        return None
+
     def max_reply_bytes(self) -> int:
         """Largest reply (all frames) this round can legitimately receive: drivers refuse bigger
         messages before decoding them. Protocols with larger replies than one vector override it."""
@@ -251,7 +257,7 @@ class ServerProtocol(ABC):
             self.mark_faulty(c, reason)
         self._disputes.extend(matched)
 
-    def _enter(self, stage: str, requests: dict[int, Message]) -> dict[int, Message]:
+    def _enter(self, stage: str, requests: Mapping[int, Message]) -> Mapping[int, Message]:
         self.stage = stage
         self._expected = frozenset(requests)
         return requests

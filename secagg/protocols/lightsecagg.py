@@ -77,12 +77,15 @@ from secagg.noise_layers import MAX_LAYERS, LayerSecrets, LayerSpec
 from secagg.prg import random_vector
 from secagg.protocols.base import MAX_VECTOR_LENGTH, ClientProtocol, InputFn, RoundResult, ServerProtocol
 from secagg.protocols.consistency import Floors, require_signatures, sign_survivors, survivor_statement
+from secagg.protocols.relay import SPILL_FROM, LazyRequests, SealedStore
 from secagg.ring import FIELD_P31, MERSENNE_31, Ring
 
 NAME = "lightsecagg"
 MAX_LEN = MAX_VECTOR_LENGTH
 MAX_CLIENTS = 10_000
 SEAL_OVERHEAD = crypto.NONCE_BYTES + crypto.TAG_BYTES
+WINDOW_BYTES = 256 << 20
+"""Paced stages (`send_window`): the large messages a server asks for, or sends, at a time (256 MiB)."""
 _MAX_BLOB = 4 * MAX_LEN + MAX_LAYERS * shamir.SECRET_BYTES + SEAL_OVERHEAD
 
 # server -> client requests
@@ -156,13 +159,21 @@ class LightSecAggServer(ServerProtocol):
 
     def __init__(self, *, round_id: int, clients: Sequence[int], length: int, ring: Ring = FIELD_P31,
                  target_survivors: int | float = 0.8, privacy: int | float = 0.5, colluders: int = 0,
-                 min_group: int = 1, roster: Roster | None = None, noise_layers: LayerSpec | None = None) -> None:
+                 min_group: int = 1, roster: Roster | None = None, noise_layers: LayerSpec | None = None,
+                 spill: bool | str = "auto", pace: bool = True) -> None:
         """`colluders` (c <= T) and `min_group` (g): the round is opened only with at least g + c
         survivors. `roster`: enrolled clients' verify keys; with it, an unsigned or wrongly signed key
         advertisement (or survivor signature) drops its sender at once (clients check every
         signature themselves anyway). `noise_layers`: removable noise layers (XNoise) whose secrets
-        the clients share with their pieces; revealed ones come back in `RoundResult.layer_secrets`."""
+        the clients share with their pieces; revealed ones come back in `RoundResult.layer_secrets`.
+        `spill`: keep the sealed pieces between the share and check stages in an unlinked temporary file
+        instead of memory (`relay.SealedStore`; "auto": when they exceed `relay.SPILL_FROM` bytes), and
+        build each client's relay only when a driver sends it, so the server holds O(d) of them. `pace`:
+        ask drivers to pace the stages with large messages (`send_window`)."""
         super().__init__(round_id=round_id, clients=clients, length=length, ring=ring)
+        if spill not in (True, False, "auto"):
+            raise ValueError(f"spill must be True, False or 'auto', got {spill!r}")
+        self.spill, self.pace = spill, bool(pace)
         self.roster = roster
         self.layers = noise_layers
         if ring.modulus != MERSENNE_31:
@@ -184,6 +195,7 @@ class LightSecAggServer(ServerProtocol):
         self.blob_bytes = 4 * self.code.piece_length + self._layer_count() * shamir.SECRET_BYTES + SEAL_OVERHEAD
         self._keys: dict[int, bytes] = {}
         self._relayed_to: dict[int, frozenset[int]] = {}   # receiver -> senders of the pieces relayed to it
+        self._store: SealedStore | None = None
         self._survivors: tuple[int, ...] = ()
         self._signatures: dict[int, bytes] = {}
         self._masked_sum: np.ndarray | None = None
@@ -238,7 +250,10 @@ class LightSecAggServer(ServerProtocol):
         """As `ServerProtocol.accept`; a masked input is folded into the running sum at once (no client
         is dropped after that stage), and a recovery reply's own excess noise (XNoise) too."""
         super().accept(msg)
-        if self.stage == "masked_input":
+        if self.stage == "share":  # the pieces wait in the relay store (spilled past its threshold)
+            self._store.put(msg.sender, msg["pieces"])
+            self._replies[msg.sender] = Message(kind=msg.kind, round=msg.round, sender=msg.sender, receiver=msg.receiver)
+        elif self.stage == "masked_input":
             self.fold_input(msg)
         elif self.stage == "recovery":
             self.fold_excess(msg)
@@ -290,19 +305,20 @@ class LightSecAggServer(ServerProtocol):
         self._require(replies, "too few public keys")
         self._keys = {c: m["public_key"] for c, m in sorted(replies.items())}
         signatures = {c: m["signature"] for c, m in sorted(replies.items())}
+        total = len(self._keys) * (len(self._keys) - 1) * self.blob_bytes
+        self._store = SealedStore(spill=total > SPILL_FROM if self.spill == "auto" else bool(self.spill))
         return self._enter("share", {c: self._request(KEYS.kind, c, keys=self._keys, signatures=signatures)
                                      for c in self._keys})
 
     def _after_share(self, replies: dict[int, Message]) -> dict[int, Message]:
         self._require(replies, "too few clients shared their coded masks")
-        relays = {
-            j: self._request(RELAY.kind, j, pieces={i: replies[i]["pieces"][j] for i in sorted(replies) if i != j})
-            for j in sorted(replies)
-        }
+        senders, store = sorted(replies), self._store
         self._relayed_to = {j: frozenset(replies) - {j} for j in replies}
-        return self._enter("check", relays)
+        return self._enter("check", LazyRequests(senders, lambda j: self._request(
+            RELAY.kind, j, pieces=store.for_receiver(j, [i for i in senders if i != j]))))
 
     def _after_check(self, replies: dict[int, Message]) -> dict[int, Message]:
+        self._store.close()  # every relay has been built (and a late one is refused)
         self.settle_accusations({c: frozenset(m["bad_pieces"]) for c, m in replies.items() if m["bad_pieces"]})
         replies = {c: m for c, m in replies.items() if c not in self._faulty}
         self._require(replies, "too few clients hold every other's coded piece")
@@ -374,6 +390,22 @@ class LightSecAggServer(ServerProtocol):
         for h in sorted({helpers[i] for wrong in bad for i in wrong}):
             self.mark_faulty(h, "sent wrong noise layer shares (corrected): it lied, or the client that dealt them did")
         return dict(zip(owners, values))
+
+    def send_window(self) -> int | None:
+        """Paced stages, so that a server over a network never holds every client's large message at once:
+        each share reply and each relay is about (N - 1) sealed pieces of 4 d / (U - T) bytes (about 8 d at
+        T = U / 2), each masked input 4 d. At most `WINDOW_BYTES` of them are asked for at a time (at least
+        two requests); None when all of them fit."""
+        if not self.pace:
+            return None
+        if self.stage in ("share", "check"):
+            per = max(1, len(self._keys) - 1) * self.blob_bytes
+        elif self.stage == "masked_input":
+            per = 4 * self.length
+        else:
+            return None
+        window = max(2, WINDOW_BYTES // per)
+        return window if window < len(self._expected) else None
 
     def max_reply_bytes(self) -> int:
         """The largest reply: a masked vector, or one sealed piece per other client (with map keys),

@@ -34,3 +34,16 @@ def test_a_crash_at_the_masked_stage_is_measured_with_one_fewer_contributor(tmp_
     assert goal.startswith("stream_goal d=2e+04 n=5 dropout=0.20 ")
     rows = (tmp_path / "stream.csv").read_text().splitlines()[1:]
     assert len(rows) == 4 and all(",0.2," in row for row in rows)
+
+
+@pytest.mark.slow
+def test_lightsecagg_is_measured_held_and_bounded(tmp_path, capsys):
+    assert stream_tcp.main(["--dims", "20000", "--clients", "4", "--rounds", "1", "--protocols", "plain,lightsecagg",
+                            "--out", str(tmp_path)]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    rows = (tmp_path / "stream.csv").read_text().splitlines()[1:]
+    assert [r.split(",")[3:5] for r in rows] == [["plain", "whole"], ["plain", "chunked"], ["lightsecagg", "held"],
+                                                 ["lightsecagg", "bounded"]]
+    line = dict(part.split("=", 1) for part in lines[-1].split()[1:])
+    assert lines[-1].startswith("stream_lightsecagg d=2e+04 n=4 ")
+    assert float(line["held_peak_rss_mb"]) > 0 and float(line["bounded_round_s"]) > 0

@@ -44,7 +44,7 @@ demo = _load_demo()
     (["--param", "nonsense"], "--param takes NAME=VALUE, got 'nonsense'"),
     (["--param", "threshold_fraction=1.5"], "threshold_fraction must be in [0, 1)"),
     (["--protocol", "lightsecagg", "--param", "degree=3"], "lightsecagg has no such parameter; "
-                                                          "it takes ['colluders', 'min_group', 'privacy', 'target_survivors']"),
+                                                          "it takes ['colluders', 'min_group', 'pace', 'privacy', 'spill', 'target_survivors']"),
     (["--client-param", "degree=3"], "--client-param degree: the secagg+ client has no such parameter; "
                                      "it takes ['max_length']"),
     (["--role", "client"], "--role client needs --id (at least 1) and --connect"),

@@ -1,6 +1,8 @@
 """LightSecAgg: exact sums, dropouts at every stage, message validation, sealed relay."""
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -323,6 +325,52 @@ def test_masked_inputs_are_folded_as_they_arrive_and_no_input_is_kept():
     assert np.array_equal(server.running_sum, masked_sum)
     result = finish(server, clients, server.advance())
     assert np.array_equal(result.ring_sum, field_sum(inputs.values()))
+
+
+@pytest.mark.parametrize("spill", [True, False])
+def test_relayed_pieces_wait_in_the_store_and_each_relay_is_built_when_sent(spill):
+    """The server keeps no sealed piece in its replies: they go to the relay store (an unlinked file when
+    spilled), and a client's relay is read back only when a driver asks for it."""
+    server, clients, inputs = make_round(6, 50, target=4, privacy=2)
+    server.spill = spill
+    deliver(server, clients, advance_to("share", server, clients))
+    assert all(not m.fields for m in server._replies.values())
+    assert server._store.spill is spill
+    assert all(isinstance(w, tuple) is spill for w in server._store._where.values())
+    assert server._store.bytes_held == 6 * 5 * server.blob_bytes
+    relays = server.advance()
+    assert not isinstance(relays, dict) and sorted(relays) == [1, 2, 3, 4, 5, 6]
+    result = finish(server, clients, relays)
+    assert server._store._file is None and not server._store._where  # closed once the check stage is over
+    assert np.array_equal(result.ring_sum, field_sum(inputs.values()))
+
+
+def test_a_piece_altered_on_disk_is_reported_like_one_altered_in_transit():
+    server, clients, inputs = make_round(6, 50, target=4, privacy=2)
+    server.spill = True
+    deliver(server, clients, advance_to("share", server, clients))
+    relays = server.advance()
+    offset, size = server._store._where[(2, 4)]
+    fd = server._store._file.fileno()
+    os.pwrite(fd, bytes([os.pread(fd, 1, offset + 20)[0] ^ 1]), offset + 20)
+    replies = deliver(server, clients, relays)
+    assert replies[4]["bad_pieces"] == (2,)
+    result = finish(server, clients, server.advance())
+    assert result.disputes == ((4, 2),) and result.contributors == frozenset({1, 3, 5, 6})
+    assert np.array_equal(result.ring_sum, field_sum(inputs[c] for c in (1, 3, 5, 6)))
+
+
+def test_spill_auto_spills_only_past_the_threshold(monkeypatch):
+    from secagg.protocols import lightsecagg
+    server, clients, _ = make_round(5, 40, target=3, privacy=1)
+    deliver(server, clients, advance_to("share", server, clients))
+    assert server._store.spill is False  # 5 x 4 small pieces
+    monkeypatch.setattr(lightsecagg, "SPILL_FROM", 1)
+    server, clients, _ = make_round(5, 40, target=3, privacy=1)
+    deliver(server, clients, advance_to("share", server, clients))
+    assert server._store.spill is True
+    with pytest.raises(ValueError, match="spill must be"):
+        LightSecAggServer(round_id=1, clients=[1, 2, 3], length=4, spill="yes")
 
 
 def test_a_malformed_aggregate_piece_is_dropped_and_recovery_uses_the_others():

@@ -1,0 +1,76 @@
+"""Paced stages over real sockets: a protocol whose messages are large (LightSecAgg's share replies,
+relays and masked inputs) has at most `send_window()` requests unanswered at once, and the round is
+still exact when a client crashes inside a paced stage."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from secagg.protocols import lightsecagg
+from secagg.protocols.lightsecagg import LightSecAggClient, LightSecAggServer
+from transport.cli import synthetic_input, synthetic_sum
+from transport.server import ServerDriver
+from transport.simulation import InprocFederation
+
+D = 4096
+PACED = ("share", "check", "masked_input")
+
+
+class Crash(Exception):
+    """A client dying when it is asked for its masked input."""
+
+
+class Logged(LightSecAggServer):
+    """Records every accepted reply, by stage, next to the driver's sends (`log`)."""
+
+    log: list[tuple[str, str, int]] = []
+
+    def accept(self, msg):
+        stage = self.stage
+        super().accept(msg)
+        self.log.append(("replied", stage, msg.sender))
+
+
+def most_unanswered(log, stage: str) -> int:
+    sent, replied, most = set(), set(), 0
+    for what, st, cid in log:
+        if st != stage:
+            continue
+        (sent if what == "sent" else replied).add(cid)
+        most = max(most, len(sent - replied))
+    return most
+
+
+@pytest.mark.parametrize("crash", [False, True])
+def test_a_paced_lightsecagg_round_keeps_two_requests_in_flight_and_is_exact(monkeypatch, tmp_path, crash):
+    monkeypatch.setattr(lightsecagg, "WINDOW_BYTES", 1)  # every large stage paced at its floor, two requests
+    log: list[tuple[str, str, int]] = []
+    monkeypatch.setattr(Logged, "log", log)
+    send = ServerDriver._send_requests
+
+    def logged_send(self, requests, sent, protocol=None, *, ids=None):
+        ids = list(requests if ids is None else ids)
+        log.extend(("sent", protocol.stage, cid) for cid in ids)
+        return send(self, requests, sent, protocol, ids=ids)
+
+    monkeypatch.setattr(ServerDriver, "_send_requests", logged_send)
+    ids, crashing = [1, 2, 3, 4, 5, 6, 7], 3
+
+    def factory(cid: int, round_id: int):
+        def input_fn():
+            if crash and cid == crashing:
+                raise Crash(cid)
+            return synthetic_input(cid, round_id, D)
+        return LightSecAggClient(client_id=cid, round_id=round_id, input_fn=input_fn)
+
+    fed = InprocFederation(client_ids=ids, factory=factory, endpoint=f"ipc://{tmp_path}/lsa.sock")
+    with fed as driver:
+        protocol = Logged(round_id=1, clients=ids, length=D, target_survivors=5, privacy=2)
+        report = driver.run_round(protocol, stage_timeout=30.0)
+    kept = [c for c in ids if not (crash and c == crashing)]
+    assert report.result.contributors == frozenset(kept)
+    assert np.array_equal(report.result.ring_sum, synthetic_sum(kept, 1, D, ring=lightsecagg.FIELD_P31))
+    for stage in PACED:
+        assert sum(1 for what, st, _ in log if what == "sent" and st == stage) >= len(kept)
+        assert most_unanswered(log, stage) <= 2 + (crash and stage == "masked_input"), stage
+    assert most_unanswered(log, "advertise") == len(ids)  # small messages: all at once

@@ -1,6 +1,7 @@
 """What dropout-exact distributed DP (XNoise, `dp.xnoise`) costs a round, against SecAgg+ with floor-sized noise.
 
-One round of N clients over d values under distributed DP (Skellam, floor n_min = ceil(floor_fraction N)),
+One round of N clients over d values under distributed DP (Skellam, or the discrete Gaussian with
+`--mechanism discrete_gaussian`: G = 16 equal-width units a client; floor n_min = ceil(floor_fraction N)),
 measured in parts, in one process:
 
 * encode: one client's clip, rotation, rounding and noise (XNoise: a base and L = N - n_min layers);
@@ -51,7 +52,8 @@ def _encode_seconds(encoder, *, dim: int, samples: int, layers) -> tuple[float, 
     return float(np.mean(times)), kept
 
 
-def measure(*, clients: int, dim: int, floor_fraction: float, dropouts: list[float], encode_samples: int) -> list[dict]:
+def measure(*, clients: int, dim: int, floor_fraction: float, dropouts: list[float], encode_samples: int,
+            mechanism: str = "skellam") -> list[dict]:
     from dp.distributed import DistributedDPConfig, DistributedDPEncoder
     from secagg.noise_layers import LayerSecrets
     from secagg.protocols.secagg import SecAggPlusClient, SecAggPlusServer
@@ -59,11 +61,12 @@ def measure(*, clients: int, dim: int, floor_fraction: float, dropouts: list[flo
 
     floor = max(2, math.ceil(floor_fraction * clients))
     config = DistributedDPConfig(l2_clip=1.0, noise_multiplier=1.0, expected_clients=clients, min_clients=floor,
-                                 bits=20, exact_noise=True)
+                                 bits=20, exact_noise=True, mechanism=mechanism)
     encoder = DistributedDPEncoder.from_config(config, dim=dim)
     spec = config.layer_spec()
     length = encoder.length
-    enc_plain, _ = _encode_seconds(encoder, dim=dim, samples=encode_samples, layers=None)
+    floor_sized = DistributedDPEncoder.from_config(dataclasses.replace(config, exact_noise=False), dim=dim)
+    enc_plain, _ = _encode_seconds(floor_sized, dim=dim, samples=encode_samples, layers=None)
     enc_exact, encoded = _encode_seconds(encoder, dim=dim, samples=encode_samples * len(dropouts),
                                          layers=lambda: LayerSecrets.fresh(spec))
     decode_t0 = time.perf_counter()
@@ -103,7 +106,8 @@ def measure(*, clients: int, dim: int, floor_fraction: float, dropouts: list[flo
         dep_plain = enc_plain + seconds[False] + decode
         dep_exact = enc_exact + excess + seconds[True] + removal + decode
         up = {k: float(np.median(list(v.values()))) for k, v in sent.items()}
-        rows.append({"clients": clients, "dim": dim, "floor": floor, "layers": spec.count, "dropout": dropout,
+        rows.append({"mechanism": mechanism, "clients": clients, "dim": dim, "floor": floor, "layers": spec.count,
+                     "dropout": dropout,
                      "survivors": survivors, "layer_index": index,
                      "encode_s": enc_plain, "encode_exact_s": enc_exact, "excess_s": excess, "protocol_s": seconds[False],
                      "protocol_exact_s": seconds[True], "removal_s": removal, "decode_s": decode,
@@ -114,7 +118,7 @@ def measure(*, clients: int, dim: int, floor_fraction: float, dropouts: list[flo
 
 
 def noise_table(*, clients: int = 10, floor: int = 6, dim: int = 8192,
-                dropouts: tuple[float, ...] = (0.0, 0.1, 0.2, 0.3, 0.4)) -> list[dict]:
+                dropouts: tuple[float, ...] = (0.0, 0.1, 0.2, 0.3, 0.4), mechanism: str = "skellam") -> list[dict]:
     """The noise a released sum really carries, over its target (z C)^2, with and without XNoise: the
     variance of the released sum's error over `dim` coordinates, end to end through `SecureAggregator`."""
     from dp.distributed import DistributedDPConfig
@@ -135,13 +139,13 @@ def noise_table(*, clients: int = 10, floor: int = 6, dim: int = 8192,
             for exact in (False, True):
                 config = SecureAggregationConfig(protocol=protocol, protocol_params=params, distributed_dp=DistributedDPConfig(
                     l2_clip=1.0, noise_multiplier=1.0, expected_clients=clients, min_clients=floor, bits=20,
-                    exact_noise=exact))
+                    exact_noise=exact, mechanism=mechanism))
                 view = SecureAggregator(config, ledger=Ledger(LedgerConfig(delta=1e-5))).aggregate(
                     round=1, uploads=uploads, drop_at={stage: dropped} if dropped else None)
                 survivors = sorted(view.contributors)
                 err = (view.mean("a") - np.mean([xs[c] for c in survivors], axis=0)) * len(survivors)
                 ratios[exact] = float(err.var())
-            rows.append({"protocol": protocol, "clients": clients, "floor": floor, "dropout": dropout,
+            rows.append({"mechanism": mechanism, "protocol": protocol, "clients": clients, "floor": floor, "dropout": dropout,
                          "survivors": clients - len(dropped), "floor_sized_ratio": ratios[False],
                          "exact_ratio": ratios[True], "floor_sized_expected": (clients - len(dropped)) / floor})
     return rows
@@ -156,12 +160,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dropouts", default="0,0.2", help="comma list of dropout rates below 1 - floor fraction")
     parser.add_argument("--encode-samples", type=int, default=2, help="clients whose encoding is timed (default 2)")
     parser.add_argument("--quick", action="store_true", help="N = 12, d = 1e4: a smoke run in seconds")
+    parser.add_argument("--mechanism", choices=("skellam", "discrete_gaussian"), default="skellam",
+                        help="the distributed DP noise (default skellam; discrete_gaussian: 16 equal-width units a client)")
     parser.add_argument("--noise", action="store_true",
                         help="instead: the released sum's noise over its target at 0-40%% dropout, with and without "
                              "XNoise (N = 10, n_min = 6, d = 8192; `xnoise_noise ...` lines)")
     args = parser.parse_args(argv)
     if args.noise:
-        for row in noise_table():
+        for row in noise_table(mechanism=args.mechanism):
             print("xnoise_noise " + " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
                                              for k, v in row.items()), flush=True)
         return 0
@@ -175,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     if any(not 0 <= p < 1 - args.floor_fraction + 1e-9 for p in dropouts):
         parser.error(f"every dropout must leave at least the floor: below {1 - args.floor_fraction:g}")
     for row in measure(clients=clients, dim=dim, floor_fraction=args.floor_fraction, dropouts=dropouts,
-                       encode_samples=args.encode_samples):
+                       encode_samples=args.encode_samples, mechanism=args.mechanism):
         print("xnoise " + " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()),
               flush=True)
     return 0

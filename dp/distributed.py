@@ -105,8 +105,15 @@ class DistributedDPConfig:
     target_observer: str = "outsider"
     exact_noise: bool = False
     """XNoise (`dp.xnoise`): split each client's noise into a base and layers that are removed once the
-    survivors are known, so every released sum carries exactly the target noise whatever the survivor
-    count from n_min up (Skellam, under SecAgg or SecAgg+). False: noise sized for n_min is left in."""
+    survivors are known, so every released sum carries the target noise whatever the survivor count from
+    n_min up (Skellam: exactly; discrete Gaussian: to within whole units, see `dg_units`), under SecAgg,
+    SecAgg+ or LightSecAgg. False: noise sized for n_min is left in."""
+    dg_units: int = 16
+    """Exact noise with the discrete Gaussian: each client's noise at the floor is this many independent
+    discrete Gaussians of one width (units), so every released sum is a sum of equal-width discrete
+    Gaussians, the case arXiv 2102.06387 accounts for. A sum of u honest survivors keeps ceil(n_min G / u)
+    units each: at least the target and less than (1 + u / (n_min G)) times it. More units, closer to the
+    target, more draws per client."""
 
     def __post_init__(self) -> None:
         if not self.l2_clip > 0:
@@ -133,9 +140,8 @@ class DistributedDPConfig:
             raise ValueError("target_observer is 'server' or 'outsider'")
         if self.sampling_rate < 1 and (self.population is None or self.population < 2):
             raise ValueError("sampling_rate < 1 needs the population (>= 2) the cohorts are drawn from")
-        if self.exact_noise and self.mechanism != "skellam":
-            raise ValueError("exact_noise needs mechanism='skellam': a sum of discrete Gaussians of unequal widths "
-                             "is not a discrete Gaussian, and its accounting is not implemented (dp.xnoise)")
+        if isinstance(self.dg_units, bool) or not isinstance(self.dg_units, int) or not 1 <= self.dg_units <= 4096:
+            raise ValueError(f"dg_units must be an int in [1, 4096], got {self.dg_units!r}")
 
     def boundary_delta(self, observer: Observer | str) -> float:
         """Per-round delta of skipped Poisson cohorts for `observer` (0 unless amplified; `dp.sampling`)."""
@@ -203,6 +209,18 @@ class DistributedDPPlan:
         return self.local_stddev * self.scale
 
     @property
+    def units(self) -> int:
+        """Equal-width discrete Gaussian units per client at the floor (exact noise with the discrete
+        Gaussian, `DistributedDPConfig.dg_units`); 0 otherwise (Skellam, or floor-sized noise)."""
+        c = self.config
+        return c.dg_units if c.exact_noise and c.mechanism == "discrete_gaussian" else 0
+
+    @property
+    def unit_stddev_scaled(self) -> float:
+        """The stddev of one unit (integer units): local_stddev_scaled / sqrt(units)."""
+        return self.local_stddev_scaled / math.sqrt(self.units) if self.units else self.local_stddev_scaled
+
+    @property
     def inflation(self) -> float:
         """Rounded over unrounded L2 sensitivity (1.0 = no cost of discreteness)."""
         return self.l2_sensitivity / (self.config.l2_clip * self.scale)
@@ -214,8 +232,9 @@ class DistributedDPPlan:
         if self.config.mechanism == "skellam":
             return SkellamMechanism(l1_sensitivity=self.l1_sensitivity, l2_sensitivity=self.l2_sensitivity,
                                     variance=n_min * self.local_stddev_scaled**2, sampling_rate=q, scale=s)
+        units = max(1, self.units)  # exact noise: n_min G equal-width units at the floor, the same variance
         return DiscreteGaussianMechanism(l1_sensitivity=self.l1_sensitivity, l2_sensitivity=self.l2_sensitivity,
-                                         local_stddev=self.local_stddev_scaled, n_clients=n_min,
+                                         local_stddev=self.unit_stddev_scaled, n_clients=n_min * units,
                                          dim=self.padded_dim, sampling_rate=q, scale=s)
 
     def epsilon(self, *, observer: Observer | str, rounds: int, delta: float | None = None,
@@ -237,7 +256,7 @@ class DistributedDPPlan:
 
         if spec.floor != self.config.n_min:
             raise ValueError(f"a layer spec for floor {spec.floor}, but the plan's n_min is {self.config.n_min}")
-        return LayeredNoise(spec=spec, target_variance=self.target_variance)
+        return LayeredNoise(spec=spec, target_variance=self.target_variance, units=self.units)
 
     def summary(self) -> dict:
         c = self.config
@@ -279,7 +298,7 @@ def plan_distributed_dp(config: DistributedDPConfig, *, dim: int, ring: Ring = R
     if config.bits < math.log2(config.expected_clients) and ring.is_power_of_two:
         raise PlanningError(f"bits={config.bits} < log2(expected_clients={config.expected_clients})")
     if config.noise_multiplier is not None:
-        return _plan_for(config, dim=dim, ring=ring, z=config.noise_multiplier)
+        return _checked(_plan_for(config, dim=dim, ring=ring, z=config.noise_multiplier))
 
     target, obs = config.target_epsilon, config.target_observer
 
@@ -304,7 +323,45 @@ def plan_distributed_dp(config: DistributedDPConfig, *, dim: int, ring: Ring = R
         log_z = optimize.brentq(excess, lo, hi, xtol=1e-6)
         while excess(log_z) > 0:  # brentq lands within xtol on either side: step to the safe side
             log_z += 1e-6
-    return _plan_for(config, dim=dim, ring=ring, z=math.exp(log_z))
+    return _checked(_plan_for(config, dim=dim, ring=ring, z=math.exp(log_z)))
+
+
+def _checked(plan: DistributedDPPlan) -> DistributedDPPlan:
+    """Exact discrete Gaussian noise: the ledger charges the floor's N0 = n_min G units, and a release carries
+    N >= N0 of them (u honest survivors keeping ceil(n_min G / u) each, or more if a sum's layers were sized
+    for fewer members), at most n G: more noise, but a larger tau (arXiv 2102.06387's distance of a sum of
+    discrete Gaussians from one). Each term of the RDP bound grows with the scaled sensitivities and with
+    tau, so the curve with N0's sensitivities and n G's tau bounds every such release; refuse a plan where
+    it lies above the charged curve at some order, so that the charge bounds every release."""
+    if not plan.units:
+        return plan
+    from dp.accounting import curve, discrete_gaussian_tau
+
+    charged = plan.mechanism(Observer.SERVER)
+    total = math.sqrt(charged.n_clients) * charged.local_stddev
+    l1s, l2s, dim = charged.l1_sensitivity / total, charged.l2_sensitivity / total, charged.dim
+    tau = discrete_gaussian_tau(local_stddev=charged.local_stddev, n_clients=plan.config.expected_clients * plan.units)
+
+    def worst(a: int) -> float:
+        return min(a / 2.0 * l2s**2 + tau * dim, a / 2.0 * (l2s**2 + 2.0 * l1s * tau + tau**2 * dim),
+                   a / 2.0 * (l2s + math.sqrt(dim) * tau) ** 2)
+
+    if np.any(curve(worst) > charged.rdp() * (1 + 1e-9) + 1e-12):
+        raise PlanningError(f"exact discrete Gaussian noise: a release of up to {plan.config.expected_clients * plan.units} "
+                            f"units of stddev {plan.unit_stddev_scaled:.3g} could lose more privacy than the floor's "
+                            f"charge of {charged.n_clients} (its units are too narrow for the tau term): lower dg_units "
+                            "or raise bits")
+    return plan
+    c, g = plan.config, plan.units
+    charged = plan.mechanism(Observer.SERVER).rdp()
+    for u in range(c.n_min + 1, c.expected_clients + 1):
+        kept = -(-c.n_min * g // u)
+        realised = dataclasses.replace(plan.mechanism(Observer.SERVER), n_clients=u * kept).rdp()
+        if np.any(realised > charged * (1 + 1e-9) + 1e-12):
+            raise PlanningError(f"exact discrete Gaussian noise: a release of {u} survivors ({u * kept} units of stddev "
+                                f"{plan.unit_stddev_scaled:.3g}) would lose more privacy than the floor's charge (its "
+                                "units are too narrow for the tau term): lower dg_units or raise bits")
+    return plan
 
 
 @dataclass(frozen=True)
@@ -403,6 +460,9 @@ class DistributedDPEncoder:
         n = self.plan.padded_dim
         if self.plan.config.mechanism == "skellam":
             return skellam(sigma**2 / 2.0, n, rng)
+        if self.plan.units:  # exact noise without layers: the floor's units, as charged
+            from dp.xnoise import discrete_gaussian_units
+            return discrete_gaussian_units(self.plan.unit_stddev_scaled, self.plan.units, n, rng)
         return discrete_gaussian(sigma, n, rng)
 
     def _reduce(self, r: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:

@@ -6,8 +6,9 @@ label ('unit/observer') holding a single entry must report that entry's epsilon.
 several entries are counted as `composite` and not recomputed here (none of the examples' ledgers
 has one today): the summary says how many, so nothing is passed silently.
 
-Skellam entries use `dp.accounting.skellam_curve`, the RDP curve of the distributed Skellam
-mechanism, because dp_accounting has no event for it; everything else is dp_accounting's own.
+Skellam and discrete Gaussian entries use `dp.accounting.skellam_curve` and `discrete_gaussian_curve`,
+the RDP curves of the distributed mechanisms (arXiv 2102.06387), because dp_accounting has no event for
+them; everything else is dp_accounting's own.
 
     python -m dp.recompute results/privacy_frontier/RUN/ledger.json [more ...]
 
@@ -42,7 +43,7 @@ def recompute_entry(entry: Mapping[str, Any]) -> float:
     from dp_accounting import rdp
     from scipy import stats
 
-    from dp.accounting import ORDERS, skellam_curve
+    from dp.accounting import ORDERS, discrete_gaussian_curve, skellam_curve
 
     m, s, count = entry["mechanism"], entry["sampling"], entry["count"]
     if m["name"] == "non_private":
@@ -72,6 +73,12 @@ def recompute_entry(entry: Mapping[str, Any]) -> float:
         acc = rdp.RdpAccountant()
         acc.compose(dp_accounting.SelfComposedDpEvent(event, count))
         return acc.get_epsilon(delta)
+    if m["name"] == "discrete_gaussian":
+        curve = count * discrete_gaussian_curve(l1=m["l1_sensitivity"], l2=m["l2_sensitivity"],
+                                                local_stddev=m["local_stddev"], n_clients=m["n_clients"],
+                                                dim=m["dim"], sampling_rate=q, orders=ORDERS)
+        eps, _ = rdp.compute_epsilon(list(ORDERS), list(curve), delta)
+        return eps
     if m["name"] != "skellam":
         raise ValueError(f"no recomputation for mechanism {m['name']!r}")
     curve = count * skellam_curve(l1=m["l1_sensitivity"], l2=m["l2_sensitivity"], variance=m["variance"],
@@ -156,24 +163,30 @@ def check_document(doc: Mapping[str, Any], *, check: Check | None = None, where:
 def realised_variance(record: Mapping[str, Any]) -> float:
     """A release's realised noise variance from the honest survivors, from the record's own parameters:
     each of the survivors - colluders honest survivors keeps V / (floor + layer_index + 1) once layers
-    0..layer_index are removed (`dp.xnoise`; no layers: index -1, V / floor); 0 where the record
-    removed more layers than exist or than its survivors warrant (the noise fell below the target)."""
+    0..layer_index are removed (`dp.xnoise`; no layers: index -1, V / floor); with discrete Gaussian units
+    (`units` G > 0) each keeps ceil(floor G / k) units of V / (floor G), k = floor + layer_index + 1; 0 where
+    the record removed more layers than exist or than its survivors warrant (the noise fell below the target)."""
     honest = int(record["survivors"]) - int(record["colluders"])
-    floor, index = int(record["floor"]), int(record["layer_index"])
+    floor, index, units = int(record["floor"]), int(record["layer_index"]), int(record.get("units", 0))
     if honest < floor or index >= int(record["layers"]) or index > honest - floor - 1:
         return 0.0
+    if units:
+        return honest * (-(-floor * units // (floor + index + 1))) * float(record["target_variance"]) / (floor * units)
     return honest * float(record["target_variance"]) / (floor + index + 1)
 
 
 def _check_noise(report: Mapping[str, Any], check: Check, *, where: str) -> None:
     """Each distributed-DP release's realised noise: recomputed, at least the variance its charges
-    account for (the Skellam entries' `variance` for that summary key and round), and as recorded."""
+    account for (the Skellam entries' `variance`, the discrete Gaussian ones' n_clients x local_stddev^2, for
+    that summary key and round), and as recorded."""
     accounted: dict[tuple[str, int], set[float]] = defaultdict(set)
     for account in report["clients"].values():
         for e in account["entries"]:
-            if e["mechanism"]["name"] == "skellam":
+            m = e["mechanism"]
+            if m["name"] in ("skellam", "discrete_gaussian"):  # the charged central variance
+                variance = float(m["variance"]) if m["name"] == "skellam" else float(m["local_stddev"]) ** 2 * int(m["n_clients"])
                 for r in e["rounds"]:
-                    accounted[(e["summary_key"], int(r))].add(float(e["mechanism"]["variance"]))
+                    accounted[(e["summary_key"], int(r))].add(variance)
     for record in report.get("noise", ()):
         check.noise_records += 1
         got = realised_variance(record)

@@ -73,13 +73,14 @@ def _uploads():
     return xs, {c: Upload(masked={"a": Masked(x, weight=1.0)}) for c, x in xs.items()}
 
 
-def _noise_ratio(*, exact: bool, drop_at, protocol="secagg+", colluders=0):
+def _noise_ratio(*, exact: bool, drop_at, protocol="secagg+", colluders=0, mechanism="skellam"):
     """Variance of the released sum's error over the central target (z C)^2 = 1, and the ledger."""
     xs, ups = _uploads()
     ledger = Ledger(LedgerConfig(delta=1e-5))
     params = {"target_survivors": FLOOR} if protocol == "lightsecagg" else {}  # U = the floor: 40% may drop
     cfg = SecureAggregationConfig(protocol=protocol, colluders=colluders, protocol_params=params, distributed_dp=DistributedDPConfig(
-        l2_clip=1.0, noise_multiplier=1.0, expected_clients=N, min_clients=FLOOR, bits=20, exact_noise=exact))
+        l2_clip=1.0, noise_multiplier=1.0, expected_clients=N, min_clients=FLOOR, bits=20, exact_noise=exact,
+        mechanism=mechanism))
     view = SecureAggregator(cfg, ledger=ledger).aggregate(round=3, uploads=ups, drop_at=drop_at)
     survivors = sorted(view.contributors)
     err = (view.mean("a") - np.mean([xs[c] for c in survivors], axis=0)) * len(survivors)
@@ -151,8 +152,10 @@ def test_a_release_below_the_target_is_refused_before_any_charge():
 
 
 def test_exact_noise_is_refused_where_it_is_not_implemented():
-    with pytest.raises(ValueError, match="skellam"):
-        DistributedDPConfig(l2_clip=1.0, noise_multiplier=1.0, mechanism="discrete_gaussian", exact_noise=True)
+    for bad in (0, 4097, True, 2.0):
+        with pytest.raises(ValueError, match="dg_units"):
+            DistributedDPConfig(l2_clip=1.0, noise_multiplier=1.0, mechanism="discrete_gaussian", exact_noise=True,
+                                dg_units=bad)
     ddp = DistributedDPConfig(l2_clip=1.0, noise_multiplier=1.0, expected_clients=8, min_clients=6, exact_noise=True)
     with pytest.raises(ValueError, match="plain"):
         SecureAggregationConfig(protocol="plain", distributed_dp=ddp)
@@ -289,3 +292,81 @@ def test_a_clients_own_excess_is_its_layers_up_to_the_index_at_every_index(ring)
         np.testing.assert_array_equal(encoder.excess_fn(secrets, client=3)(index), want)
     with pytest.raises(ValueError, match="past"):
         encoder.excess_fn(secrets, client=3)(spec.count)
+
+
+# ---- the discrete Gaussian in equal-width units ------------------------------------------------------
+
+@given(floor=st.integers(1, 40), count=st.integers(0, 40), colluders=st.integers(0, 5), extra=st.integers(0, 120),
+       units=st.integers(1, 64))
+@settings(max_examples=300, deadline=None)
+def test_discrete_gaussian_units_leave_at_least_the_target_and_within_one_unit_per_survivor(floor, count, colluders,
+                                                                                           extra, units):
+    noise = LayeredNoise(spec=LayerSpec(count=count, floor=floor, colluders=colluders), target_variance=7.0,
+                         units=units)
+    assert noise.client_variance() == pytest.approx(7.0 / floor, rel=1e-12)  # G units at the floor, as charged
+    assert noise.unit_count(noise.most_survivors) + sum(noise.layer_units(j) for j in range(count)) == units
+    assert all(noise.layer_units(j) >= 0 for j in range(count))
+    survivors = colluders + floor + extra
+    honest = survivors - colluders
+    index = noise.spec.reveal_index(survivors)
+    record = noise.record(survivors=survivors, index=index)
+    kept = noise.unit_count(floor + index + 1)  # units each honest survivor keeps
+    assert record.realised_variance == pytest.approx(honest * kept * 7.0 / (floor * units), rel=1e-12)
+    assert record.realised_variance >= 7.0 * (1 - 1e-12)
+    if extra <= count:  # the layers reach this count: within one unit per survivor of the target
+        assert record.realised_variance < 7.0 * (1 + honest / (floor * units)) + 1e-9
+    assert recompute.realised_variance(record.to_dict()) == pytest.approx(record.realised_variance, rel=1e-12)
+    if index + 1 < count:  # one layer more than the survivors warrant is flagged
+        assert recompute.realised_variance({**record.to_dict(), "layer_index": index + 1}) == 0.0
+
+
+@pytest.mark.parametrize("protocol, dropout", [("secagg+", 0.0), ("secagg+", 0.2), ("secagg+", 0.4),
+                                               ("lightsecagg", 0.1), ("lightsecagg", 0.3)])
+def test_exact_discrete_gaussian_noise_is_the_target_to_a_unit_at_every_dropout_rate(protocol, dropout):
+    dropped = set(range(1, round(dropout * N) + 1))
+    drop_at = {"masked" if protocol != "lightsecagg" else "masked_input": dropped} if dropped else None
+    ratio, survivors, ledger = _noise_ratio(exact=True, drop_at=drop_at, protocol=protocol, mechanism="discrete_gaussian")
+    (record,) = ledger.noise_records()
+    expected = record["realised_variance"] / record["target_variance"]
+    assert record["units"] == 16 and 1.0 <= expected < 1 + survivors / (FLOOR * 16)
+    assert ratio == pytest.approx(expected, abs=0.07)
+    if survivors > FLOOR + 1:  # floor-sized discrete Gaussian noise is measurably larger
+        floor_sized, _, _ = _noise_ratio(exact=False, drop_at=drop_at, protocol=protocol, mechanism="discrete_gaussian")
+        assert floor_sized == pytest.approx(survivors / FLOOR, rel=0.07)
+
+
+@pytest.mark.parametrize("protocol, drop_at", [("secagg+", {"unmask": {1, 2}}), ("lightsecagg", {"recovery": {1, 2}})])
+def test_discrete_gaussian_survivors_dropping_during_the_removal_are_removed_from_their_shares(protocol, drop_at):
+    ratio, survivors, ledger = _noise_ratio(exact=True, drop_at=drop_at, protocol=protocol, mechanism="discrete_gaussian")
+    (record,) = ledger.noise_records()
+    assert survivors == N and ratio == pytest.approx(record["realised_variance"] / record["target_variance"], abs=0.07)
+
+
+def test_the_discrete_gaussian_ledger_charges_the_floors_units_and_recompute_checks_them(tmp_path):
+    _, _, ledger = _noise_ratio(exact=True, drop_at={"masked": {1, 2}}, mechanism="discrete_gaussian")
+    path = tmp_path / "ledger.json"
+    ledger.write(path)
+    assert recompute.main([str(path)]) == 0
+    doc = json.loads(path.read_text())
+    charged = {e["mechanism"]["n_clients"] for a in doc["clients"].values() for e in a["entries"]}
+    assert charged == {FLOOR * 16}  # n_min G units, whatever survived
+    doc["noise"][0]["layer_index"] += 1
+    assert any("below the accounted" in m for m in recompute.check_document(doc).mismatches)
+    doc = json.loads(path.read_text())
+    for a in doc["clients"].values():
+        for e in a["entries"]:
+            e["mechanism"]["n_clients"] = FLOOR * 8  # a charge for half the units the noise record claims
+    assert any("differs from the charged" in m for m in recompute.check_document(doc).mismatches)
+
+
+def test_a_plan_whose_units_are_too_narrow_for_the_tau_term_is_refused():
+    from dp.distributed import PlanningError, plan_distributed_dp
+
+    ok = DistributedDPConfig(l2_clip=1.0, noise_multiplier=1.0, expected_clients=N, min_clients=FLOOR, bits=20,
+                             mechanism="discrete_gaussian", exact_noise=True)
+    plan = plan_distributed_dp(ok, dim=64)
+    assert plan.units == 16 and plan.unit_stddev_scaled == pytest.approx(plan.local_stddev_scaled / 4)
+    narrow = DistributedDPConfig(l2_clip=1.0, noise_multiplier=0.05, expected_clients=N, min_clients=FLOOR, bits=8,
+                                 mechanism="discrete_gaussian", exact_noise=True, dg_units=4096)
+    with pytest.raises(PlanningError, match="too narrow for the tau term"):
+        plan_distributed_dp(narrow, dim=64)

@@ -257,11 +257,16 @@ def _xnoise_base_too_small(mp: Patcher) -> None:
 @mutant("xnoise_layers_left_in",
         breaks="Exact DDP (XNoise): the server subtracts nothing, so the excess noise stays in (floor-sized "
                "noise under an exact-noise ledger record)",
-        tests=(f"{XNOISE}::test_the_released_noise_is_the_target_at_every_dropout_rate",))
+        tests=(f"{XNOISE}::test_the_released_noise_is_the_target_at_every_dropout_rate",
+               f"{XNOISE}::test_survivors_that_drop_during_the_removal_are_removed_from_their_shares"))
 def _xnoise_layers_left_in(mp: Patcher) -> None:
-    from dp.xnoise import LayeredNoise
+    # Both ways layers leave a sum: the survivors' own excess, and those rebuilt from revealed secrets.
+    # (Until 2026-11-29 this patched only the rebuilt ones, which survivors' own excess had made rare:
+    # the mutant survived.)
+    from dp.distributed import DistributedDPEncoder
 
-    mp.setattr(LayeredNoise, "removed", lambda self, revealed, index, *, dim: np.zeros(dim, dtype=np.int64))
+    mp.setattr(DistributedDPEncoder, "remove_layers",
+               lambda self, ring_sum, *, spec, index, revealed, excess=None: ring_sum.copy())
 
 
 @mutant("xnoise_reveals_one_layer_more",
@@ -274,6 +279,17 @@ def _xnoise_reveals_one_layer_more(mp: Patcher) -> None:
 
     honest = LayerSpec.reveal_index
     mp.setattr(LayerSpec, "reveal_index", lambda self, survivors: min(honest(self, survivors) + 1, self.count - 1))
+
+
+@mutant("xnoise_dg_units_rounded_down",
+        breaks="Exact DDP with the discrete Gaussian: each survivor keeps floor(n_min G / u) equal-width units "
+               "instead of the ceiling, so a release carries less than the accounted target",
+        tests=(f"{XNOISE}::test_exact_discrete_gaussian_noise_is_the_target_to_a_unit_at_every_dropout_rate",
+               f"{XNOISE}::test_discrete_gaussian_units_leave_at_least_the_target_and_within_one_unit_per_survivor"))
+def _xnoise_dg_units_rounded_down(mp: Patcher) -> None:
+    from dp.xnoise import LayeredNoise
+
+    mp.setattr(LayeredNoise, "unit_count", lambda self, k: self.spec.floor * self.units // k)
 
 
 @mutant("central_dp_half_noise",

@@ -30,9 +30,9 @@ class RelayingFedAvg(FedAvg):
         return Upload(masked=upload.masked, sealed=(note,), metrics=upload.metrics), {"inbox": inbox}
 
 
-def _ddp_config(exact_noise=False, **kw):
+def _ddp_config(exact_noise=False, mechanism="skellam", **kw):
     ddp = DistributedDPConfig(l2_clip=1.0, noise_multiplier=0.8, expected_clients=3, min_clients=2, bits=20,
-                              mechanism="skellam", exact_noise=exact_noise)
+                              mechanism=mechanism, exact_noise=exact_noise)
     return RunConfig(rounds=2, secure=SecureAggregationConfig(protocol="secagg+", clip=4.0, max_weight=100,
                                                              max_clients=8, distributed_dp=ddp, insecure_seed=7), **kw)
 
@@ -51,9 +51,9 @@ def _deploy(algorithm, config, *, ledger=None, n=3, client_config=None, deployme
     return server, clients
 
 
-@pytest.mark.parametrize("exact_noise", [False, True])
-def test_simulation_and_deployment_give_the_same_parameters_ledger_and_relays(exact_noise):
-    config = _ddp_config(exact_noise)
+@pytest.mark.parametrize("exact_noise, mechanism", [(False, "skellam"), (True, "skellam"), (True, "discrete_gaussian")])
+def test_simulation_and_deployment_give_the_same_parameters_ledger_and_relays(exact_noise, mechanism):
+    config = _ddp_config(exact_noise, mechanism)
     sim_ledger, dep_ledger = Ledger(LedgerConfig(delta=1e-5)), Ledger(LedgerConfig(delta=1e-5))
     sim = SimulationRunner(algorithm=RelayingFedAvg(), trainers={c: toy_trainer(c, seed=0) for c in (1, 2, 3)},
                            config=config, ledger=sim_ledger)
@@ -68,7 +68,9 @@ def test_simulation_and_deployment_give_the_same_parameters_ledger_and_relays(ex
     # XNoise: all three survived, so the one layer (count 2) was removed in both runtimes: the noise is the target.
     noise = dep_ledger.noise_records()
     assert [r["layer_index"] for r in noise] == ([0, 0] if exact_noise else [-1, -1])
-    assert all(r["realised_variance"] == pytest.approx(r["target_variance"] * (1 if exact_noise else 1.5)) for r in noise)
+    # (the discrete Gaussian to a unit: 3 survivors keep ceil(2 x 16 / 3) = 11 of the floor's 16 units each)
+    exact = 3 * 11 / 32 if mechanism == "discrete_gaussian" else 1
+    assert all(r["realised_variance"] == pytest.approx(r["target_variance"] * (exact if exact_noise else 1.5)) for r in noise)
     # The round's update really is the Released noisy mean (not an exact one): the ledger was charged twice.
     assert all(len(sim_ledger.entries(c)) == 2 for c in (1, 2, 3))
     # Round-1 notes reached their receivers in round 2, naming the sender, in both runtimes.

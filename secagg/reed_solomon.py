@@ -31,7 +31,7 @@ mismatch.
 from __future__ import annotations
 
 import operator
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import lru_cache
 from typing import NamedTuple
 
@@ -282,19 +282,24 @@ def _random_residues(rng: CryptoRandom, count: int, prime: int) -> np.ndarray:
     return out[:count]
 
 
-def _project(pieces: np.ndarray, coeffs: np.ndarray, prime: int) -> list[list[int]]:
+def _project(pieces: np.ndarray, coeffs: np.ndarray | Callable[[int, int], np.ndarray], prime: int, *,
+             rows: int | None = None) -> list[list[int]]:
     """(pieces @ coeffs.T) mod prime exactly, as lists of Python ints: one list per row of coeffs.
 
     Residues < 2^32, so a product fits uint64 and is reduced at once; a block of _COLUMN_CHUNK
-    reduced products sums below 2^47.
+    reduced products sums below 2^47. `coeffs` may be a function giving the (rows, c1 - c0) block of
+    columns c0..c1 when asked, so that coefficients for a long vector are never all held at once.
     """
     n, length = pieces.shape
-    acc = np.zeros((coeffs.shape[0], n), dtype=np.uint64)
+    rows = coeffs.shape[0] if rows is None else rows
+    acc = np.zeros((rows, n), dtype=np.uint64)
     p = np.uint64(prime)
     for c0 in range(0, length, _COLUMN_CHUNK):
         block = _residues(pieces[:, c0 : c0 + _COLUMN_CHUNK], prime)
-        for r in range(coeffs.shape[0]):
-            prod = block * coeffs[r, c0 : c0 + _COLUMN_CHUNK]
+        c1 = min(c0 + _COLUMN_CHUNK, length)
+        part = coeffs(c0, c1) if callable(coeffs) else coeffs[:, c0:c1]
+        for r in range(rows):
+            prod = block * part[r]
             np.remainder(prod, p, out=prod)
             acc[r] = (acc[r] + prod.sum(axis=1, dtype=np.uint64) % p) % p
     return [[int(v) for v in row] for row in acc]
@@ -335,9 +340,11 @@ def locate_vector_errors(
     if pieces.shape[0] != len(plan.xs):
         raise ValueError(f"need one piece per point: {len(plan.xs)} points, {pieces.shape[0]} pieces")
     rng = CryptoRandom() if rng is None else rng
-    coeffs = _random_residues(rng, rounds * pieces.shape[1], prime).reshape(rounds, pieces.shape[1])
+    def coeffs(c0: int, c1: int) -> np.ndarray:  # drawn block by block: O(rounds x chunk), not O(rounds x L)
+        return _random_residues(rng, rounds * (c1 - c0), prime).reshape(rounds, c1 - c0)
+
     bad: set[int] = set()
-    for ys in _project(pieces, coeffs, prime):
+    for ys in _project(pieces, coeffs, prime, rows=rounds):
         bad |= _decode_row(plan, ys)[1]
     if len(bad) > plan.max_errors:
         raise UncorrectableError(

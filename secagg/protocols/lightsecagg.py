@@ -196,6 +196,9 @@ class LightSecAggServer(ServerProtocol):
         self._keys: dict[int, bytes] = {}
         self._relayed_to: dict[int, frozenset[int]] = {}   # receiver -> senders of the pieces relayed to it
         self._store: SealedStore | None = None
+        self._coded: np.ndarray | None = None
+        """Recovery: the accepted aggregate pieces, one row per asked helper in id order (`_rows`)."""
+        self._rows: dict[int, int] = {}
         self._survivors: tuple[int, ...] = ()
         self._signatures: dict[int, bytes] = {}
         self._masked_sum: np.ndarray | None = None
@@ -257,6 +260,7 @@ class LightSecAggServer(ServerProtocol):
             self.fold_input(msg)
         elif self.stage == "recovery":
             self.fold_excess(msg)
+            self._keep_piece(msg)
 
     def on_stage_complete(self, replies: dict[int, Message]) -> dict[int, Message]:
         handler = {"advertise": self._after_advertise, "share": self._after_share, "check": self._after_check,
@@ -337,6 +341,8 @@ class LightSecAggServer(ServerProtocol):
             raise AbortError(stage="consistency", survivors=len(replies), required=self.target,
                              detail="too few survivors signed the survivor set")
         self._signatures = {c: m["signature"] for c, m in replies.items()}
+        self._coded = np.empty((len(replies), self.code.piece_length), dtype=np.uint32)
+        self._rows = {c: i for i, c in enumerate(sorted(replies))}
         return self._enter("recovery", {
             c: self._request(RECOVER.kind, c, survivors=self._survivors, signatures=self._signatures)
             for c in sorted(replies)
@@ -347,7 +353,9 @@ class LightSecAggServer(ServerProtocol):
             raise AbortError(stage="recovery", survivors=len(replies), required=self.target,
                              detail="too few aggregate coded pieces to decode the aggregate mask")
         helpers = sorted(replies)
-        coded = np.stack([replies[c]["piece"] for c in helpers])
+        rows = [self._rows[c] for c in helpers]
+        coded = self._coded if rows == list(range(len(self._rows))) else self._coded[rows]  # a copy only if some dropped
+        self._coded, self._rows = None, {}
         points = [betas(len(self.clients))[self.position[c]] for c in helpers]
         try:
             bad = reed_solomon.locate_vector_errors(points, coded, k=self.target)
@@ -358,7 +366,8 @@ class LightSecAggServer(ServerProtocol):
             self.mark_faulty(helpers[i], "sent a wrong aggregate coded piece (located and left out): it lied, or a "
                                          "client sealed it a wrong piece")
         good = [i for i in range(len(helpers)) if i not in bad][: self.target]
-        mask_sum = self.code.decode([self.position[helpers[i]] for i in good], coded[good])
+        use = coded[: self.target] if good == list(range(self.target)) else coded[good]  # a view when none was bad
+        mask_sum = self.code.decode([self.position[helpers[i]] for i in good], use)
         total = self.ring.sub_(self._masked_sum, mask_sum)
         index = self.layer_index()
         own = self.excess_from  # survivors that sent their own excess
@@ -369,6 +378,14 @@ class LightSecAggServer(ServerProtocol):
         self.excess_sum = None
         self._masked_sum = None
         return {}
+
+    def _keep_piece(self, msg: Message) -> None:
+        """Copy an accepted aggregate piece into its row of the round's piece matrix (rows by helper id) and
+        keep the reply without it: the server holds the pieces once, not as replies and again as a stacked
+        copy for decoding."""
+        self._coded[self._rows[msg.sender]] = msg["piece"]
+        self._replies[msg.sender] = Message(kind=msg.kind, round=msg.round, sender=msg.sender, receiver=msg.receiver,
+                                            fields={**self._replies[msg.sender].fields, "piece": msg["piece"][:0]})
 
     def _rebuild_layers(self, replies: Mapping[int, Message], owners: list[int]) -> dict[int, int]:
         """Each survivor's revealed layer secret from the helpers' Shamir shares (x = roster position + 1,

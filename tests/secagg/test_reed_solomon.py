@@ -332,6 +332,10 @@ def test_projection_is_exact_at_the_largest_residues_over_several_chunks():
     coeffs = np.stack([np.full(length, P - 1, dtype=np.uint64), rng.integers(0, P, length).astype(np.uint64)])
     expected = [[int(v) for v in row] for row in (coeffs.astype(object) @ pieces.T.astype(object)) % P]
     assert _project(pieces, coeffs, P) == expected
+    # coefficients drawn block by block (how locate_vector_errors draws them): the same projection
+    asked = []
+    assert _project(pieces, lambda c0, c1: asked.append((c0, c1)) or coeffs[:, c0:c1], P, rows=2) == expected
+    assert asked[0] == (0, 32768) and asked[-1][1] == length and len(asked) == 3
 
 
 def test_keyed_rng_makes_the_projection_reproducible(lightsecagg_round):

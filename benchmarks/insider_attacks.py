@@ -48,7 +48,8 @@ from transport.server import StallPolicy
 REQUEST_STAGE = {
     "advertise_request": "advertise", "share_request": "share", "check_request": "check",
     "masked_request": "masked", "consistency_request": "consistency", "unmask_request": "unmask",
-    "lsa_setup": "advertise", "lsa_keys": "share", "lsa_relay": "check", "lsa_input_request": "masked_input",
+    "lsa_setup": "advertise", "lsa_keys": "share", "lsa_more_pieces": "share", "lsa_relay": "check",
+    "lsa_input_request": "masked_input",
     "lsa_survivors": "consistency", "lsa_recover": "recovery",
 }
 """Request kind -> the server's stage that sends it (SecAgg, SecAgg+, LightSecAgg)."""

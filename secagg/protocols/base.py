@@ -173,8 +173,9 @@ class ServerProtocol(ABC):
             self.excess_sum = np.zeros(self.length, dtype=np.uint32)
         self.ring.add_(self.excess_sum, excess)
         self.excess_from = self.excess_from | {msg.sender}
+        # an empty array, not excess[:0]: a view would keep the whole received buffer alive
         self._replies[msg.sender] = Message(kind=msg.kind, round=msg.round, sender=msg.sender, receiver=msg.receiver,
-                                            fields={**msg.fields, "excess": excess[:0]})
+                                            fields={**msg.fields, "excess": np.zeros(0, dtype=np.uint32)})
 
     def check_excess(self, msg: Message, index: int) -> None:
         """An `excess` is empty (the sender leaves its removal to the shares) or one ring vector, and only

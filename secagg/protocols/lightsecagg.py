@@ -12,6 +12,10 @@ may drop), privacy T (1 <= T < U <= N). Vectors live in F_p, p = 2^31 - 1, uint3
                   stage, sender and receiver as associated data. The server relays ciphertext only.
     check         server -> client j: the ciphertexts addressed to j. Client j opens them and
                   names the senders of any that fail to open (`bad_pieces`, usually empty).
+                  Share and check run in parts when the pieces are large: each message carries the
+                  pieces of one group of peers, at most max(4 d, 16 MiB) bytes (`part_size`), so no
+                  message is the (N - 1) pieces of about 8 d bytes it would otherwise be. A client
+                  must answer every part; one that misses a part is dropped like a silent one.
     masked_input  server -> the clients left once the accusations are settled: client j uploads
                   y_j = x_j + z_j (mod p), 4 bytes per coordinate. No client can be dropped after
                   this stage's replies are accepted, so the server adds each y_j into a running sum
@@ -44,9 +48,10 @@ accusation of a maximal matching (`base.accusation_matching`: an accusation neve
 honest seats than colluding ones) before it asks for masked inputs, so every member of U1 holds a
 piece from every other. (Until 2026-11-29 the accusations came with the masked inputs, so the
 server had to hold all N of them until they were settled: an accusation could drop a client whose
-input had already arrived, and a folded input cannot be taken back out.) Two clients advertising the same key are both dropped. With c colluders (c <= T)
-the server opens U1 only if |U1| >= g + c, and each client checks that before it signs, so no
-sum over fewer than g honest clients is opened. A server announcing different survivor sets to
+input had already arrived, and a folded input cannot be taken back out.) Two clients advertising
+the same key are both dropped. With c colluders (c <= T) the server opens U1 only if
+|U1| >= g + c, and each client checks that before it signs, so no sum over fewer than g honest
+clients is opened. A server announcing different survivor sets to
 different clients needs U signatures on each (the consistency stage, enrolled runs).
 Substituted public keys are caught when clients are enrolled (`identity`: each client signs its
 key and checks every peer's signature against the roster); without enrolment the clients trust
@@ -84,8 +89,11 @@ NAME = "lightsecagg"
 MAX_LEN = MAX_VECTOR_LENGTH
 MAX_CLIENTS = 10_000
 SEAL_OVERHEAD = crypto.NONCE_BYTES + crypto.TAG_BYTES
-WINDOW_BYTES = 256 << 20
-"""Paced stages (`send_window`): the large messages a server asks for, or sends, at a time (256 MiB)."""
+WINDOW_BYTES = 64 << 20
+"""Paced stages (`send_window`): the large messages a server asks for, or sends, at a time (64 MiB; at
+least two requests)."""
+PART_FLOOR = 16 << 20
+"""Sealed pieces travel in parts of at most max(4 d, 16 MiB) bytes a message (`part_size`)."""
 _MAX_BLOB = 4 * MAX_LEN + MAX_LAYERS * shamir.SECRET_BYTES + SEAL_OVERHEAD
 
 # server -> client requests
@@ -95,7 +103,10 @@ SETUP = Schema("lsa_setup", {
     "colluders": Int(0, MAX_CLIENTS), "min_group": Int(1, MAX_CLIENTS), "layers": Int(0, MAX_LAYERS),
 })
 KEYS = Schema("lsa_keys", {"keys": BytesMap(MAX_CLIENTS, crypto.PUBLIC_KEY_BYTES, exact=True),
-                           "signatures": BytesMap(MAX_CLIENTS, SIGNATURE_BYTES)})
+                           "signatures": BytesMap(MAX_CLIENTS, SIGNATURE_BYTES),
+                           "receivers": IntList(MAX_CLIENTS, 1)})
+"""`receivers`: whose sealed pieces the reply carries (the first part; `MORE_PIECES` asks for the rest)."""
+MORE_PIECES = Schema("lsa_more_pieces", {"receivers": IntList(MAX_CLIENTS, 1)})
 RELAY = Schema("lsa_relay", {"pieces": BytesMap(MAX_CLIENTS, _MAX_BLOB)})
 INPUT_REQUEST = Schema("lsa_input_request", {})
 SURVIVORS = Schema("lsa_survivors", {"survivors": IntList(MAX_CLIENTS, 1)})
@@ -193,6 +204,12 @@ class LightSecAggServer(ServerProtocol):
         self.code = LagrangeCode(num_coded=n, num_nodes=self.target, privacy=self.privacy, length=length)
         self.position = {c: j for j, c in enumerate(self.clients)}
         self.blob_bytes = 4 * self.code.piece_length + self._layer_count() * shamir.SECRET_BYTES + SEAL_OVERHEAD
+        self.part_size = max(1, max(4 * length, PART_FLOOR) // self.blob_bytes)
+        """Sealed pieces per message in the share and check stages."""
+        self._groups: list[tuple[int, ...]] = []   # the advertised clients, cut into parts of `part_size`
+        self._part = 0                             # the share or check part being run
+        self._senders: list[int] = []              # clients whose every share part arrived
+        self._accused: dict[int, set[int]] = {}    # accusations of every check part so far
         self._keys: dict[int, bytes] = {}
         self._relayed_to: dict[int, frozenset[int]] = {}   # receiver -> senders of the pieces relayed to it
         self._store: SealedStore | None = None
@@ -222,12 +239,13 @@ class LightSecAggServer(ServerProtocol):
                 raise ProtocolError(f"client {msg.sender}'s key advertisement is not signed by its enrolled key")
         elif self.stage == "share":
             pieces = msg["pieces"]
-            if set(pieces) != set(self._keys) - {msg.sender}:
-                raise ProtocolError(f"client {msg.sender} must send one piece to every other advertised client")
+            if set(pieces) != set(self._groups[self._part]) - {msg.sender}:
+                raise ProtocolError(f"client {msg.sender} must send one piece to every other advertised client of "
+                                    f"part {self._part}")
             if any(len(b) != self.blob_bytes for b in pieces.values()):
                 raise ProtocolError(f"sealed pieces are {self.blob_bytes} bytes")
         elif self.stage == "check":
-            if not set(msg["bad_pieces"]) <= self._relayed_to.get(msg.sender, frozenset()):
+            if not set(msg["bad_pieces"]) <= set(self._groups[self._part]) & self._relayed_to.get(msg.sender, frozenset()):
                 raise ProtocolError(f"client {msg.sender} reports bad pieces from clients that sent it none")
         elif self.stage == "masked_input":
             self._check_vector(msg["vector"], self.length)
@@ -311,19 +329,46 @@ class LightSecAggServer(ServerProtocol):
         signatures = {c: m["signature"] for c, m in sorted(replies.items())}
         total = len(self._keys) * (len(self._keys) - 1) * self.blob_bytes
         self._store = SealedStore(spill=total > SPILL_FROM if self.spill == "auto" else bool(self.spill))
-        return self._enter("share", {c: self._request(KEYS.kind, c, keys=self._keys, signatures=signatures)
+        ids = sorted(self._keys)
+        self._groups = [tuple(ids[i:i + self.part_size]) for i in range(0, len(ids), self.part_size)]
+        self._part = 0
+        return self._enter("share", {c: self._request(KEYS.kind, c, keys=self._keys, signatures=signatures,
+                                                      receivers=self._receivers(c))
                                      for c in self._keys})
+
+    def _receivers(self, sender: int) -> tuple[int, ...]:
+        """Whose pieces `sender` sends in the current share part."""
+        return tuple(c for c in self._groups[self._part] if c != sender)
 
     def _after_share(self, replies: dict[int, Message]) -> dict[int, Message]:
         self._require(replies, "too few clients shared their coded masks")
-        senders, store = sorted(replies), self._store
+        if self._part + 1 < len(self._groups):  # the next part, from those that sent every part so far
+            self._part += 1
+            return self._enter("share", {c: self._request(MORE_PIECES.kind, c, receivers=self._receivers(c))
+                                         for c in sorted(replies)})
+        self._senders = sorted(replies)
         self._relayed_to = {j: frozenset(replies) - {j} for j in replies}
-        return self._enter("check", LazyRequests(senders, lambda j: self._request(
-            RELAY.kind, j, pieces=store.for_receiver(j, [i for i in senders if i != j]))))
+        senders = self._senders
+        self._groups = [tuple(senders[i:i + self.part_size]) for i in range(0, len(senders), self.part_size)]
+        self._part, self._accused = 0, {}
+        return self._relay_part(senders)
+
+    def _relay_part(self, receivers: Sequence[int]) -> Mapping[int, Message]:
+        """The current check part's relays, each built when a driver sends it: to each receiver, the pieces
+        the current group of senders sealed for it."""
+        store, group = self._store, self._groups[self._part]
+        return self._enter("check", LazyRequests(sorted(receivers), lambda j: self._request(
+            RELAY.kind, j, pieces=store.for_receiver(j, [i for i in group if i != j]))))
 
     def _after_check(self, replies: dict[int, Message]) -> dict[int, Message]:
+        for c, m in replies.items():
+            self._accused.setdefault(c, set()).update(m["bad_pieces"])
+        self._require(replies, "too few clients hold every other's coded piece")
+        if self._part + 1 < len(self._groups):  # the next part, to those that answered every part so far
+            self._part += 1
+            return self._relay_part(replies)
         self._store.close()  # every relay has been built (and a late one is refused)
-        self.settle_accusations({c: frozenset(m["bad_pieces"]) for c, m in replies.items() if m["bad_pieces"]})
+        self.settle_accusations({c: frozenset(self._accused[c]) for c in replies if self._accused.get(c)})
         replies = {c: m for c, m in replies.items() if c not in self._faulty}
         self._require(replies, "too few clients hold every other's coded piece")
         return self._enter("masked_input", {c: self._request(INPUT_REQUEST.kind, c) for c in sorted(replies)})
@@ -384,8 +429,9 @@ class LightSecAggServer(ServerProtocol):
         keep the reply without it: the server holds the pieces once, not as replies and again as a stacked
         copy for decoding."""
         self._coded[self._rows[msg.sender]] = msg["piece"]
+        kept = {**self._replies[msg.sender].fields, "piece": np.zeros(0, dtype=np.uint32)}  # not a view of the buffer
         self._replies[msg.sender] = Message(kind=msg.kind, round=msg.round, sender=msg.sender, receiver=msg.receiver,
-                                            fields={**self._replies[msg.sender].fields, "piece": msg["piece"][:0]})
+                                            fields=kept)
 
     def _rebuild_layers(self, replies: Mapping[int, Message], owners: list[int]) -> dict[int, int]:
         """Each survivor's revealed layer secret from the helpers' Shamir shares (x = roster position + 1,
@@ -410,24 +456,26 @@ class LightSecAggServer(ServerProtocol):
 
     def send_window(self) -> int | None:
         """Paced stages, so that a server over a network never holds every client's large message at once:
-        each share reply and each relay is about (N - 1) sealed pieces of 4 d / (U - T) bytes (about 8 d at
-        T = U / 2), each masked input 4 d. At most `WINDOW_BYTES` of them are asked for at a time (at least
-        two requests); None when all of them fit."""
+        each share reply and each relay is one part, up to `part_size` sealed pieces of 4 d / (U - T) bytes,
+        each masked input 4 d, each aggregate piece 4 d / (U - T). At most `WINDOW_BYTES` of them are asked
+        for at a time (at least two requests); None when all of them fit."""
         if not self.pace:
             return None
         if self.stage in ("share", "check"):
-            per = max(1, len(self._keys) - 1) * self.blob_bytes
+            per = max(1, len(self._groups[self._part])) * self.blob_bytes
         elif self.stage == "masked_input":
             per = 4 * self.length
+        elif self.stage == "recovery":
+            per = 4 * (self.code.piece_length + (self.length if self.layers else 0))
         else:
             return None
         window = max(2, WINDOW_BYTES // per)
         return window if window < len(self._expected) else None
 
     def max_reply_bytes(self) -> int:
-        """The largest reply: a masked vector, or one sealed piece per other client (with map keys),
-        or an aggregate piece with one layer share per survivor."""
-        pieces = (len(self.clients) - 1) * (self.blob_bytes + 12)
+        """The largest reply: a masked vector, or one part of sealed pieces (with map keys), or an aggregate
+        piece with one layer share per survivor."""
+        pieces = min(len(self.clients) - 1, self.part_size) * (self.blob_bytes + 12)
         layer_shares = len(self.clients) * (shamir.SECRET_BYTES + 12)
         return max(4 * self.length, pieces, 4 * (self.code.piece_length + self.length) + layer_shares) + (64 << 10)
 
@@ -444,7 +492,7 @@ class LightSecAggClient(ClientProtocol):
     it refuses a round whose T or U is smaller (a weaker guarantee than it accepts)."""
 
     name = NAME
-    schemas = {s.kind: s for s in (SETUP, KEYS, RELAY, INPUT_REQUEST, SURVIVORS, RECOVER)}
+    schemas = {s.kind: s for s in (SETUP, KEYS, MORE_PIECES, RELAY, INPUT_REQUEST, SURVIVORS, RECOVER)}
 
     def __init__(self, *, client_id: int, round_id: int, input_fn: InputFn, max_length: int = MAX_LEN,
                  min_privacy: int = 1, min_survivors: int = 2, min_colluders: int = 0, min_group: int = 1,
@@ -472,13 +520,19 @@ class LightSecAggClient(ClientProtocol):
         self._mask: np.ndarray | None = None
         self._own_piece: np.ndarray | None = None
         self._held: dict[int, np.ndarray] = {}
+        self._unsent: dict[int, bytes] = {}
+        """Sealed pieces not yet asked for (the share stage runs in parts)."""
+        self._opened: set[int] = set()
+        """Senders whose relayed piece this client has already tried to open (good or bad)."""
 
     def first_kind(self) -> str:
         return SETUP.kind
 
     def respond(self, msg: Message) -> tuple[Message | None, tuple[str, ...]]:
-        handler = {SETUP.kind: self._on_setup, KEYS.kind: self._on_keys, RELAY.kind: self._on_relay,
-                   INPUT_REQUEST.kind: self._on_input_request, SURVIVORS.kind: self._on_survivors, RECOVER.kind: self._on_recover}[msg.kind]
+        handler = {SETUP.kind: self._on_setup, KEYS.kind: self._on_keys, MORE_PIECES.kind: self._on_more_pieces,
+                   RELAY.kind: self._on_relay,
+                   INPUT_REQUEST.kind: self._on_input_request, SURVIVORS.kind: self._on_survivors,
+                   RECOVER.kind: self._on_recover}[msg.kind]
         return handler(msg)
 
     # ---- stages -----------------------------------------------------------------------------
@@ -541,17 +595,31 @@ class LightSecAggClient(ClientProtocol):
         sealed = {c: seal(k, coded[self._position[c]].astype("<u4", copy=False).tobytes() + shares[c],
                           _piece_aad(self.round_id, me, c))
                   for c, k in peer_keys.items()}
+        first = self._part_of(sealed, msg["receivers"])
         self._peer_keys, self._mask, self._keypair = peer_keys, mask, None
         self._own_piece = coded[self._position[me]].copy()
         self._own_layers = _layer_pieces(shares[me])
-        return self._reply(CODED_PIECES.kind, pieces=sealed), (RELAY.kind,)
+        self._unsent = {c: b for c, b in sealed.items() if c not in first}
+        return self._reply(CODED_PIECES.kind, pieces=first), (MORE_PIECES.kind, RELAY.kind)
+
+    def _on_more_pieces(self, msg: Message):
+        part = self._part_of(self._unsent, msg["receivers"])
+        self._unsent = {c: b for c, b in self._unsent.items() if c not in part}
+        return self._reply(CODED_PIECES.kind, pieces=part), (MORE_PIECES.kind, RELAY.kind)
+
+    @staticmethod
+    def _part_of(sealed: Mapping[int, bytes], receivers: Sequence[int]) -> dict[int, bytes]:
+        """The sealed pieces of `receivers` (each once, each still unsent); ProtocolError otherwise."""
+        if len(set(receivers)) != len(receivers) or not set(receivers) <= set(sealed):
+            raise ProtocolError("a share part must name distinct peers whose pieces this client has not sent yet")
+        return {c: sealed[c] for c in receivers}
 
     def _on_relay(self, msg: Message):
         pieces, code, me = msg["pieces"], self.code, self.client_id
         if not set(pieces) <= set(self._peer_keys):
             raise ProtocolError("relayed pieces from clients that were not in the key list")
-        if len(pieces) + 1 < code.num_nodes:
-            raise ProtocolError(f"{len(pieces) + 1} clients left, the round needs {code.num_nodes}")
+        if set(pieces) & self._opened:
+            raise ProtocolError("a relay part repeats a sender whose piece this client already has")
         held, held_layers, bad = {}, {}, []
         cut = 4 * code.piece_length
         for sender, blob in pieces.items():
@@ -570,10 +638,16 @@ class LightSecAggClient(ClientProtocol):
                 bad.append(sender)  # reported, not fatal: the server drops the sender (or this client)
                 continue
             held[sender], held_layers[sender] = piece, layers
-        self._held, self._held_layers, self._peer_keys = held, held_layers, {}
-        return self._reply(PIECE_CHECK.kind, bad_pieces=tuple(sorted(bad))), (INPUT_REQUEST.kind,)
+        self._held.update(held)
+        self._held_layers.update(held_layers)
+        self._opened |= set(pieces)
+        self._unsent = {}  # the share stage is over
+        return self._reply(PIECE_CHECK.kind, bad_pieces=tuple(sorted(bad))), (RELAY.kind, INPUT_REQUEST.kind)
 
     def _on_input_request(self, msg: Message):
+        if len(self._held) + 1 < self.code.num_nodes:
+            raise ProtocolError(f"pieces from {len(self._held) + 1} clients, the round needs {self.code.num_nodes}")
+        self._peer_keys = {}
         masked = self._input(self.code.length, FIELD_P31).copy()
         FIELD_P31.add_(masked, self._mask)
         self._mask = None

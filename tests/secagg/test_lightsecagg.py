@@ -480,3 +480,85 @@ def test_a_relay_from_a_previous_round_fails_authentication_and_its_receiver_rep
     assert replies[1]["bad_pieces"] == (2, 3, 4, 5)  # nothing from round 1 opens in round 2
     assert result.faulty.keys() == {1, 2}             # the accuser and the first it named, not four senders
     assert np.array_equal(result.ring_sum, field_sum(inputs[c] for c in (3, 4, 5)))
+
+
+# ---- share and check in parts (large pieces) ----------------------------------------------------
+
+def _parts(monkeypatch, part_size: int, n: int = 7, d: int = 40, **kw):
+    """A round whose sealed pieces travel `part_size` to a message (U - T = 2: a piece is half a vector)."""
+    from secagg.protocols import lightsecagg
+
+    server, clients, inputs = make_round(n, d, target=4, privacy=2, **kw)
+    monkeypatch.setattr(lightsecagg, "PART_FLOOR", 1)
+    server.part_size = part_size  # 4 d // blob is 1 here; set the size under test directly
+    return server, clients, inputs
+
+
+@pytest.mark.parametrize("part_size", [1, 2, 4])
+def test_in_parts_every_message_carries_at_most_a_part_and_the_sum_is_exact(monkeypatch, part_size):
+    server, clients, inputs = _parts(monkeypatch, part_size)
+    requests, seen, sent, got = server.start(), [], {}, {}
+    while requests:
+        replies = deliver(server, clients, requests)
+        seen.append(server.stage)
+        for c, r in replies.items():
+            if r.kind == "lsa_coded_pieces":
+                assert len(r["pieces"]) <= part_size
+                sent[c] = sent.get(c, 0) + len(r["pieces"])
+        for c, r in requests.items():
+            if r.kind == "lsa_relay":
+                assert len(r["pieces"]) <= part_size
+                got[c] = got.get(c, 0) + len(r["pieces"])
+        requests = server.advance()
+    assert seen.count("share") == seen.count("check") == -(-7 // part_size)  # one stage round per part
+    assert sent == got == {c: 6 for c in range(1, 8)}  # every other client's piece, over the parts
+    result = server.result()
+    assert result.contributors == frozenset(range(1, 8))
+    assert np.array_equal(result.ring_sum, field_sum(inputs.values()))
+
+
+def test_a_client_missing_a_later_part_is_dropped_and_the_rest_finish(monkeypatch):
+    server, clients, inputs = _parts(monkeypatch, 2)
+    requests = server.start()
+    stage_parts: dict[str, int] = {}
+    while requests:
+        stage = server.stage
+        stage_parts[stage] = stage_parts.get(stage, 0) + 1
+        skip = {3} if (stage, stage_parts[stage]) == ("share", 2) else {5} if (stage, stage_parts[stage]) == ("check", 3) else set()
+        deliver(server, clients, requests, skip=skip)
+        requests = server.advance()
+    result = server.result()
+    # 3 stopped sharing half way (its pieces are never relayed); 5 stopped opening relays (it holds too few)
+    assert result.contributors == frozenset({1, 2, 4, 6, 7})
+    assert np.array_equal(result.ring_sum, field_sum(inputs[c] for c in (1, 2, 4, 6, 7)))
+
+
+def test_an_accusation_in_a_later_check_part_drops_both_ends(monkeypatch):
+    server, clients, inputs = _parts(monkeypatch, 2)
+    requests = server.start()
+    while server.stage != "check" or server._part < 2:
+        deliver(server, clients, requests)
+        requests = server.advance()
+    receiver, good = 1, requests[1]  # part 2 carries the pieces of senders 5 and 6
+    assert set(good["pieces"]) == {5, 6}
+    blob = bytearray(good["pieces"][6])
+    blob[20] ^= 1
+    tampered = Message(good.kind, good.round, SERVER, receiver, {"pieces": {**good["pieces"], 6: bytes(blob)}})
+    replies, result = _finish_with_relay(server, clients, requests, receiver, tampered)
+    assert replies[receiver]["bad_pieces"] == (6,)
+    assert result.disputes == ((1, 6),) and result.contributors == frozenset({2, 3, 4, 5, 7})
+    assert np.array_equal(result.ring_sum, field_sum(inputs[c] for c in (2, 3, 4, 5, 7)))
+
+
+def test_a_client_refuses_a_repeated_part(monkeypatch):
+    server, clients, _ = _parts(monkeypatch, 2)
+    requests = server.start()
+    deliver(server, clients, requests)
+    keys = server.advance()
+    first = clients[1].handle(keys[1])
+    assert set(first["pieces"]) == {2}  # part 0 is clients 1 and 2: client 1 seals for 2 only
+    again = Message("lsa_more_pieces", ROUND, SERVER, 1, {"receivers": (2,)})
+    with pytest.raises(ProtocolError, match="not sent yet"):
+        clients[1].handle(again)  # a piece is sent once: a second copy would let nothing new be learned, refused anyway
+    more = Message("lsa_more_pieces", ROUND, SERVER, 1, {"receivers": (3, 4)})
+    assert set(clients[1].handle(more)["pieces"]) == {3, 4}

@@ -26,7 +26,7 @@ class Logged(LightSecAggServer):
     log: list[tuple[str, str, int]] = []
 
     def accept(self, msg):
-        stage = self.stage
+        stage = f"{self.stage}:{self._part}"  # the share and check stages may run in parts
         super().accept(msg)
         self.log.append(("replied", stage, msg.sender))
 
@@ -41,8 +41,9 @@ def most_unanswered(log, stage: str) -> int:
     return most
 
 
+@pytest.mark.parametrize("parts", [False, True])
 @pytest.mark.parametrize("crash", [False, True])
-def test_a_paced_lightsecagg_round_keeps_two_requests_in_flight_and_is_exact(monkeypatch, tmp_path, crash):
+def test_a_paced_lightsecagg_round_keeps_two_requests_in_flight_and_is_exact(monkeypatch, tmp_path, crash, parts):
     monkeypatch.setattr(lightsecagg, "WINDOW_BYTES", 1)  # every large stage paced at its floor, two requests
     log: list[tuple[str, str, int]] = []
     monkeypatch.setattr(Logged, "log", log)
@@ -50,7 +51,7 @@ def test_a_paced_lightsecagg_round_keeps_two_requests_in_flight_and_is_exact(mon
 
     def logged_send(self, requests, sent, protocol=None, *, ids=None):
         ids = list(requests if ids is None else ids)
-        log.extend(("sent", protocol.stage, cid) for cid in ids)
+        log.extend(("sent", f"{protocol.stage}:{protocol._part}", cid) for cid in ids)
         return send(self, requests, sent, protocol, ids=ids)
 
     monkeypatch.setattr(ServerDriver, "_send_requests", logged_send)
@@ -66,11 +67,17 @@ def test_a_paced_lightsecagg_round_keeps_two_requests_in_flight_and_is_exact(mon
     fed = InprocFederation(client_ids=ids, factory=factory, endpoint=f"ipc://{tmp_path}/lsa.sock")
     with fed as driver:
         protocol = Logged(round_id=1, clients=ids, length=D, target_survivors=5, privacy=2)
+        if parts:  # share and check in parts of two pieces a message: three stage rounds each
+            protocol.part_size = 2
         report = driver.run_round(protocol, stage_timeout=30.0)
     kept = [c for c in ids if not (crash and c == crashing)]
     assert report.result.contributors == frozenset(kept)
     assert np.array_equal(report.result.ring_sum, synthetic_sum(kept, 1, D, ring=lightsecagg.FIELD_P31))
+    rounds = sorted({st for _, st, _ in log})
     for stage in PACED:
-        assert sum(1 for what, st, _ in log if what == "sent" and st == stage) >= len(kept)
-        assert most_unanswered(log, stage) <= 2 + (crash and stage == "masked_input"), stage
-    assert most_unanswered(log, "advertise") == len(ids)  # small messages: all at once
+        mine = [st for st in rounds if st.startswith(stage + ":")]
+        assert len(mine) == (4 if parts and stage != "masked_input" else 1), mine  # 7 clients in parts of 2
+        for st in mine:
+            assert sum(1 for what, s, _ in log if what == "sent" and s == st) == len(ids)  # every request sent
+            assert most_unanswered(log, st) <= 2 + (crash and stage == "masked_input"), st
+    assert most_unanswered(log, "advertise:0") == len(ids)  # small messages: all at once

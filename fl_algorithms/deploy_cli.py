@@ -197,13 +197,16 @@ def main(argv: list[str] | None = None) -> int:
 def serve(args: argparse.Namespace, ap: argparse.ArgumentParser, *, argv: list[str], config: RunConfig, task: Task,
           deployment: DeploymentConfig, limits: FrameLimits, curve: Any, roster: Any) -> int:
     """The server side of main: wait for the clients, run the rounds, write the run directory."""
-    from transport.server import ServerConfig, ServerDriver
+    from secagg.protocols import registry
+    from transport.server import ServerConfig, ServerDriver, release_large_buffers
 
     ledger = None
     if config.secure.distributed_dp is not None:
         from dp.ledger import Ledger
 
         ledger = Ledger()
+    if registry.server_class(config.secure.protocol).release_buffers:  # its large pieces go back to the OS
+        release_large_buffers()
     with ServerDriver(args.bind, curve=curve, config=ServerConfig(limits=limits)) as driver:
         got = driver.wait_for_clients(count=args.clients, timeout=args.register_timeout)
         if len(got) < args.clients:

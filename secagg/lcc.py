@@ -293,3 +293,16 @@ class LagrangeCode:
             raise ValueError(f"coded pieces must be uint32 ({u}, {m})")
         flat = matmul_mod_p(_decoder(self.num_coded, u, self.privacy, positions), coded).reshape(-1)
         return flat if flat.size == self.length else flat[: self.length].copy()
+
+    def decode_columns(self, positions: tuple[int, ...] | list[int], coded: np.ndarray) -> np.ndarray:
+        """Columns c0..c1 of the decoded data pieces, (U - T, c1 - c0), from the same columns of U coded
+        pieces: the mask's coordinates r m + c0 .. r m + c1 of each data piece r (m = piece length), so a
+        long mask can be decoded block by block without holding it whole."""
+        u = self.num_nodes
+        positions = tuple(int(p) for p in positions)[:u]
+        if len(positions) < u or len(set(positions)) != u or any(not 0 <= p < self.num_coded for p in positions):
+            raise ValueError(f"decoding needs {u} distinct positions in [0, N)")
+        coded = np.ascontiguousarray(coded[:u])
+        if coded.ndim != 2 or coded.shape[0] != u or coded.shape[1] > self.piece_length or coded.dtype != np.uint32:
+            raise ValueError(f"coded columns must be uint32 ({u}, <= {self.piece_length})")
+        return matmul_mod_p(_decoder(self.num_coded, u, self.privacy, positions), coded)

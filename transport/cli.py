@@ -64,7 +64,7 @@ from transport.enrolment import (ROSTER, EnrolmentError, assemble_roster, check_
                                  enrol, enrol_client, init_server, load_client, load_server, read_client_entry,
                                  read_server_entry, roster_fingerprint)
 from transport.framing import DEFAULT_LIMITS, FrameLimits
-from transport.server import RoundReport, ServerConfig, ServerDriver
+from transport.server import RoundReport, ServerConfig, ServerDriver, release_large_buffers
 
 MAX_CLIENTS = ServerConfig().max_clients
 """Most clients one server registers (the driver's own limit)."""
@@ -226,6 +226,8 @@ def serve(args: argparse.Namespace) -> int:
     """Register --clients clients, run --rounds rounds; 0 if all finished (and checked) correctly."""
     server_cls = registry.server_class(args.protocol)
     length = _vector_length(args)
+    if server_cls.release_buffers:  # its large pieces go back to the OS instead of staying in the heap
+        release_large_buffers()
     try:
         driver = ServerDriver(_endpoint(args), config=ServerConfig(session=_session(args), limits=frame_limits(args)),
                               curve=args.curve)

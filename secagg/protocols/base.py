@@ -73,6 +73,10 @@ class ServerProtocol(ABC):
     name: str = ""
     schemas: Mapping[str, Schema] = {}
     """Schema of the reply expected in each stage, by stage name."""
+    release_buffers: bool = False
+    """Whether a server process running this protocol should hand large freed buffers back to the OS
+    (`transport.server.release_large_buffers`): worth it where large messages come and go every round;
+    a streaming protocol reuses its 1 MiB chunks and only pays for the extra mappings."""
 
     def __init__(self, *, round_id: int, clients: Sequence[int], length: int, ring: Ring) -> None:
         clients = tuple(sorted(clients))

@@ -92,6 +92,8 @@ SEAL_OVERHEAD = crypto.NONCE_BYTES + crypto.TAG_BYTES
 WINDOW_BYTES = 64 << 20
 """Paced stages (`send_window`): the large messages a server asks for, or sends, at a time (64 MiB; at
 least two requests)."""
+UNMASK_BLOCK = 1 << 16
+"""Columns of the aggregate pieces decoded at a time when the server removes the aggregate mask."""
 PART_FLOOR = 16 << 20
 """Sealed pieces travel in parts of at most max(4 d, 16 MiB) bytes a message (`part_size`)."""
 _MAX_BLOB = 4 * MAX_LEN + MAX_LAYERS * shamir.SECRET_BYTES + SEAL_OVERHEAD
@@ -165,6 +167,7 @@ class LightSecAggServer(ServerProtocol):
     """Server of one LightSecAgg round; `result().ring_sum` is the sum over the committed set U1."""
 
     name = NAME
+    release_buffers = True  # sealed pieces, inputs and aggregate pieces of several MB come and go each round
     schemas = {"advertise": PUBLIC_KEY, "share": CODED_PIECES, "check": PIECE_CHECK, "masked_input": MASKED_INPUT,
                "consistency": SURVIVOR_SIGNATURE, "recovery": AGGREGATE_PIECE}
 
@@ -412,8 +415,7 @@ class LightSecAggServer(ServerProtocol):
                                          "client sealed it a wrong piece")
         good = [i for i in range(len(helpers)) if i not in bad][: self.target]
         use = coded[: self.target] if good == list(range(self.target)) else coded[good]  # a view when none was bad
-        mask_sum = self.code.decode([self.position[helpers[i]] for i in good], use)
-        total = self.ring.sub_(self._masked_sum, mask_sum)
+        total = self._unmask(self._masked_sum, [self.position[helpers[i]] for i in good], use)
         index = self.layer_index()
         own = self.excess_from  # survivors that sent their own excess
         layers = self._rebuild_layers({c: replies[c] for c in helpers if helpers.index(c) not in bad},
@@ -423,6 +425,19 @@ class LightSecAggServer(ServerProtocol):
         self.excess_sum = None
         self._masked_sum = None
         return {}
+
+    def _unmask(self, total: np.ndarray, positions: list[int], coded: np.ndarray) -> np.ndarray:
+        """total - the aggregate mask decoded from `coded` (U pieces at `positions`), in place, one block of
+        columns at a time: no d-long mask or temporary is held besides `total`."""
+        m = self.code.piece_length
+        for c0 in range(0, m, UNMASK_BLOCK):
+            c1 = min(c0 + UNMASK_BLOCK, m)
+            block = self.code.decode_columns(positions, coded[:, c0:c1])
+            for r in range(block.shape[0]):  # data piece r holds the mask's coordinates r m .. r m + m
+                start, end = r * m + c0, min(r * m + c1, self.length)
+                if start < end:
+                    self.ring.sub_(total[start:end], block[r, : end - start])
+        return total
 
     def _keep_piece(self, msg: Message) -> None:
         """Copy an accepted aggregate piece into its row of the round's piece matrix (rows by helper id) and

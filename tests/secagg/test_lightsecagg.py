@@ -562,3 +562,13 @@ def test_a_client_refuses_a_repeated_part(monkeypatch):
         clients[1].handle(again)  # a piece is sent once: a second copy would let nothing new be learned, refused anyway
     more = Message("lsa_more_pieces", ROUND, SERVER, 1, {"receivers": (3, 4)})
     assert set(clients[1].handle(more)["pieces"]) == {3, 4}
+
+
+@pytest.mark.parametrize("block", [1, 3, 7])
+def test_the_aggregate_mask_is_removed_block_by_block_exactly(monkeypatch, block):
+    from secagg.protocols import lightsecagg
+
+    monkeypatch.setattr(lightsecagg, "UNMASK_BLOCK", block)
+    server, clients, inputs = make_round(6, 41, target=5, privacy=2)  # 41 values in 3 data pieces of 14: padded
+    result = finish(server, clients, advance_to("check", server, clients))
+    assert np.array_equal(result.ring_sum, field_sum(inputs.values()))

@@ -108,13 +108,16 @@ def discrete_gaussian_tau(*, local_stddev: float, n_clients: int) -> float:
     return float(10.0 * np.sum(np.exp(-2.0 * (math.pi * local_stddev) ** 2 * k / (k + 1.0))))
 
 
-def discrete_gaussian_rdp_fn(*, l1: float, l2: float, local_stddev: float, n_clients: int, dim: int) -> RdpFn:
-    """Distributed discrete Gaussian RDP at one integer order (integer-domain parameters)."""
+def discrete_gaussian_rdp_fn(*, l1: float, l2: float, local_stddev: float, n_clients: int, dim: int,
+                             tau_clients: int | None = None) -> RdpFn:
+    """Distributed discrete Gaussian RDP at one integer order (integer-domain parameters). `tau_clients`:
+    take tau for that many clients instead (every term grows with tau, so a larger count bounds any sum
+    of between `n_clients` and `tau_clients` equal-width discrete Gaussians; `distributed._checked`)."""
     if local_stddev <= 0 or n_clients < 1:
         raise ValueError("need a positive local stddev and at least one client")
     total = math.sqrt(n_clients) * local_stddev
     l1s, l2s = l1 / total, l2 / total
-    tau = discrete_gaussian_tau(local_stddev=local_stddev, n_clients=n_clients)
+    tau = discrete_gaussian_tau(local_stddev=local_stddev, n_clients=tau_clients or n_clients)
 
     def eps(a: int) -> float:
         return min(

@@ -335,17 +335,12 @@ def _checked(plan: DistributedDPPlan) -> DistributedDPPlan:
     it lies above the charged curve at some order, so that the charge bounds every release."""
     if not plan.units:
         return plan
-    from dp.accounting import curve, discrete_gaussian_tau
+    from dp.accounting import curve, discrete_gaussian_rdp_fn
 
     charged = plan.mechanism(Observer.SERVER)
-    total = math.sqrt(charged.n_clients) * charged.local_stddev
-    l1s, l2s, dim = charged.l1_sensitivity / total, charged.l2_sensitivity / total, charged.dim
-    tau = discrete_gaussian_tau(local_stddev=charged.local_stddev, n_clients=plan.config.expected_clients * plan.units)
-
-    def worst(a: int) -> float:
-        return min(a / 2.0 * l2s**2 + tau * dim, a / 2.0 * (l2s**2 + 2.0 * l1s * tau + tau**2 * dim),
-                   a / 2.0 * (l2s + math.sqrt(dim) * tau) ** 2)
-
+    worst = discrete_gaussian_rdp_fn(l1=charged.l1_sensitivity, l2=charged.l2_sensitivity,
+                                     local_stddev=charged.local_stddev, n_clients=charged.n_clients, dim=charged.dim,
+                                     tau_clients=plan.config.expected_clients * plan.units)
     if np.any(curve(worst) > charged.rdp() * (1 + 1e-9) + 1e-12):
         raise PlanningError(f"exact discrete Gaussian noise: a release of up to {plan.config.expected_clients * plan.units} "
                             f"units of stddev {plan.unit_stddev_scaled:.3g} could lose more privacy than the floor's "

@@ -283,15 +283,9 @@ class LagrangeCode:
         are ignored, so pass the ones you trust first).
         """
         u, m = self.num_nodes, self.piece_length
-        positions = tuple(int(p) for p in positions)[:u]
-        if len(positions) < u:
-            raise ValueError(f"decoding needs {u} coded pieces, got {len(positions)}")
-        if len(set(positions)) != u or any(not 0 <= p < self.num_coded for p in positions):
-            raise ValueError("positions must be distinct and in [0, N)")
-        coded = np.ascontiguousarray(coded[:u])
-        if coded.shape != (u, m) or coded.dtype != np.uint32:
+        if np.shape(coded)[1:] != (m,):
             raise ValueError(f"coded pieces must be uint32 ({u}, {m})")
-        flat = matmul_mod_p(_decoder(self.num_coded, u, self.privacy, positions), coded).reshape(-1)
+        flat = self.decode_columns(positions, coded).reshape(-1)
         return flat if flat.size == self.length else flat[: self.length].copy()
 
     def decode_columns(self, positions: tuple[int, ...] | list[int], coded: np.ndarray) -> np.ndarray:
@@ -300,9 +294,11 @@ class LagrangeCode:
         long mask can be decoded block by block without holding it whole."""
         u = self.num_nodes
         positions = tuple(int(p) for p in positions)[:u]
-        if len(positions) < u or len(set(positions)) != u or any(not 0 <= p < self.num_coded for p in positions):
-            raise ValueError(f"decoding needs {u} distinct positions in [0, N)")
+        if len(positions) < u:
+            raise ValueError(f"decoding needs {u} coded pieces, got {len(positions)}")
+        if len(set(positions)) != u or any(not 0 <= p < self.num_coded for p in positions):
+            raise ValueError("positions must be distinct and in [0, N): distinct positions, one per coded piece")
         coded = np.ascontiguousarray(coded[:u])
         if coded.ndim != 2 or coded.shape[0] != u or coded.shape[1] > self.piece_length or coded.dtype != np.uint32:
-            raise ValueError(f"coded columns must be uint32 ({u}, <= {self.piece_length})")
+            raise ValueError(f"coded pieces must be uint32 ({u}, <= {self.piece_length})")
         return matmul_mod_p(_decoder(self.num_coded, u, self.privacy, positions), coded)

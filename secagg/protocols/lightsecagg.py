@@ -209,7 +209,7 @@ class LightSecAggServer(ServerProtocol):
         self.blob_bytes = 4 * self.code.piece_length + self._layer_count() * shamir.SECRET_BYTES + SEAL_OVERHEAD
         self.part_size = max(1, max(4 * length, PART_FLOOR) // self.blob_bytes)
         """Sealed pieces per message in the share and check stages."""
-        self._groups: list[tuple[int, ...]] = []   # the advertised clients, cut into parts of `part_size`
+        self._groups: list[tuple[int, ...]] = []   # share: receivers, check: senders, cut into `part_size` parts
         self._part = 0                             # the share or check part being run
         self._senders: list[int] = []              # clients whose every share part arrived
         self._accused: dict[int, set[int]] = {}    # accusations of every check part so far

@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import math
 from dataclasses import dataclass
+from collections.abc import Sequence
 from functools import lru_cache
 
 import numpy as np
@@ -211,8 +212,15 @@ def betas(n: int) -> tuple[int, ...]:
 
 
 @lru_cache(maxsize=64)
+def _encoding_matrix(n: int, u: int) -> np.ndarray:
+    matrix = lagrange_matrix(alphas(n, u), betas(n))
+    matrix.setflags(write=False)
+    return matrix
+
+
+@lru_cache(maxsize=64)
 def _encoder(n: int, u: int) -> _PreparedCoefficients:
-    return _PreparedCoefficients.from_matrix(lagrange_matrix(alphas(n, u), betas(n)))
+    return _PreparedCoefficients.from_matrix(_encoding_matrix(n, u))
 
 
 @lru_cache(maxsize=256)
@@ -256,7 +264,7 @@ class LagrangeCode:
 
     def encoding_matrix(self) -> np.ndarray:
         """W[j, k] = l_k(beta_j) (int64 mod p): coded piece j = sum_k W[j, k] * piece_k."""
-        return lagrange_matrix(alphas(self.num_coded, self.num_nodes), betas(self.num_coded))
+        return _encoding_matrix(self.num_coded, self.num_nodes).copy()
 
     def encode(self, mask: np.ndarray, *, noise: np.ndarray | None = None) -> np.ndarray:
         """Coded pieces of `mask`, uint32 (N, m); row j is party j's piece.
@@ -275,6 +283,33 @@ class LagrangeCode:
                 raise ValueError(f"noise must be uint32 ({t}, {m}) residues mod p")
             pieces[k:] = noise
         return matmul_mod_p(_encoder(self.num_coded, self.num_nodes), pieces)
+
+    def data_rows(self, mask: np.ndarray) -> np.ndarray:
+        """The U - T data pieces of `mask`, uint32 (U - T, m): the mask zero-padded to (U - T) m."""
+        FIELD_P31.validate(mask, length=self.length)
+        rows = np.zeros((self.data_pieces, self.piece_length), dtype=np.uint32)
+        rows.reshape(-1)[: self.length] = mask
+        return rows
+
+    def encode_rows(self, positions: Sequence[int], data: np.ndarray, noise: np.ndarray | None) -> np.ndarray:
+        """The coded pieces of the parties at 0-based `positions` only, uint32 (len(positions), m): the same
+        rows as `encode` from the data pieces `data` (`data_rows`) and the T random pieces `noise`, so a
+        party can encode and send its pieces part by part instead of holding all N at once."""
+        k, t, m = self.data_pieces, self.privacy, self.piece_length
+        positions = [int(p) for p in positions]
+        if any(not 0 <= p < self.num_coded for p in positions):
+            raise ValueError(f"positions must be in [0, {self.num_coded})")
+        if data.shape != (k, m) or data.dtype != np.uint32:
+            raise ValueError(f"data pieces must be uint32 ({k}, {m})")
+        if t and (noise is None or noise.shape != (t, m) or noise.dtype != np.uint32):
+            raise ValueError(f"noise must be uint32 ({t}, {m}) residues mod p")
+        if not positions:
+            return np.zeros((0, m), dtype=np.uint32)
+        rows = _encoding_matrix(self.num_coded, self.num_nodes)[positions]
+        out = matmul_mod_p(rows[:, :k], data)
+        if t:
+            FIELD_P31.add_(out, matmul_mod_p(rows[:, k:], noise))
+        return out
 
     def decode(self, positions: tuple[int, ...] | list[int], coded: np.ndarray) -> np.ndarray:
         """The (summed) mask of length d from coded pieces at U distinct 0-based positions.

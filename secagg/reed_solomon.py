@@ -317,6 +317,8 @@ def locate_vector_errors(
 ) -> frozenset[int]:
     """Indices of the wrong rows of `pieces` (n, L): row i should be F(xs[i]) for a vector polynomial
     F of degree < k over F_prime (prime < 2^32; entries are reduced mod prime, any integer dtype).
+    `pieces` is an array, or any object with `shape` read a block of columns at a time as
+    `pieces[:, c0:c1]` (e.g. `relay.RowStore`, rows spilled to disk).
 
     Why a projection: each of `rounds` secret uniform vectors c in F_prime^L turns the rows into one
     scalar codeword F(x).c, decoded with `decode_scalar`; the union of the flagged rows is returned.
@@ -333,8 +335,8 @@ def locate_vector_errors(
         raise ValueError(f"prime must be an integer in [2, 2^32) for vector pieces, got {prime!r}")
     if rounds < 1:
         raise ValueError(f"rounds must be at least 1, got {rounds}")
-    pieces = np.asarray(pieces)
-    if pieces.ndim != 2 or pieces.shape[1] < 1:
+    pieces = pieces if hasattr(pieces, "shape") else np.asarray(pieces)  # or any matrix read as pieces[:, c0:c1]
+    if len(pieces.shape) != 2 or pieces.shape[1] < 1:
         raise ValueError(f"pieces must be a 2-D array (n, L) with L >= 1, got shape {pieces.shape}")
     plan = _plan(xs, k=k, prime=prime, max_errors=max_errors)
     if pieces.shape[0] != len(plan.xs):

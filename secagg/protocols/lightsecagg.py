@@ -82,7 +82,7 @@ from secagg.noise_layers import MAX_LAYERS, LayerSecrets, LayerSpec
 from secagg.prg import random_vector
 from secagg.protocols.base import MAX_VECTOR_LENGTH, ClientProtocol, InputFn, RoundResult, ServerProtocol
 from secagg.protocols.consistency import Floors, require_signatures, sign_survivors, survivor_statement
-from secagg.protocols.relay import SPILL_FROM, LazyRequests, SealedStore
+from secagg.protocols.relay import CLIENT_SPILL_FROM, SPILL_FROM, LazyRequests, RowStore, SealedStore
 from secagg.ring import FIELD_P31, MERSENNE_31, Ring
 
 NAME = "lightsecagg"
@@ -180,8 +180,9 @@ class LightSecAggServer(ServerProtocol):
         advertisement (or survivor signature) drops its sender at once (clients check every
         signature themselves anyway). `noise_layers`: removable noise layers (XNoise) whose secrets
         the clients share with their pieces; revealed ones come back in `RoundResult.layer_secrets`.
-        `spill`: keep the sealed pieces between the share and check stages in an unlinked temporary file
-        instead of memory (`relay.SealedStore`; "auto": when they exceed `relay.SPILL_FROM` bytes), and
+        `spill`: keep the sealed pieces between the share and check stages, and the aggregate pieces at
+        recovery, in unlinked temporary files instead of memory (`relay.SealedStore`, `relay.RowStore`;
+        "auto": each when it exceeds `relay.SPILL_FROM` bytes), and
         build each client's relay only when a driver sends it, so the server holds O(d) of them. `pace`:
         ask drivers to pace the stages with large messages (`send_window`)."""
         super().__init__(round_id=round_id, clients=clients, length=length, ring=ring)
@@ -216,8 +217,9 @@ class LightSecAggServer(ServerProtocol):
         self._keys: dict[int, bytes] = {}
         self._relayed_to: dict[int, frozenset[int]] = {}   # receiver -> senders of the pieces relayed to it
         self._store: SealedStore | None = None
-        self._coded: np.ndarray | None = None
-        """Recovery: the accepted aggregate pieces, one row per asked helper in id order (`_rows`)."""
+        self._coded: RowStore | None = None
+        """Recovery: the accepted aggregate pieces, one row per asked helper in id order (`_rows`); spilled
+        to an unlinked file like the relay store."""
         self._rows: dict[int, int] = {}
         self._survivors: tuple[int, ...] = ()
         self._signatures: dict[int, bytes] = {}
@@ -331,7 +333,7 @@ class LightSecAggServer(ServerProtocol):
         self._keys = {c: m["public_key"] for c, m in sorted(replies.items())}
         signatures = {c: m["signature"] for c, m in sorted(replies.items())}
         total = len(self._keys) * (len(self._keys) - 1) * self.blob_bytes
-        self._store = SealedStore(spill=total > SPILL_FROM if self.spill == "auto" else bool(self.spill))
+        self._store = SealedStore(spill=self._spills(total))
         ids = sorted(self._keys)
         self._groups = [tuple(ids[i:i + self.part_size]) for i in range(0, len(ids), self.part_size)]
         self._part = 0
@@ -389,7 +391,8 @@ class LightSecAggServer(ServerProtocol):
             raise AbortError(stage="consistency", survivors=len(replies), required=self.target,
                              detail="too few survivors signed the survivor set")
         self._signatures = {c: m["signature"] for c, m in replies.items()}
-        self._coded = np.empty((len(replies), self.code.piece_length), dtype=np.uint32)
+        m = self.code.piece_length
+        self._coded = RowStore(len(replies), m, spill=self._spills(4 * m * len(replies)))
         self._rows = {c: i for i, c in enumerate(sorted(replies))}
         return self._enter("recovery", {
             c: self._request(RECOVER.kind, c, survivors=self._survivors, signatures=self._signatures)
@@ -402,7 +405,8 @@ class LightSecAggServer(ServerProtocol):
                              detail="too few aggregate coded pieces to decode the aggregate mask")
         helpers = sorted(replies)
         rows = [self._rows[c] for c in helpers]
-        coded = self._coded if rows == list(range(len(self._rows))) else self._coded[rows]  # a copy only if some dropped
+        store = self._coded
+        coded = store if rows == list(range(len(self._rows))) else store.select(rows)
         self._coded, self._rows = None, {}
         points = [betas(len(self.clients))[self.position[c]] for c in helpers]
         try:
@@ -414,8 +418,8 @@ class LightSecAggServer(ServerProtocol):
             self.mark_faulty(helpers[i], "sent a wrong aggregate coded piece (located and left out): it lied, or a "
                                          "client sealed it a wrong piece")
         good = [i for i in range(len(helpers)) if i not in bad][: self.target]
-        use = coded[: self.target] if good == list(range(self.target)) else coded[good]  # a view when none was bad
-        total = self._unmask(self._masked_sum, [self.position[helpers[i]] for i in good], use)
+        total = self._unmask(self._masked_sum, [self.position[helpers[i]] for i in good], coded.select(good))
+        store.close()
         index = self.layer_index()
         own = self.excess_from  # survivors that sent their own excess
         layers = self._rebuild_layers({c: replies[c] for c in helpers if helpers.index(c) not in bad},
@@ -426,7 +430,7 @@ class LightSecAggServer(ServerProtocol):
         self._masked_sum = None
         return {}
 
-    def _unmask(self, total: np.ndarray, positions: list[int], coded: np.ndarray) -> np.ndarray:
+    def _unmask(self, total: np.ndarray, positions: list[int], coded: RowStore) -> np.ndarray:
         """total - the aggregate mask decoded from `coded` (U pieces at `positions`), in place, one block of
         columns at a time: no d-long mask or temporary is held besides `total`."""
         m = self.code.piece_length
@@ -439,11 +443,15 @@ class LightSecAggServer(ServerProtocol):
                     self.ring.sub_(total[start:end], block[r, : end - start])
         return total
 
+    def _spills(self, nbytes: int) -> bool:
+        """Whether a store of `nbytes` goes to disk: `spill`, or past `relay.SPILL_FROM` with "auto"."""
+        return nbytes > SPILL_FROM if self.spill == "auto" else bool(self.spill)
+
     def _keep_piece(self, msg: Message) -> None:
-        """Copy an accepted aggregate piece into its row of the round's piece matrix (rows by helper id) and
-        keep the reply without it: the server holds the pieces once, not as replies and again as a stacked
-        copy for decoding."""
-        self._coded[self._rows[msg.sender]] = msg["piece"]
+        """Write an accepted aggregate piece into its row of the round's piece store (rows by helper id; on
+        disk when spilled) and keep the reply without it: the server holds the pieces once, not as replies
+        and again as a stacked copy for decoding."""
+        self._coded.put(self._rows[msg.sender], msg["piece"])
         kept = {**self._replies[msg.sender].fields, "piece": np.zeros(0, dtype=np.uint32)}  # not a view of the buffer
         self._replies[msg.sender] = Message(kind=msg.kind, round=msg.round, sender=msg.sender, receiver=msg.receiver,
                                             fields=kept)
@@ -511,10 +519,18 @@ class LightSecAggClient(ClientProtocol):
 
     def __init__(self, *, client_id: int, round_id: int, input_fn: InputFn, max_length: int = MAX_LEN,
                  min_privacy: int = 1, min_survivors: int = 2, min_colluders: int = 0, min_group: int = 1,
-                 identity: Identity | None = None, noise_layers: LayerSecrets | None = None) -> None:
+                 identity: Identity | None = None, noise_layers: LayerSecrets | None = None,
+                 spill: bool | str = "auto") -> None:
         """`noise_layers`: this client's removable-noise layer secrets (XNoise), Shamir-shared with its
-        pieces; it reveals the link its own spec gives for the signed survivor set, whatever the server asks."""
+        pieces; it reveals the link its own spec gives for the signed survivor set, whatever the server asks.
+        `spill`: keep the sealed pieces received for recovery, (N - 1) / (U - T) times the input's size,
+        in an unlinked temporary file instead of memory ("auto": when they exceed `relay.CLIENT_SPILL_FROM`
+        bytes). With them spilled, and its own pieces encoded and sealed part by part, a client holds
+        its mask, the code's T random pieces and one part, whatever N is."""
         super().__init__(client_id=client_id, round_id=round_id, input_fn=input_fn, max_length=max_length)
+        if spill not in (True, False, "auto"):
+            raise ValueError(f"spill must be True, False or 'auto', got {spill!r}")
+        self.spill = spill
         self.noise_layers = noise_layers
         self.layer_count = noise_layers.spec.count if noise_layers else 0
         self._held_layers: dict[int, tuple[bytes, ...]] = {}
@@ -532,11 +548,19 @@ class LightSecAggClient(ClientProtocol):
         self._keypair: KeyPair | None = None  # kept only until the pairwise keys are derived
         self._public_key = b""
         self._peer_keys: dict[int, bytes] = {}
-        self._mask: np.ndarray | None = None
+        self._data: np.ndarray | None = None
+        """The mask's U - T data pieces (uint32 (U - T, m)); the mask is their first d words."""
+        self._noise: np.ndarray | None = None
+        """The code's T random pieces, kept only while this client's coded pieces are being sent."""
+        self._layer_bytes: dict[int, bytes] = {}
+        """Each peer's share of this client's noise-layer secrets, sealed with its piece."""
         self._own_piece: np.ndarray | None = None
-        self._held: dict[int, np.ndarray] = {}
-        self._unsent: dict[int, bytes] = {}
-        """Sealed pieces not yet asked for (the share stage runs in parts)."""
+        self._held: set[int] = set()
+        """Senders whose sealed piece passed the check; the blobs wait in `_store` until recovery."""
+        self._store: SealedStore | None = None
+        self._unsent: set[int] = set()
+        """Peers whose pieces have not been asked for yet (the share stage runs in parts; each part is
+        encoded and sealed when asked for)."""
         self._opened: set[int] = set()
         """Senders whose relayed piece this client has already tried to open (good or bad)."""
 
@@ -604,30 +628,43 @@ class LightSecAggClient(ClientProtocol):
                          for c, pk in keys.items() if c != me}
         except ValueError as exc:
             raise ProtocolError(f"bad peer public key: {exc}") from exc
-        mask = random_vector(FIELD_P31, code.length)
-        coded = code.encode(mask)
+        self._data = code.data_rows(random_vector(FIELD_P31, code.length))
+        self._noise = random_vector(FIELD_P31, code.privacy * code.piece_length).reshape(code.privacy, -1) \
+            if code.privacy else None
         shares = self._layer_shares(sorted(keys))
-        sealed = {c: seal(k, coded[self._position[c]].astype("<u4", copy=False).tobytes() + shares[c],
-                          _piece_aad(self.round_id, me, c))
-                  for c, k in peer_keys.items()}
-        first = self._part_of(sealed, msg["receivers"])
-        self._peer_keys, self._mask, self._keypair = peer_keys, mask, None
-        self._own_piece = coded[self._position[me]].copy()
-        self._own_layers = _layer_pieces(shares[me])
-        self._unsent = {c: b for c, b in sealed.items() if c not in first}
-        return self._reply(CODED_PIECES.kind, pieces=first), (MORE_PIECES.kind, RELAY.kind)
+        self._peer_keys, self._keypair = peer_keys, None
+        self._own_layers = _layer_pieces(shares.pop(me))
+        self._layer_bytes, self._unsent = shares, set(peer_keys)
+        blob_bytes = 4 * code.piece_length + len(next(iter(shares.values()), b"")) + SEAL_OVERHEAD
+        held = blob_bytes * len(peer_keys)
+        self._store = SealedStore(spill=held > CLIENT_SPILL_FROM if self.spill == "auto" else bool(self.spill))
+        return self._reply(CODED_PIECES.kind, pieces=self._part(msg["receivers"], own=True)), \
+            (MORE_PIECES.kind, RELAY.kind)
 
     def _on_more_pieces(self, msg: Message):
-        part = self._part_of(self._unsent, msg["receivers"])
-        self._unsent = {c: b for c, b in self._unsent.items() if c not in part}
-        return self._reply(CODED_PIECES.kind, pieces=part), (MORE_PIECES.kind, RELAY.kind)
+        return self._reply(CODED_PIECES.kind, pieces=self._part(msg["receivers"])), (MORE_PIECES.kind, RELAY.kind)
 
-    @staticmethod
-    def _part_of(sealed: Mapping[int, bytes], receivers: Sequence[int]) -> dict[int, bytes]:
-        """The sealed pieces of `receivers` (each once, each still unsent); ProtocolError otherwise."""
-        if len(set(receivers)) != len(receivers) or not set(receivers) <= set(sealed):
+    def _part(self, receivers: Sequence[int], *, own: bool = False) -> dict[int, bytes]:
+        """The sealed pieces of `receivers` (each once, each still unsent; ProtocolError otherwise), encoded
+        and sealed now: one part's pieces exist at a time, never all N. `own`: this client's own piece is
+        encoded in the same product (each product reads all U pieces of the code once)."""
+        if len(set(receivers)) != len(receivers) or not set(receivers) <= self._unsent:
             raise ProtocolError("a share part must name distinct peers whose pieces this client has not sent yet")
-        return {c: sealed[c] for c in receivers}
+        me = self.client_id
+        positions = [self._position[c] for c in receivers] + ([self._position[me]] if own else [])
+        coded = self.code.encode_rows(positions, self._data, self._noise)
+        if own:
+            self._own_piece = coded[-1].copy()
+        part = {}
+        for row, c in enumerate(receivers):
+            part[c] = seal(self._peer_keys[c], coded[row].astype("<u4", copy=False).tobytes() + self._layer_bytes[c],
+                           _piece_aad(self.round_id, me, c))
+        self._unsent -= set(receivers)
+        return part
+
+    def _end_share(self) -> None:
+        """The share stage is over: the random pieces and layer shares are no longer needed."""
+        self._unsent, self._noise, self._layer_bytes = set(), None, {}
 
     def _on_relay(self, msg: Message):
         pieces, code, me = msg["pieces"], self.code, self.client_id
@@ -635,37 +672,42 @@ class LightSecAggClient(ClientProtocol):
             raise ProtocolError("relayed pieces from clients that were not in the key list")
         if set(pieces) & self._opened:
             raise ProtocolError("a relay part repeats a sender whose piece this client already has")
-        held, held_layers, bad = {}, {}, []
-        cut = 4 * code.piece_length
+        self._end_share()
+        bad = []
         for sender, blob in pieces.items():
-            try:
-                raw = open_sealed(self._peer_keys[sender], blob, _piece_aad(self.round_id, sender, me))
-            except DecryptionError:
-                raw = b""
-            piece = np.frombuffer(raw[:cut], dtype="<u4").astype(np.uint32, copy=False)
-            try:
-                if len(raw) != cut + self.layer_count * shamir.SECRET_BYTES:
-                    raise ValueError("wrong size")
-                layers = _layer_pieces(raw[cut:])
-            except ValueError:
-                layers = None
-            if layers is None or piece.shape[0] != code.piece_length or int(piece.max()) >= MERSENNE_31:
+            opened = self._open_piece(sender, blob)
+            if opened is None:
                 bad.append(sender)  # reported, not fatal: the server drops the sender (or this client)
                 continue
-            held[sender], held_layers[sender] = piece, layers
-        self._held.update(held)
-        self._held_layers.update(held_layers)
+            self._store.put(sender, {me: blob})  # kept sealed (spilled past the threshold), opened again at recovery
+            self._held.add(sender)
+            self._held_layers[sender] = opened[1]
         self._opened |= set(pieces)
-        self._unsent = {}  # the share stage is over
         return self._reply(PIECE_CHECK.kind, bad_pieces=tuple(sorted(bad))), (RELAY.kind, INPUT_REQUEST.kind)
+
+    def _open_piece(self, sender: int, blob: bytes) -> tuple[np.ndarray, tuple[bytes, ...]] | None:
+        """`sender`'s coded piece and layer shares from its sealed blob, or None if the blob fails
+        authentication or is malformed (wrong size, a word outside F_p, a bad layer share)."""
+        cut = 4 * self.code.piece_length
+        try:
+            raw = open_sealed(self._peer_keys[sender], blob, _piece_aad(self.round_id, sender, self.client_id))
+        except DecryptionError:
+            return None
+        if len(raw) != cut + self.layer_count * shamir.SECRET_BYTES:
+            return None
+        piece = np.frombuffer(raw, dtype="<u4", count=self.code.piece_length).astype(np.uint32, copy=False)
+        try:
+            layers = _layer_pieces(raw[cut:])
+        except ValueError:
+            return None
+        return None if int(piece.max()) >= MERSENNE_31 else (piece, layers)
 
     def _on_input_request(self, msg: Message):
         if len(self._held) + 1 < self.code.num_nodes:
             raise ProtocolError(f"pieces from {len(self._held) + 1} clients, the round needs {self.code.num_nodes}")
-        self._peer_keys = {}
         masked = self._input(self.code.length, FIELD_P31).copy()
-        FIELD_P31.add_(masked, self._mask)
-        self._mask = None
+        FIELD_P31.add_(masked, self._data.reshape(-1)[: self.code.length])
+        self._data = None
         return self._reply(MASKED_INPUT.kind, vector=masked), (SURVIVORS.kind,)
 
     def _on_survivors(self, msg: Message):
@@ -691,12 +733,17 @@ class LightSecAggClient(ClientProtocol):
         acc = self._own_piece.copy()
         for c in survivors:
             if c != me:
-                FIELD_P31.add_(acc, self._held[c])
+                opened = self._open_piece(c, self._store.for_receiver(me, [c])[c])
+                if opened is None:  # it passed the check when it arrived: the copy kept here was altered
+                    raise ProtocolError(f"the piece kept from client {c} fails authentication when read back")
+                FIELD_P31.add_(acc, opened[0])
+        self._store.close()
+        self._peer_keys = {}
         # XNoise: the link this client's OWN spec gives for the signed survivor set, never the server's word.
         index = self.noise_layers.spec.reveal_index(len(survivors)) if self.noise_layers else -1
         layer_shares = {c: (self._own_layers if c == me else self._held_layers[c])[index] for c in survivors} \
             if index >= 0 else {}
-        self._held, self._own_piece, self._held_layers, self._own_layers = {}, None, {}, ()
+        self._held, self._own_piece, self._held_layers, self._own_layers = set(), None, {}, ()
         excess = self.noise_layers.excess(index) if index >= 0 and self.noise_layers.excess else np.zeros(0, np.uint32)
         return self._reply(AGGREGATE_PIECE.kind, piece=acc, layer_shares=layer_shares, layer_index=index,
                            excess=excess), ()

@@ -155,6 +155,35 @@ def test_decoding_column_blocks_gives_the_mask_block_by_block(params, data):
         code.decode_columns(list(positions[:-1]) + [positions[0]], coded)
 
 
+@SETTINGS
+@given(params=codes, data=st.data())
+def test_encoding_any_rows_gives_those_rows_of_the_whole_code(params, data):
+    """`encode_rows` (a client encodes its pieces part by part) equals the same rows of `encode`, for any
+    subset of parties in any order, from the same mask and random pieces."""
+    n, u, t, d = params
+    code = LagrangeCode(num_coded=n, num_nodes=u, privacy=t, length=d)
+    mask = random_vector(FIELD_P31, d)
+    noise = random_vector(FIELD_P31, t * code.piece_length).reshape(t, -1) if t else None
+    whole = code.encode(mask, noise=noise)
+    positions = data.draw(st.lists(st.integers(0, n - 1), max_size=n, unique=True))
+    rows = code.encode_rows(positions, code.data_rows(mask), noise)
+    assert rows.shape == (len(positions), code.piece_length) and rows.dtype == np.uint32
+    assert np.array_equal(rows, whole[positions])
+
+
+def test_encode_rows_validates_its_inputs():
+    code = LagrangeCode(num_coded=5, num_nodes=4, privacy=2, length=10)
+    data, noise = code.data_rows(random_vector(FIELD_P31, 10)), random_vector(FIELD_P31, 10).reshape(2, 5)
+    with pytest.raises(ValueError, match="positions"):
+        code.encode_rows([5], data, noise)
+    with pytest.raises(ValueError, match="data pieces"):
+        code.encode_rows([0], data[:1], noise)
+    with pytest.raises(ValueError, match="noise"):
+        code.encode_rows([0], data, None)
+    with pytest.raises(ValueError, match="residues"):
+        code.encode_rows([0], data, np.full((2, 5), P, dtype=np.uint32))
+
+
 def test_every_u_subset_decodes():
     code = LagrangeCode(num_coded=7, num_nodes=4, privacy=2, length=13)  # 13 not divisible by 2
     mask = random_vector(FIELD_P31, 13)

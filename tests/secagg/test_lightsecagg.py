@@ -482,6 +482,76 @@ def test_a_relay_from_a_previous_round_fails_authentication_and_its_receiver_rep
     assert np.array_equal(result.ring_sum, field_sum(inputs[c] for c in (3, 4, 5)))
 
 
+@pytest.mark.parametrize("spill", [True, False])
+def test_aggregate_pieces_wait_in_a_row_store_and_one_altered_on_disk_is_left_out(spill):
+    """At recovery the server writes each aggregate piece into its row store (an unlinked file when spilled)
+    and reads it back a block of columns at a time; a row changed there is located like a lying helper."""
+    server, clients, inputs = make_round(7, 60, target=4, privacy=2)
+    server.spill = spill
+    deliver(server, clients, advance_to("recovery", server, clients))
+    store = server._coded
+    assert store.spill is spill and store.shape == (7, server.code.piece_length)
+    if spill:
+        fd, offset = store._file.fileno(), 4 * (2 * server.code.piece_length + 3)  # row of client 3
+        os.pwrite(fd, bytes([os.pread(fd, 1, offset)[0] ^ 1]), offset)
+    assert server.advance() == {}
+    result = server.result()
+    assert store._file is None and store._data is None  # closed once the mask is removed
+    assert set(result.faulty) == ({3} if spill else set())
+    assert np.array_equal(result.ring_sum, field_sum(inputs.values()))
+
+
+@pytest.mark.parametrize("spill", [True, False])
+def test_clients_keep_their_pieces_sealed_in_a_store_opened_at_recovery(spill):
+    """Each client keeps the pieces it received sealed (in an unlinked file when spilled) and opens them
+    again only for the survivors' sum at recovery; the store is closed afterwards."""
+    server, clients, inputs = make_round(6, 50, target=4, privacy=2)
+    for c in clients.values():
+        c.spill = spill
+    deliver(server, clients, advance_to("share", server, clients))
+    requests = server.advance()
+    deliver(server, clients, requests)
+    store = clients[3]._store
+    assert store.spill is spill and sorted(s for s, _ in store._where) == [1, 2, 4, 5, 6]
+    assert all(isinstance(w, tuple) is spill for w in store._where.values())
+    result = finish(server, clients, server.advance())
+    assert store._file is None and not store._where
+    assert np.array_equal(result.ring_sum, field_sum(inputs.values()))
+
+
+def test_a_piece_altered_on_the_clients_disk_makes_it_refuse_recovery_and_the_rest_finish():
+    server, clients, inputs = make_round(6, 50, target=4, privacy=2)
+    for c in clients.values():
+        c.spill = True
+    deliver(server, clients, advance_to("share", server, clients))
+    deliver(server, clients, server.advance())
+    offset, _ = clients[4]._store._where[(2, 4)]
+    fd = clients[4]._store._file.fileno()
+    os.pwrite(fd, bytes([os.pread(fd, 1, offset + 20)[0] ^ 1]), offset + 20)
+    requests = server.advance()
+    while server.stage != "recovery":
+        deliver(server, clients, requests)
+        requests = server.advance()
+    with pytest.raises(ProtocolError, match="fails authentication when read back"):
+        clients[4].handle(requests[4])
+    result = finish(server, clients, {c: r for c, r in requests.items() if c != 4})
+    assert result.contributors == frozenset(range(1, 7))  # its input is in; its recovery piece is not needed
+    assert np.array_equal(result.ring_sum, field_sum(inputs.values()))
+
+
+def test_client_spill_auto_spills_only_past_the_threshold_and_bad_values_are_refused(monkeypatch):
+    from secagg.protocols import lightsecagg
+    server, clients, _ = make_round(5, 40, target=3, privacy=1)
+    deliver(server, clients, advance_to("share", server, clients))
+    assert clients[1]._store.spill is False
+    monkeypatch.setattr(lightsecagg, "CLIENT_SPILL_FROM", 1)
+    server, clients, _ = make_round(5, 40, target=3, privacy=1)
+    deliver(server, clients, advance_to("share", server, clients))
+    assert clients[1]._store.spill is True
+    with pytest.raises(ValueError, match="spill must be"):
+        LightSecAggClient(client_id=1, round_id=1, input_fn=lambda: np.zeros(1, np.uint32), spill="yes")
+
+
 # ---- share and check in parts (large pieces) ----------------------------------------------------
 
 def _parts(monkeypatch, part_size: int, n: int = 7, d: int = 40, **kw):
@@ -514,6 +584,20 @@ def test_in_parts_every_message_carries_at_most_a_part_and_the_sum_is_exact(monk
     assert sent == got == {c: 6 for c in range(1, 8)}  # every other client's piece, over the parts
     result = server.result()
     assert result.contributors == frozenset(range(1, 8))
+    assert np.array_equal(result.ring_sum, field_sum(inputs.values()))
+
+
+def test_a_client_encodes_only_the_part_it_is_asked_for(monkeypatch):
+    """Clients never hold all N coded pieces: each share request makes one product over the code for that
+    part's receivers (plus the client's own piece with the first), and the whole `encode` is not called."""
+    from secagg.lcc import LagrangeCode
+
+    server, clients, inputs = _parts(monkeypatch, 2)
+    rows, encode_rows = [], LagrangeCode.encode_rows
+    monkeypatch.setattr(LagrangeCode, "encode", lambda *a, **k: pytest.fail("a client encoded all N pieces"))
+    monkeypatch.setattr(LagrangeCode, "encode_rows", lambda self, pos, *a: rows.append(len(pos)) or encode_rows(self, pos, *a))
+    result = finish(server, clients, server.start())
+    assert max(rows) <= 2 + 1 and sum(rows) == 7 * 7  # six peers' pieces and its own, per client
     assert np.array_equal(result.ring_sum, field_sum(inputs.values()))
 
 

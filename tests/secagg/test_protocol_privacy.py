@@ -25,6 +25,7 @@ from secagg.crypto import KeyPair
 from secagg.messages import Message
 from secagg.prg import mask, random_vector
 from secagg.protocols import secagg as sa
+from secagg.protocols import lightsecagg as lsa
 from secagg.protocols.lightsecagg import LightSecAggClient, LightSecAggServer
 from secagg.protocols.secagg import SecAggClient, SecAggPlusClient, SecAggPlusServer, SecAggServer
 from secagg.ring import FIELD_P31, MERSENNE_31, RING_2_32
@@ -285,10 +286,12 @@ def lightsecagg_attack(view: View, victim: int) -> tuple[list[np.ndarray], int]:
     code, position = server.code, server.position
     (y,) = [m["vector"] for m in view.replies("vector") if m.sender == victim]
     pieces: dict[int, np.ndarray] = {}
-    for c, colluder in view.coalition.items():
-        held = colluder.latest("_held") or {}
-        if victim in held:
-            pieces[position[c]] = held[victim]
+    for c, colluder in view.coalition.items():  # each colluder opens the victim's piece sealed to it
+        key = (colluder.latest("_peer_keys") or {}).get(victim)
+        sent = [m["pieces"][c] for m in view.replies("pieces") if m.sender == victim and c in m["pieces"]]
+        if key is not None and sent:
+            raw = lsa.open_sealed(key, sent[0], lsa._piece_aad(3, victim, c))
+            pieces[position[c]] = np.frombuffer(raw, dtype="<u4", count=code.piece_length).astype(np.uint32)
     true_pieces = len(pieces)
     width = 4 * code.piece_length
     for m in view.replies("pieces"):

@@ -129,7 +129,7 @@ CLIENT = ["client", "--id", "1", "--connect", "tcp://127.0.0.1:5555", "--dim", "
     ([*CLIENT, "--param", "max_length=4"], "--param max_length=4 is below this client's vector length 5"),
     ([*CLIENT, "--protocol", "lightsecagg", "--param", "min_survivors"],
      "got 'min_survivors'; the lightsecagg client takes ['max_length', 'min_colluders', 'min_group', "
-     "'min_privacy', 'min_survivors']"),
+     "'min_privacy', 'min_survivors', 'spill']"),
     (["keygen", "--dir", "keys", "--clients", "0"], "--clients: must be at least 1"),
     ([*SERVER, "--max-message-mib", "0"], "--max-message-mib: must be at least 1"),
     ([*SERVER, "--max-message-mib", "4097"], "--max-message-mib: must be at most 4096"),

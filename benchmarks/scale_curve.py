@@ -38,7 +38,7 @@ instead of the traced server memory the child reports its peak resident memory (
 one client running and the interpreter, `peak_rss_MB`, with `base_rss_MB` before the round). A point is
 not run where the same protocol, N and dropout at the next smaller d, scaled by d, predicts more than
 --cap CPU seconds, or where `estimated_bytes` predicts more than --max-gib GiB in one process
-(LightSecAgg: in one process its clients' coded pieces and masks are O(N d)); each such stop is printed
+(LightSecAgg: in one process its clients' masks and random pieces are O(N d)); each such stop is printed
 with its reason. Then one line per secure protocol:
 
     scale_d protocol=secagg+ d_max=.. n=.. seconds=.. plain_seconds=.. peak_rss_mb=..
@@ -176,16 +176,17 @@ def lazy_input(seed: int, client: int, ring, d: int) -> np.ndarray:
 def estimated_bytes(protocol: str, *, n: int, d: int, dropout: float) -> float:
     """Bytes a lazy round holds at its peak in one process, every party included (for the memory stop).
     Plain and SecAgg+/SecAgg: the server's running sum, the running client's input and masked copy (3 x 4d;
-    the final check holds as much). LightSecAgg: the coded pieces (N (N - 1) pieces of 4d / (U - T) bytes: in
-    one process its clients hold them until recovery, whatever the server spills), the N masks its clients
-    hold until they mask, and the server's sum with one input and its masked copy (its inputs are folded on
-    arrival since 2026-11-29; before, it held all N until the accusations were settled)."""
+    the final check holds as much). LightSecAgg: its lazy clients spill the pieces they keep for recovery
+    and encode their own pieces a part at a time (since 2026-11-30), but in one process every client
+    encodes before any relay arrives, so all N hold their mask and the code's T random pieces at once
+    (N (1 + T / (U - T)) x 4d); besides, one part coded and sealed, and the server's sum with one input
+    and its masked copy (5 x 4d). Before 2026-11-30 the clients also held all N (N - 1) coded pieces."""
     vector = 4.0 * d
     if protocol != "lightsecagg":
         return 3 * vector
     alive = max(1.0 - dropout, 0.5)
     target, privacy = math.ceil((alive - 1e-9) * n), max(1, math.floor(0.5 * alive * n))
-    return n * (n - 1) * vector / max(target - privacy, 1) + n * vector + 3 * vector
+    return n * (1 + privacy / max(target - privacy, 1)) * vector + 5 * vector
 
 
 def _status_mb(field: str) -> float:
@@ -273,7 +274,8 @@ def run_point(protocol: str, *, n: int, d: int, dropout: float, seed: int = 0, m
                 return x
             return make
 
-        clients = {c: cls(client_id=c, round_id=1, input_fn=input_fn(c)) for c in ids}
+        spill = {"spill": True} if protocol == "lightsecagg" else {}  # kept pieces to disk: O(d) per client
+        clients = {c: cls(client_id=c, round_id=1, input_fn=input_fn(c), **spill) for c in ids}
     else:
         inputs = {c: rng.integers(0, ring.modulus, size=d, dtype=np.uint64).astype(np.uint32) for c in ids}
         clients = {c: cls(client_id=c, round_id=1, input_fn=lambda x=inputs[c]: x) for c in ids}

@@ -42,19 +42,23 @@ def _loadavg() -> float:
 
 
 def ours_tcp(*, protocol: str, clients: int, dim: int, rounds: int, params: dict[str, str], dropouts: int = 0,
-             float_input: bool = True, max_message_mib: int | None = None) -> dict:
+             float_input: bool = True, max_message_mib: int | None = None,
+             client_params: dict[str, str] | None = None) -> dict:
     """Server and `clients` client processes over loopback tcp; median round wall time after round 1.
 
-    With `dropouts`, that many clients crash at the masked-input stage of the last round. Runs
+    `params` go to the server's `--param`, `client_params` to every client's. With `dropouts`, that many
+    clients crash at the masked-input stage of the last round. Runs
     `--insecure` (no CurveZMQ, no signed keys) to compare like for like with Flower's SecAgg+ over
     plain gRPC; an enrolled deployment adds transport encryption and one signature per client-round.
     `float_input=False`: clients send the deterministic synthetic ring vectors instead (no encoder, a
-    quarter of the client memory at large d). Also returns the server's peak RSS (VmHWM, MiB).
+    quarter of the client memory at large d). Also returns the server's peak RSS (VmHWM, MiB) and the
+    largest client process's (ru_maxrss from wait4, MiB).
     """
     py = [sys.executable, "-m", "transport.cli"]
     extra = [x for k, v in params.items() for x in ("--param", f"{k}={v}")]  # server-side parameters
     limit = ["--max-message-mib", str(max_message_mib)] if max_message_mib is not None else []  # both sides
     extra += limit
+    client_extra = [x for k, v in (client_params or {}).items() for x in ("--param", f"{k}={v}")]
     floats = ["--float-input"] if float_input else []
     env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     with tempfile.TemporaryDirectory() as tmp:
@@ -72,18 +76,20 @@ def ours_tcp(*, protocol: str, clients: int, dim: int, rounds: int, params: dict
         endpoint = ep_file.read_text().strip()
         drop = ["--drop-at-input", "--drop-round", str(rounds)]
         procs = [subprocess.Popen(py + ["client", "--insecure", "--id", str(i), "--connect", endpoint, "--dim", str(dim),
-                                        "--protocol", protocol, *floats, "--max-clients", str(clients), *limit,
+                                        "--protocol", protocol, *floats, "--max-clients", str(clients), *limit, *client_extra,
                                         *(drop if i > clients - dropouts else [])],
                                   cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                  for i in range(1, clients + 1)]
+        client_rss = []
         try:
             out, _ = server.communicate(timeout=1800)
         finally:
             for p in procs:
-                try:
-                    p.wait(timeout=30)
-                except subprocess.TimeoutExpired:
+                rss = _wait_rss(p, timeout=30)
+                if rss is None:
                     p.kill()
+                else:
+                    client_rss.append(rss)
     lines = [json.loads(l) for l in out.splitlines() if l.startswith("{")]
     done = [l for l in lines if l.get("event") == "round"]
     expected = [clients] * (rounds - 1) + [clients - dropouts]
@@ -93,7 +99,32 @@ def ours_tcp(*, protocol: str, clients: int, dim: int, rounds: int, params: dict
     stages = {k: statistics.median(l["stage_seconds"][k] for l in measured) for k in measured[0]["stage_seconds"]}
     per_client = statistics.median(l["bytes_received"] for l in measured) / clients
     return {"round_s": statistics.median(l["round_seconds"] for l in measured), "stages": stages,
-            "bytes_per_param": per_client / dim, "peak_rss_mb": max(l.get("peak_rss_mb") or 0.0 for l in done)}
+            "bytes_per_param": per_client / dim, "peak_rss_mb": max(l.get("peak_rss_mb") or 0.0 for l in done),
+            "client_peak_rss_mb": max(client_rss, default=0.0), "peak_stage": _peak_stage(done)}
+
+
+def _peak_stage(rounds: list[dict]) -> str:
+    """The stage at whose end the server's VmHWM first reached its peak ("" where the lines have none)."""
+    top = max((l.get("peak_rss_mb") or 0.0) for l in rounds)
+    for line in rounds:
+        for stage, peak in (line.get("stage_peak_rss_mb") or {}).items():
+            if peak >= top:
+                return f"round {line['round']} {stage}"
+    return ""
+
+
+def _wait_rss(proc: subprocess.Popen, *, timeout: float) -> float | None:
+    """Reap `proc` within `timeout` seconds and return its peak RSS in MiB (the kernel's ru_maxrss, from
+    wait4), or None if it is still running."""
+    deadline = time.monotonic() + timeout
+    while True:
+        pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+        if pid:
+            proc.returncode = os.waitstatus_to_exitcode(status)
+            return usage.ru_maxrss / 1024  # KiB on Linux
+        if time.monotonic() > deadline:
+            return None
+        time.sleep(0.05)
 
 
 def ours_in_process(*, protocol: str, clients: int, dim: int, params: dict, repeats: int = 2) -> float:

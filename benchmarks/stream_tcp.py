@@ -9,7 +9,8 @@ One server process and N client processes over tcp://127.0.0.1 (`benchmarks.seca
 - LightSecAgg (`--protocols plain,lightsecagg`) has no chunks; its modes are held (`spill=false pace=false`:
   the sealed pieces in memory, every large message asked for at once) and bounded (the defaults from
   2026-11-29: pieces spilled to an unlinked file, each relay built when sent, the share, check and
-  masked-input stages paced by `send_window`).
+  masked-input stages paced by `send_window`; and the clients' `spill=true`: the pieces each keeps for
+  recovery spilled too, which their default does only past 256 MiB). `--lightsecagg-modes` picks them.
 
 Per run: the round's wall time (median of rounds after the first, which pays connection set-up), the
 server process's peak resident memory (VmHWM) and the bytes it received per parameter. Goals (issue 58):
@@ -23,12 +24,13 @@ per parameter.
 Last lines, one per d and protocol (chunked), then one per d:
     stream protocol=secagg+ d=.. n=.. dropout=.. mode=chunked round_s=.. peak_rss_mb=.. bytes_per_param=..
     stream_goal d=.. n=.. dropout=.. secaggplus_vs_plain=.. peak_rss_mb=.. goal_rss_mb=.. whole_peak_rss_mb=..
-    stream_lightsecagg d=.. n=.. dropout=.. held_peak_rss_mb=.. bounded_peak_rss_mb=.. held_round_s=.. bounded_round_s=..
+    stream_lightsecagg d=.. n=.. dropout=.. held_peak_rss_mb=.. bounded_peak_rss_mb=.. held_round_s=.. bounded_round_s=.. bounded_client_rss_mb=..
 """
 from __future__ import annotations
 
 import argparse
 import csv
+import statistics
 import time
 from pathlib import Path
 
@@ -47,6 +49,11 @@ def modes(protocol: str, chunk: int) -> dict[str, dict[str, str]]:
     return {"whole": {"chunk": "none"}, "chunked": {"chunk": str(chunk)}}  # whole: never the auto chunks
 
 
+def client_params(protocol: str, mode: str) -> dict[str, str]:
+    """The client parameters of a mode (bounded LightSecAgg: each client spills the pieces it keeps)."""
+    return {"spill": "true"} if (protocol, mode) == ("lightsecagg", "bounded") else {}
+
+
 def message_mib(protocol: str, mode: str, d: int, clients: int) -> int | None:
     """The message limit a mode needs (None: the default fits): a whole input is 4d bytes, and a LightSecAgg
     share reply or relay about (N - 1) sealed pieces of 4d / (U - T) bytes."""
@@ -61,34 +68,65 @@ def goal_rss_mb(d: int) -> float:
 
 
 def run(*, dims: list[int], clients: int, chunk: int, rounds: int, protocols: list[str],
-        dropout: float = 0.0) -> list[dict]:
+        dropout: float = 0.0, lightsecagg_modes: tuple[str, ...] = ("held", "bounded"), repeats: int = 1) -> list[dict]:
+    """One row per run; with `repeats`, every protocol and mode runs that many times, interleaved (all of
+    them once, then all again), so that a drift in the machine's load falls on every row alike."""
     rows = []
     dropouts = round(clients * dropout)
-    for d in dims:
-        for protocol in protocols:
-            for mode, params in modes(protocol, chunk).items():
-                started = time.monotonic()
-                limit = message_mib(protocol, mode, d, clients)
-                secure = dict(params, planned_dropout=str(dropout)) if protocol == "secagg+" and dropouts else params
-                r = ours_tcp(protocol=protocol, clients=clients, dim=d, rounds=rounds, params=secure,
-                             float_input=False, max_message_mib=limit, dropouts=dropouts)
-                row = {"d": d, "n": clients, "dropout": dropouts / clients, "protocol": protocol, "mode": mode,
-                       "chunk": chunk if mode == "chunked" else 0,
-                       "round_s": r["round_s"], "peak_rss_mb": r["peak_rss_mb"], "bytes_per_param": r["bytes_per_param"],
-                       "wall_s": time.monotonic() - started}
-                rows.append(row)
-                print(f"  d={d:.0e} {protocol:8s} {mode:8s} round {row['round_s']:.3f} s, server peak "
-                      f"{row['peak_rss_mb']:.0f} MiB, {row['bytes_per_param']:.3f} B/param ({row['wall_s']:.0f} s)",
-                      flush=True)
+    runs = [(d, repeat, protocol, mode, params) for d in dims for repeat in range(repeats) for protocol in protocols
+            for mode, params in modes(protocol, chunk).items()
+            if protocol != "lightsecagg" or mode in lightsecagg_modes]
+    for d, repeat, protocol, mode, params in runs:
+        started = time.monotonic()
+        limit = message_mib(protocol, mode, d, clients)
+        secure = dict(params, planned_dropout=str(dropout)) if protocol == "secagg+" and dropouts else params
+        r = ours_tcp(protocol=protocol, clients=clients, dim=d, rounds=rounds, params=secure,
+                     float_input=False, max_message_mib=limit, dropouts=dropouts,
+                     client_params=client_params(protocol, mode))
+        row = {"d": d, "n": clients, "dropout": dropouts / clients, "protocol": protocol, "mode": mode,
+               "repeat": repeat, "chunk": chunk if mode == "chunked" else 0, "round_s": r["round_s"],
+               "peak_rss_mb": r["peak_rss_mb"], "bytes_per_param": r["bytes_per_param"],
+               "client_peak_rss_mb": r["client_peak_rss_mb"], "peak_stage": r["peak_stage"],
+               "wall_s": time.monotonic() - started}
+        rows.append(row)
+        print(f"  d={d:.0e} {protocol:8s} {mode:8s} round {row['round_s']:.3f} s, server peak {row['peak_rss_mb']:.0f} "
+              f"MiB (at the end of {row['peak_stage'] or '?'}), largest client {row['client_peak_rss_mb']:.0f} MiB, "
+              f"{row['bytes_per_param']:.3f} B/param ({row['wall_s']:.0f} s)", flush=True)
     return rows
 
 
-def table(rows: list[dict]) -> str:
-    out = ["| d | N | dropout | protocol | upload | round s | server peak RSS MiB | goal MiB (3 x 4d + 200 MB) | bytes/param |",
-           "|---|---|---|---|---|---|---|---|---|"]
+def summarise(rows: list[dict]) -> list[dict]:
+    """One row per (d, protocol, mode), in the order first run: the median round time over its runs (with
+    their range and count), the largest peak memories, the median bytes per parameter."""
+    groups: dict[tuple, list[dict]] = {}
     for r in rows:
-        out.append(f"| {r['d']:.0e} | {r['n']} | {r['dropout']:.0%} | {r['protocol']} | {r['mode']} | {r['round_s']:.3f} | "
-                   f"{r['peak_rss_mb']:.0f} | {goal_rss_mb(r['d']):.0f} | {r['bytes_per_param']:.3f} |")
+        groups.setdefault((r["d"], r["protocol"], r["mode"]), []).append(r)
+    out = []
+    for runs in groups.values():
+        top = max(runs, key=lambda r: r["peak_rss_mb"])
+        times = [r["round_s"] for r in runs]
+        out.append({**{k: v for k, v in runs[0].items() if k != "repeat"}, "runs": len(runs),
+                    "round_s": statistics.median(times), "round_s_min": min(times), "round_s_max": max(times),
+                    "peak_rss_mb": top["peak_rss_mb"], "peak_stage": top["peak_stage"],
+                    "client_peak_rss_mb": max(r["client_peak_rss_mb"] for r in runs),
+                    "bytes_per_param": statistics.median(r["bytes_per_param"] for r in runs),
+                    "wall_s": sum(r["wall_s"] for r in runs)})
+    return out
+
+
+def _round_cell(r: dict) -> str:
+    runs = r.get("runs", 1)
+    return f"{r['round_s']:.3f}" if runs == 1 else f"{r['round_s']:.3f} ({r['round_s_min']:.2f}-{r['round_s_max']:.2f}, {runs} runs)"
+
+
+def table(rows: list[dict]) -> str:
+    out = ["| d | N | dropout | protocol | upload | round s | server peak RSS MiB | goal MiB (3 x 4d + 200 MB) | bytes/param "
+           "| largest client peak RSS MiB |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        out.append(f"| {r['d']:.0e} | {r['n']} | {r['dropout']:.0%} | {r['protocol']} | {r['mode']} | {_round_cell(r)} | "
+                   f"{r['peak_rss_mb']:.0f} | {goal_rss_mb(r['d']):.0f} | {r['bytes_per_param']:.3f} | "
+                   f"{r.get('client_peak_rss_mb', 0):.0f} |")
     return "\n".join(out)
 
 
@@ -98,10 +136,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--clients", type=int, default=None, help="client processes (default 10; --quick 5)")
     ap.add_argument("--chunk", type=int, default=DEFAULT_CHUNK, help=f"values per chunk (default {DEFAULT_CHUNK})")
     ap.add_argument("--rounds", type=int, default=2, help="rounds per run; the first is not timed (default 2)")
+    ap.add_argument("--repeats", type=int, default=1,
+                    help="runs per protocol and mode, interleaved; the tables give the median round (default 1)")
     ap.add_argument("--protocols", default="plain,secagg+", help="comma-separated (default plain,secagg+)")
     ap.add_argument("--dropout", type=float, default=0.0,
                     help="fraction of clients that crash at the masked-input stage of the timed round (default 0); "
                          "SecAgg+ is planned for it (planned_dropout)")
+    ap.add_argument("--lightsecagg-modes", default="held,bounded",
+                    help="LightSecAgg's modes to run, comma-separated (default held,bounded)")
     ap.add_argument("--quick", action="store_true", help="d = 1e6, N = 5")
     ap.add_argument("--out", default="results/stream_tcp", help="where stream.csv and stream.md go")
     args = ap.parse_args(argv)
@@ -109,21 +151,25 @@ def main(argv: list[str] | None = None) -> int:
     clients = args.clients or (5 if args.quick else 10)
     protocols = [p.strip() for p in args.protocols.split(",") if p.strip()]
     if "plain" not in protocols or set(protocols) - {"plain", "secagg+", "secagg", "lightsecagg"} or clients < 3 \
-            or args.rounds < 1:
+            or args.rounds < 1 or args.repeats < 1:
         ap.error("--protocols must include plain (the baseline) and name plain, secagg+, secagg or lightsecagg; "
                  "--clients >= 3")
+    lsa_modes = tuple(m.strip() for m in args.lightsecagg_modes.split(",") if m.strip())
+    if not lsa_modes or set(lsa_modes) - {"held", "bounded"}:
+        ap.error("--lightsecagg-modes names held and/or bounded")
     if not 0.0 <= args.dropout < 0.5:
         ap.error("--dropout must be in [0, 0.5)")
     print(f"# {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: N={clients}, chunk={args.chunk}, "
           f"{args.rounds} rounds, dropout {args.dropout:.0%}, tcp://127.0.0.1, one process per party", flush=True)
     rows = run(dims=dims, clients=clients, chunk=args.chunk, rounds=args.rounds, protocols=protocols,
-               dropout=args.dropout)
+               dropout=args.dropout, lightsecagg_modes=lsa_modes, repeats=args.repeats)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    with open(out / "stream.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
+    for name, data in (("stream_runs.csv", rows), ("stream.csv", rows := summarise(rows))):
+        with open(out / name, "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=list(data[0]))
+            writer.writeheader()
+            writer.writerows(data)
     (out / "stream.md").write_text(table(rows) + "\n")
     print(table(rows))
     by = {(r["d"], r["protocol"], r["mode"]): r for r in rows}
@@ -133,10 +179,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"stream protocol={protocol} d={d:.0e} n={clients} dropout={r['dropout']:.2f} mode=chunked round_s={r['round_s']:.3f} "
                   f"peak_rss_mb={r['peak_rss_mb']:.0f} bytes_per_param={r['bytes_per_param']:.3f}")
     for d in dims:
-        if "lightsecagg" in protocols:
+        if "lightsecagg" in protocols and lsa_modes == ("held", "bounded"):
             h, b = by[(d, "lightsecagg", "held")], by[(d, "lightsecagg", "bounded")]
             print(f"stream_lightsecagg d={d:.0e} n={clients} dropout={b['dropout']:.2f} held_peak_rss_mb={h['peak_rss_mb']:.0f} "
-                  f"bounded_peak_rss_mb={b['peak_rss_mb']:.0f} held_round_s={h['round_s']:.3f} bounded_round_s={b['round_s']:.3f}")
+                  f"bounded_peak_rss_mb={b['peak_rss_mb']:.0f} held_round_s={h['round_s']:.3f} bounded_round_s={b['round_s']:.3f} "
+                  f"bounded_client_rss_mb={b['client_peak_rss_mb']:.0f}")
         secure = next((p for p in protocols if p not in ("plain", "lightsecagg")), None)
         if secure is None:
             continue

@@ -64,7 +64,7 @@ from transport.enrolment import (ROSTER, EnrolmentError, assemble_roster, check_
                                  enrol, enrol_client, init_server, load_client, load_server, read_client_entry,
                                  read_server_entry, roster_fingerprint)
 from transport.framing import DEFAULT_LIMITS, FrameLimits
-from transport.server import RoundReport, ServerConfig, ServerDriver, release_large_buffers
+from transport.server import RoundReport, ServerConfig, ServerDriver, peak_rss_mb, release_large_buffers
 
 MAX_CLIENTS = ServerConfig().max_clients
 """Most clients one server registers (the driver's own limit)."""
@@ -284,15 +284,6 @@ def _nobody_answered(args: argparse.Namespace, stage: str, length: int) -> str:
             f"clients started with a different --protocol or --dim refuse its requests (their logs name both)")
 
 
-def _peak_rss_mb() -> float | None:
-    """This process's peak resident memory so far (VmHWM, MiB), where /proc has it."""
-    try:
-        with open("/proc/self/status") as f:
-            return round(int(next(line for line in f if line.startswith("VmHWM:")).split()[1]) / 1024, 1)
-    except (OSError, StopIteration, ValueError):
-        return None
-
-
 def _round_line(args: argparse.Namespace, round_id: int, report: RoundReport, registered: float,
                 ring: Ring) -> dict:
     res = report.result
@@ -308,7 +299,7 @@ def _round_line(args: argparse.Namespace, round_id: int, report: RoundReport, re
         "disputes": [list(pair) for pair in res.disputes], "late": sorted(report.late),
         "evicted": sorted(report.evicted),
         "authenticated": args.curve is not None,
-        "peak_rss_mb": _peak_rss_mb(),
+        "peak_rss_mb": peak_rss_mb(), "stage_peak_rss_mb": dict(report.stage_peak_rss_mb),
     }
     if args.check and not args.float_input:
         expected = synthetic_sum(res.contributors, round_id, args.dim, ring=ring)

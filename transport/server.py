@@ -196,6 +196,15 @@ class ServerConfig:
             raise ValueError("collect_max_bytes must be positive")
 
 
+def peak_rss_mb() -> float | None:
+    """This process's peak resident memory so far (VmHWM, MiB), where /proc has it."""
+    try:
+        with open("/proc/self/status") as f:
+            return round(int(next(line for line in f if line.startswith("VmHWM:")).split()[1]) / 1024, 1)
+    except (OSError, StopIteration, ValueError):
+        return None
+
+
 @dataclass(frozen=True)
 class RoundReport:
     """What one `run_round` produced and what it cost."""
@@ -214,6 +223,9 @@ class RoundReport:
     """Clients still owed a reply when a stage closed early on its quorum (`StallPolicy`)."""
     evicted: frozenset[int] = frozenset()
     """Clients evicted at the end of this round (reasons in `ServerDriver.evicted`)."""
+    stage_peak_rss_mb: Mapping[str, float] = field(default_factory=dict)
+    """This process's peak resident memory (VmHWM, MiB) when each stage ended: where it first reaches its
+    round's value is the stage that set the peak (empty where /proc has no VmHWM)."""
 
     @property
     def seconds(self) -> float:
@@ -413,6 +425,7 @@ class ServerDriver:
         self._last_round = protocol.round_id
         self._begin(limit)
         stage_seconds: Counter[str] = Counter()
+        stage_peak: dict[str, float] = {}
         server_seconds: Counter[str] = Counter()
         received: Counter[int] = Counter()
         sent: Counter[int] = Counter()
@@ -494,6 +507,9 @@ class ServerDriver:
                 requests = protocol.advance()
                 server_seconds[stage] += time.perf_counter() - t
                 stage_seconds[stage] += time.perf_counter() - t0
+                peak = peak_rss_mb()
+                if peak is not None:
+                    stage_peak[stage] = peak
         except AbortError:
             self._settle_stalls(protocol.round_id, asked=asked, missed=missed)
             raise
@@ -501,7 +517,7 @@ class ServerDriver:
         return RoundReport(result=protocol.result(), stage_seconds=dict(stage_seconds),
                            server_seconds=dict(server_seconds), bytes_received=dict(received),
                            bytes_sent=dict(sent), rejected=dict(self._rejected), late=frozenset(late),
-                           evicted=evicted)
+                           evicted=evicted, stage_peak_rss_mb=stage_peak)
 
     def _settle_stalls(self, round_id: int, *, asked: set[int], missed: set[int]) -> frozenset[int]:
         """End of a round: extend or reset each asked client's run of late-or-silent rounds, and evict

@@ -47,3 +47,36 @@ def test_lightsecagg_is_measured_held_and_bounded(tmp_path, capsys):
     line = dict(part.split("=", 1) for part in lines[-1].split()[1:])
     assert lines[-1].startswith("stream_lightsecagg d=2e+04 n=4 ")
     assert float(line["held_peak_rss_mb"]) > 0 and float(line["bounded_round_s"]) > 0
+    assert float(line["bounded_client_rss_mb"]) > 0  # the largest client process, from wait4
+
+
+def test_bounded_lightsecagg_clients_spill_the_pieces_they_keep():
+    assert stream_tcp.client_params("lightsecagg", "bounded") == {"spill": "true"}
+    assert stream_tcp.client_params("lightsecagg", "held") == {} == stream_tcp.client_params("secagg+", "chunked")
+
+
+def test_lightsecagg_modes_are_checked():
+    with pytest.raises(SystemExit):
+        stream_tcp.main(["--protocols", "plain,lightsecagg", "--lightsecagg-modes", "spilled"])
+
+
+def test_repeated_runs_are_summarised_by_their_median_round_and_largest_peaks():
+    def run(protocol, repeat, round_s, peak, client):
+        return {"d": 10, "n": 3, "dropout": 0.0, "protocol": protocol, "mode": "chunked", "repeat": repeat, "chunk": 4,
+                "round_s": round_s, "peak_rss_mb": peak, "bytes_per_param": 4.0, "client_peak_rss_mb": client,
+                "peak_stage": f"round 2 s{repeat}", "wall_s": 1.0}
+
+    rows = [run("plain", 0, 3.0, 100, 50), run("secagg+", 0, 9.0, 120, 60), run("plain", 1, 1.0, 110, 40),
+            run("secagg+", 1, 5.0, 115, 70), run("plain", 2, 2.0, 90, 45), run("secagg+", 2, 4.0, 118, 65)]
+    plain, secure = stream_tcp.summarise(rows)
+    assert (plain["protocol"], plain["runs"], plain["round_s"], plain["round_s_min"], plain["round_s_max"]) == \
+        ("plain", 3, 2.0, 1.0, 3.0)
+    assert (plain["peak_rss_mb"], plain["peak_stage"], plain["client_peak_rss_mb"], plain["wall_s"]) == \
+        (110, "round 2 s1", 50, 3.0)
+    assert secure["round_s"] == 5.0 and "repeat" not in secure
+    assert "| 5.000 (4.00-9.00, 3 runs) |" in stream_tcp.table([plain, secure])
+
+
+def test_repeats_must_be_positive():
+    with pytest.raises(SystemExit):
+        stream_tcp.main(["--repeats", "0"])

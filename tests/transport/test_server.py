@@ -7,6 +7,7 @@ import struct
 import threading
 import time
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,7 +19,7 @@ from transport.adversary import zmtp_connect
 from transport import session
 from transport.cli import synthetic_input, synthetic_sum as plain_sum
 from transport.framing import WIRE_VERSION, FrameLimits, encode, wire_size
-from transport.server import LARGEST_HELLO, QueueLimits, ServerConfig, ServerDriver
+from transport.server import LARGEST_HELLO, QueueLimits, ServerConfig, ServerDriver, peak_rss_mb
 from transport.session import reply_to
 
 D = 64
@@ -134,6 +135,9 @@ def test_a_registered_clients_malformed_reply_drops_it_at_once(plain_clients, ra
         assert report.result.contributors == {1, 2} and report.result.faulty.keys() == {3}
         assert report.stage_seconds["collect"] < deadline  # closed on the last reply, before its deadline fired
         assert np.array_equal(report.result.ring_sum, plain_sum([1, 2], 1, D))
+        if Path("/proc/self/status").exists():  # the server's peak memory as each stage ended
+            assert report.stage_peak_rss_mb.keys() == report.stage_seconds.keys()
+            assert 0 < report.stage_peak_rss_mb["collect"] <= peak_rss_mb()
 
 
 def test_round_ids_must_increase(plain_clients) -> None:

@@ -38,7 +38,7 @@ instead of the traced server memory the child reports its peak resident memory (
 one client running and the interpreter, `peak_rss_MB`, with `base_rss_MB` before the round). A point is
 not run where the same protocol, N and dropout at the next smaller d, scaled by d, predicts more than
 --cap CPU seconds, or where `estimated_bytes` predicts more than --max-gib GiB in one process
-(LightSecAgg: in one process its clients' masks and random pieces are O(N d)); each such stop is printed
+(LightSecAgg: in one process its clients' masks are O(N d)); each such stop is printed
 with its reason. Then one line per secure protocol:
 
     scale_d protocol=secagg+ d_max=.. n=.. seconds=.. plain_seconds=.. peak_rss_mb=..
@@ -176,17 +176,15 @@ def lazy_input(seed: int, client: int, ring, d: int) -> np.ndarray:
 def estimated_bytes(protocol: str, *, n: int, d: int, dropout: float) -> float:
     """Bytes a lazy round holds at its peak in one process, every party included (for the memory stop).
     Plain and SecAgg+/SecAgg: the server's running sum, the running client's input and masked copy (3 x 4d;
-    the final check holds as much). LightSecAgg: its lazy clients spill the pieces they keep for recovery
-    and encode their own pieces a part at a time (since 2026-11-30), but in one process every client
-    encodes before any relay arrives, so all N hold their mask and the code's T random pieces at once
-    (N (1 + T / (U - T)) x 4d); besides, one part coded and sealed, and the server's sum with one input
-    and its masked copy (5 x 4d). Before 2026-11-30 the clients also held all N (N - 1) coded pieces."""
+    the final check holds as much). LightSecAgg: since 2026-11-30 its lazy clients spill the pieces they keep
+    for recovery, encode their own a part at a time and make the code's random pieces from a key, so in one
+    process the N clients hold their N masks (N x 4d) from the share stage until they mask; besides, one
+    part coded and sealed, and the server's sum with one input and its masked copy (5 x 4d). Before, the
+    clients also held all N (N - 1) coded pieces and their random pieces."""
     vector = 4.0 * d
     if protocol != "lightsecagg":
         return 3 * vector
-    alive = max(1.0 - dropout, 0.5)
-    target, privacy = math.ceil((alive - 1e-9) * n), max(1, math.floor(0.5 * alive * n))
-    return n * (1 + privacy / max(target - privacy, 1)) * vector + 5 * vector
+    return (n + 5) * vector
 
 
 def _status_mb(field: str) -> float:

@@ -29,13 +29,15 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 from dataclasses import dataclass
 from collections.abc import Sequence
 from functools import lru_cache
 
 import numpy as np
 
-from secagg.prg import random_vector
+from secagg.crypto import hkdf
+from secagg.prg import field_mask, random_vector
 from secagg.ring import FIELD_P31, MERSENNE_31
 
 P = MERSENNE_31
@@ -199,6 +201,48 @@ def matmul_mod_p(coeffs: np.ndarray | _PreparedCoefficients, data: np.ndarray) -
     return out
 
 
+# ---- the code's random pieces, made from a key ---------------------------------------------------
+
+NOISE_BLOCK = 1 << 16
+"""Columns of the random pieces `KeyedNoise` makes at a time, and `encode_rows` encodes at a time with it."""
+
+
+class KeyedNoise:
+    """The code's T random pieces (T, m), uniform on F_p, made from one secret key a block of columns at a
+    time, and made again identically when asked again: a party that encodes its coded pieces part by part
+    keeps 32 bytes instead of T m words (T / (U - T) times its mask).
+
+    Block b of row r is `field_mask` under HKDF(key, (r, b)): exact rejection sampling from AES-256-CTR, so
+    each block is uniform and the blocks are independent (HKDF-SHA256 and AES as PRFs). The key comes from
+    the OS CSPRNG; pass one only in tests."""
+
+    def __init__(self, rows: int, length: int, *, key: bytes | None = None, block: int = NOISE_BLOCK) -> None:
+        if rows < 1 or length < 1 or block < 1:
+            raise ValueError("random pieces need at least one row, one column and a positive block")
+        if key is not None and len(key) != 32:
+            raise ValueError("the noise key is 32 bytes")
+        self.shape = (rows, length)
+        self.block = block
+        """Columns per block (`NOISE_BLOCK`; smaller only in tests)."""
+        self._key = os.urandom(32) if key is None else key
+
+    def _block(self, row: int, index: int) -> np.ndarray:
+        info = b"fedsecure lcc noise" + row.to_bytes(4, "big") + index.to_bytes(8, "big")
+        return field_mask(hkdf(self._key, info), FIELD_P31, min(self.block, self.shape[1] - index * self.block))
+
+    def columns(self, c0: int, c1: int) -> np.ndarray:
+        """Columns c0..c1 of every random piece, uint32 (T, c1 - c0)."""
+        rows, length = self.shape
+        if not 0 <= c0 <= c1 <= length:
+            raise ValueError(f"columns must lie in [0, {length}], got {c0}..{c1}")
+        out, size = np.empty((rows, c1 - c0), dtype=np.uint32), self.block
+        for b in range(c0 // size, -(-c1 // size)):
+            lo, hi = max(c0, b * size), min(c1, (b + 1) * size)
+            for r in range(rows):
+                out[r, lo - c0 : hi - c0] = self._block(r, b)[lo - b * size : hi - b * size]
+        return out
+
+
 # ---- the code ----------------------------------------------------------------------------------
 
 def alphas(n: int, u: int) -> tuple[int, ...]:
@@ -291,24 +335,37 @@ class LagrangeCode:
         rows.reshape(-1)[: self.length] = mask
         return rows
 
-    def encode_rows(self, positions: Sequence[int], data: np.ndarray, noise: np.ndarray | None) -> np.ndarray:
+    def encode_rows(self, positions: Sequence[int], data: np.ndarray,
+                    noise: np.ndarray | KeyedNoise | None) -> np.ndarray:
         """The coded pieces of the parties at 0-based `positions` only, uint32 (len(positions), m): the same
-        rows as `encode` from the data pieces `data` (`data_rows`) and the T random pieces `noise`, so a
-        party can encode and send its pieces part by part instead of holding all N at once."""
+        rows as `encode` from the data pieces `data` (`data_rows`) and the T random pieces `noise` (an array,
+        or a `KeyedNoise` made a block of columns at a time), so a party can encode and send its pieces part
+        by part instead of holding all N, or the random pieces, at once."""
         k, t, m = self.data_pieces, self.privacy, self.piece_length
         positions = [int(p) for p in positions]
         if any(not 0 <= p < self.num_coded for p in positions):
             raise ValueError(f"positions must be in [0, {self.num_coded})")
         if data.shape != (k, m) or data.dtype != np.uint32:
             raise ValueError(f"data pieces must be uint32 ({k}, {m})")
-        if t and (noise is None or noise.shape != (t, m) or noise.dtype != np.uint32):
+        keyed = isinstance(noise, KeyedNoise)
+        if t and (noise is None or noise.shape != (t, m) or not keyed and noise.dtype != np.uint32):
             raise ValueError(f"noise must be uint32 ({t}, {m}) residues mod p")
         if not positions:
             return np.zeros((0, m), dtype=np.uint32)
         rows = _encoding_matrix(self.num_coded, self.num_nodes)[positions]
-        out = matmul_mod_p(rows[:, :k], data)
-        if t:
-            FIELD_P31.add_(out, matmul_mod_p(rows[:, k:], noise))
+        if not (t and keyed):
+            out = matmul_mod_p(rows[:, :k], data)
+            if t:
+                FIELD_P31.add_(out, matmul_mod_p(rows[:, k:], noise))
+            return out
+        on_data = _PreparedCoefficients.from_matrix(rows[:, :k])
+        on_noise = _PreparedCoefficients.from_matrix(rows[:, k:])
+        out = np.empty((len(positions), m), dtype=np.uint32)
+        for c0 in range(0, m, noise.block):
+            c1 = min(c0 + noise.block, m)
+            block = matmul_mod_p(on_data, data[:, c0:c1])
+            FIELD_P31.add_(block, matmul_mod_p(on_noise, noise.columns(c0, c1)))
+            out[:, c0:c1] = block
         return out
 
     def decode(self, positions: tuple[int, ...] | list[int], coded: np.ndarray) -> np.ndarray:

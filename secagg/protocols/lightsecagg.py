@@ -76,7 +76,7 @@ import numpy as np
 from secagg import crypto, reed_solomon, shamir
 from secagg.crypto import DecryptionError, KeyPair, agree, context, open_sealed, seal
 from secagg.identity import SIGNATURE_BYTES, Identity, Roster, advertisement
-from secagg.lcc import LagrangeCode, betas
+from secagg.lcc import KeyedNoise, LagrangeCode, betas
 from secagg.messages import AbortError, Array, Bytes, BytesMap, Int, IntList, Message, ProtocolError, Schema
 from secagg.noise_layers import MAX_LAYERS, LayerSecrets, LayerSpec
 from secagg.prg import random_vector
@@ -525,8 +525,8 @@ class LightSecAggClient(ClientProtocol):
         pieces; it reveals the link its own spec gives for the signed survivor set, whatever the server asks.
         `spill`: keep the sealed pieces received for recovery, (N - 1) / (U - T) times the input's size,
         in an unlinked temporary file instead of memory ("auto": when they exceed `relay.CLIENT_SPILL_FROM`
-        bytes). With them spilled, and its own pieces encoded and sealed part by part, a client holds
-        its mask, the code's T random pieces and one part, whatever N is."""
+        bytes). With them spilled, its own pieces encoded and sealed part by part and the code's random
+        pieces made from a key (`lcc.KeyedNoise`), a client holds its mask and one part, whatever N is."""
         super().__init__(client_id=client_id, round_id=round_id, input_fn=input_fn, max_length=max_length)
         if spill not in (True, False, "auto"):
             raise ValueError(f"spill must be True, False or 'auto', got {spill!r}")
@@ -550,8 +550,9 @@ class LightSecAggClient(ClientProtocol):
         self._peer_keys: dict[int, bytes] = {}
         self._data: np.ndarray | None = None
         """The mask's U - T data pieces (uint32 (U - T, m)); the mask is their first d words."""
-        self._noise: np.ndarray | None = None
-        """The code's T random pieces, kept only while this client's coded pieces are being sent."""
+        self._noise: KeyedNoise | None = None
+        """The code's T random pieces, made from a key block by block each time a part is encoded, and
+        forgotten when the share stage ends."""
         self._layer_bytes: dict[int, bytes] = {}
         """Each peer's share of this client's noise-layer secrets, sealed with its piece."""
         self._own_piece: np.ndarray | None = None
@@ -629,8 +630,7 @@ class LightSecAggClient(ClientProtocol):
         except ValueError as exc:
             raise ProtocolError(f"bad peer public key: {exc}") from exc
         self._data = code.data_rows(random_vector(FIELD_P31, code.length))
-        self._noise = random_vector(FIELD_P31, code.privacy * code.piece_length).reshape(code.privacy, -1) \
-            if code.privacy else None
+        self._noise = KeyedNoise(code.privacy, code.piece_length) if code.privacy else None  # 32 bytes, not T m words
         shares = self._layer_shares(sorted(keys))
         self._peer_keys, self._keypair = peer_keys, None
         self._own_layers = _layer_pieces(shares.pop(me))

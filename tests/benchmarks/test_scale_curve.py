@@ -90,7 +90,7 @@ def test_a_child_point_measures_its_own_peak_rss_and_the_cli_ends_with_scale_d_l
     # the child holds the running sum, one client's input and its masked copy: about 3 x 4d over its start
     assert p.base_rss_MB > 0 and 0 < p.peak_rss_MB - p.base_rss_MB < 3 * 0.8 + 40
     assert estimated_bytes("plain", n=1000, d=10**8, dropout=0.1) == 3 * 4e8          # whatever N
-    assert estimated_bytes("lightsecagg", n=50, d=10**7, dropout=0.0) == (50 * 2 + 5) * 4e7  # masks, random pieces
+    assert estimated_bytes("lightsecagg", n=50, d=10**7, dropout=0.1) == (50 + 5) * 4e7   # the clients' masks
     main(["--sizes", "5", "--dims", "2e4", "--lazy-from", "2e4", "--protocols", "plain,secagg+",
           "--dropouts", "0,0.2", "--out", str(tmp_path), "--no-memory"])
     lines = capsys.readouterr().out.strip().splitlines()

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from secagg.lcc import MAX_INNER, P, LagrangeCode, _reduce_into, inverse, lagrange_matrix, matmul_mod_p
+from secagg.lcc import MAX_INNER, P, KeyedNoise, LagrangeCode, _reduce_into, inverse, lagrange_matrix, matmul_mod_p
 from secagg.prg import random_vector
 from secagg.ring import FIELD_P31
 
@@ -169,6 +169,46 @@ def test_encoding_any_rows_gives_those_rows_of_the_whole_code(params, data):
     rows = code.encode_rows(positions, code.data_rows(mask), noise)
     assert rows.shape == (len(positions), code.piece_length) and rows.dtype == np.uint32
     assert np.array_equal(rows, whole[positions])
+
+
+@settings(max_examples=30, deadline=None)
+@given(rows=st.integers(1, 3), length=st.integers(1, 40), block=st.integers(1, 12), data=st.data())
+def test_keyed_noise_gives_the_same_columns_however_it_is_cut(rows, length, block, data):
+    """Any window of `KeyedNoise` equals that window of the whole (blocks made again from the key are the
+    same), every value is in F_p, and another key gives other values."""
+    key = bytes(range(32))
+    whole = KeyedNoise(rows, length, key=key, block=block).columns(0, length)
+    assert whole.shape == (rows, length) and whole.dtype == np.uint32 and int(whole.max()) < P
+    c0 = data.draw(st.integers(0, length))
+    c1 = data.draw(st.integers(c0, length))
+    assert np.array_equal(KeyedNoise(rows, length, key=key, block=block).columns(c0, c1), whole[:, c0:c1])
+    if length > 4:
+        assert not np.array_equal(KeyedNoise(rows, length, key=bytes(32), block=block).columns(0, length), whole)
+    with pytest.raises(ValueError, match="columns must lie"):
+        KeyedNoise(rows, length, key=key).columns(0, length + 1)
+
+
+@settings(max_examples=20, deadline=None)
+@given(params=codes, data=st.data())
+def test_encoding_rows_with_keyed_noise_equals_encoding_with_that_noise(params, data):
+    """Encoding block by block from a `KeyedNoise` gives the rows `encode` gives from the same noise whole."""
+    n, u, t, d = params
+    if not t:
+        return
+    code = LagrangeCode(num_coded=n, num_nodes=u, privacy=t, length=d)
+    block = data.draw(st.integers(1, code.piece_length))  # column blocks of any width, a cut anywhere
+    mask, noise = random_vector(FIELD_P31, d), KeyedNoise(t, code.piece_length, block=block)
+    positions = data.draw(st.lists(st.integers(0, n - 1), min_size=1, max_size=n, unique=True))
+    whole = code.encode(mask, noise=noise.columns(0, code.piece_length))
+    assert np.array_equal(code.encode_rows(positions, code.data_rows(mask), noise), whole[positions])
+
+
+def test_keyed_noise_values_look_uniform_on_the_field():
+    """Coarse check of the sampler: 2^18 values in 16 equal bins of F_p (chi-square, 15 d.o.f., p ~ 1e-6 cut)."""
+    values = KeyedNoise(4, 1 << 16).columns(0, 1 << 16).ravel().astype(np.int64)
+    counts = np.bincount(values * 16 // P, minlength=16)
+    expected = values.size / 16
+    assert ((counts - expected) ** 2 / expected).sum() < 50
 
 
 def test_encode_rows_validates_its_inputs():

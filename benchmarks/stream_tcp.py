@@ -63,6 +63,11 @@ def message_mib(protocol: str, mode: str, d: int, clients: int) -> int | None:
     return max(64, -(-(4 * (d + 1)) // MIB) + 8) if mode == "whole" else None
 
 
+def dropouts_of(*rows: dict) -> float:
+    """The dropout fraction of whichever of `rows` ran."""
+    return next(r["dropout"] for r in rows if r)
+
+
 def goal_rss_mb(d: int) -> float:
     return (3 * 4 * d + 200e6) / MIB
 
@@ -179,11 +184,13 @@ def main(argv: list[str] | None = None) -> int:
             print(f"stream protocol={protocol} d={d:.0e} n={clients} dropout={r['dropout']:.2f} mode=chunked round_s={r['round_s']:.3f} "
                   f"peak_rss_mb={r['peak_rss_mb']:.0f} bytes_per_param={r['bytes_per_param']:.3f}")
     for d in dims:
-        if "lightsecagg" in protocols and lsa_modes == ("held", "bounded"):
-            h, b = by[(d, "lightsecagg", "held")], by[(d, "lightsecagg", "bounded")]
-            print(f"stream_lightsecagg d={d:.0e} n={clients} dropout={b['dropout']:.2f} held_peak_rss_mb={h['peak_rss_mb']:.0f} "
-                  f"bounded_peak_rss_mb={b['peak_rss_mb']:.0f} held_round_s={h['round_s']:.3f} bounded_round_s={b['round_s']:.3f} "
-                  f"bounded_client_rss_mb={b['client_peak_rss_mb']:.0f}")
+        if "lightsecagg" in protocols:  # a mode not run reads nan
+            h, b = (by.get((d, "lightsecagg", m), {}) for m in ("held", "bounded"))
+            nan = float("nan")
+            print(f"stream_lightsecagg d={d:.0e} n={clients} dropout={dropouts_of(h, b):.2f} "
+                  f"held_peak_rss_mb={h.get('peak_rss_mb', nan):.0f} bounded_peak_rss_mb={b.get('peak_rss_mb', nan):.0f} "
+                  f"held_round_s={h.get('round_s', nan):.3f} bounded_round_s={b.get('round_s', nan):.3f} "
+                  f"bounded_client_rss_mb={b.get('client_peak_rss_mb', nan):.0f}")
         secure = next((p for p in protocols if p not in ("plain", "lightsecagg")), None)
         if secure is None:
             continue

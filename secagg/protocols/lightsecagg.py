@@ -91,7 +91,7 @@ MAX_CLIENTS = 10_000
 SEAL_OVERHEAD = crypto.NONCE_BYTES + crypto.TAG_BYTES
 WINDOW_BYTES = 64 << 20
 """Paced stages (`send_window`): the large messages a server asks for, or sends, at a time (64 MiB; at
-least two requests)."""
+least two requests, or one when a single message is larger)."""
 UNMASK_BLOCK = 1 << 16
 """Columns of the aggregate pieces decoded at a time when the server removes the aggregate mask."""
 PART_FLOOR = 16 << 20
@@ -481,7 +481,9 @@ class LightSecAggServer(ServerProtocol):
         """Paced stages, so that a server over a network never holds every client's large message at once:
         each share reply and each relay is one part, up to `part_size` sealed pieces of 4 d / (U - T) bytes,
         each masked input 4 d, each aggregate piece 4 d / (U - T). At most `WINDOW_BYTES` of them are asked
-        for at a time (at least two requests); None when all of them fit."""
+        for at a time: at least two requests while one message fits in it (the next is on its way while the
+        last is folded), one at a time above it (at d = 1e8 a masked input is 400 MB: two unanswered and one
+        being folded would be three beside the sum); None when all of them fit."""
         if not self.pace:
             return None
         if self.stage in ("share", "check"):
@@ -492,7 +494,7 @@ class LightSecAggServer(ServerProtocol):
             per = 4 * (self.code.piece_length + (self.length if self.layers else 0))
         else:
             return None
-        window = max(2, WINDOW_BYTES // per)
+        window = max(2 if per <= WINDOW_BYTES else 1, WINDOW_BYTES // per)
         return window if window < len(self._expected) else None
 
     def max_reply_bytes(self) -> int:

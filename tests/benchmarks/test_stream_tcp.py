@@ -50,6 +50,18 @@ def test_lightsecagg_is_measured_held_and_bounded(tmp_path, capsys):
     assert float(line["bounded_client_rss_mb"]) > 0  # the largest client process, from wait4
 
 
+@pytest.mark.slow
+def test_lightsecagg_bounded_alone_is_measured_and_its_line_says_held_did_not_run(tmp_path, capsys):
+    assert stream_tcp.main(["--dims", "20000", "--clients", "4", "--rounds", "1", "--protocols", "plain,lightsecagg",
+                            "--lightsecagg-modes", "bounded", "--out", str(tmp_path)]) == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    rows = (tmp_path / "stream.csv").read_text().splitlines()[1:]
+    assert [r.split(",")[3:5] for r in rows][-1] == ["lightsecagg", "bounded"] and len(rows) == 3
+    line = dict(part.split("=", 1) for part in last.split()[1:])
+    assert last.startswith("stream_lightsecagg d=2e+04 n=4 dropout=0.00 ") and line["held_peak_rss_mb"] == "nan"
+    assert float(line["bounded_peak_rss_mb"]) > 0 and float(line["bounded_client_rss_mb"]) > 0
+
+
 def test_bounded_lightsecagg_clients_spill_the_pieces_they_keep():
     assert stream_tcp.client_params("lightsecagg", "bounded") == {"spill": "true"}
     assert stream_tcp.client_params("lightsecagg", "held") == {} == stream_tcp.client_params("secagg+", "chunked")

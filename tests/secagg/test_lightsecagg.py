@@ -552,6 +552,26 @@ def test_client_spill_auto_spills_only_past_the_threshold_and_bad_values_are_ref
         LightSecAggClient(client_id=1, round_id=1, input_fn=lambda: np.zeros(1, np.uint32), spill="yes")
 
 
+def test_the_window_keeps_two_messages_in_flight_unless_one_alone_is_larger(monkeypatch):
+    """`send_window`: WINDOW_BYTES of a paced stage's messages at a time, at least two while one fits (the
+    next is on its way while the last is folded), one at a time when a single message is larger (a 400 MB
+    masked input at d = 1e8)."""
+    from secagg.protocols import lightsecagg
+
+    server, clients, _ = make_round(8, 1000, target=6, privacy=3)
+    advance_to("masked_input", server, clients)  # the masked-input stage: inputs of 4 kB
+    monkeypatch.setattr(lightsecagg, "WINDOW_BYTES", 4000 * 3)
+    assert server.send_window() == 3
+    monkeypatch.setattr(lightsecagg, "WINDOW_BYTES", 4000)
+    assert server.send_window() == 2
+    monkeypatch.setattr(lightsecagg, "WINDOW_BYTES", 3999)
+    assert server.send_window() == 1
+    monkeypatch.setattr(lightsecagg, "WINDOW_BYTES", 4000 * 8)
+    assert server.send_window() is None  # all eight fit
+    server.pace = False
+    assert server.send_window() is None
+
+
 # ---- share and check in parts (large pieces) ----------------------------------------------------
 
 def _parts(monkeypatch, part_size: int, n: int = 7, d: int = 40, **kw):

@@ -100,7 +100,8 @@ def ours_tcp(*, protocol: str, clients: int, dim: int, rounds: int, params: dict
     per_client = statistics.median(l["bytes_received"] for l in measured) / clients
     return {"round_s": statistics.median(l["round_seconds"] for l in measured), "stages": stages,
             "bytes_per_param": per_client / dim, "peak_rss_mb": max(l.get("peak_rss_mb") or 0.0 for l in done),
-            "client_peak_rss_mb": max(client_rss, default=0.0), "peak_stage": _peak_stage(done)}
+            "client_peak_rss_mb": max(client_rss, default=0.0), "peak_stage": _peak_stage(done),
+            "stage_peak_rss_mb": done[-1].get("stage_peak_rss_mb") or {}}
 
 
 def _peak_stage(rounds: list[dict]) -> str:

@@ -92,6 +92,8 @@ def run(*, dims: list[int], clients: int, chunk: int, rounds: int, protocols: li
                "repeat": repeat, "chunk": chunk if mode == "chunked" else 0, "round_s": r["round_s"],
                "peak_rss_mb": r["peak_rss_mb"], "bytes_per_param": r["bytes_per_param"],
                "client_peak_rss_mb": r["client_peak_rss_mb"], "peak_stage": r["peak_stage"],
+               "stages": " ".join(f"{k}={v:.2f}" for k, v in r["stages"].items()),
+               "stage_peaks": " ".join(f"{k}={v:.0f}" for k, v in r["stage_peak_rss_mb"].items()),
                "wall_s": time.monotonic() - started}
         rows.append(row)
         print(f"  d={d:.0e} {protocol:8s} {mode:8s} round {row['round_s']:.3f} s, server peak {row['peak_rss_mb']:.0f} "
@@ -102,7 +104,8 @@ def run(*, dims: list[int], clients: int, chunk: int, rounds: int, protocols: li
 
 def summarise(rows: list[dict]) -> list[dict]:
     """One row per (d, protocol, mode), in the order first run: the median round time over its runs (with
-    their range and count), the largest peak memories, the median bytes per parameter."""
+    their range and count, and the stage times of the run nearest the median), the largest peak memories
+    (with the stage peaks of that run), the median bytes per parameter."""
     groups: dict[tuple, list[dict]] = {}
     for r in rows:
         groups.setdefault((r["d"], r["protocol"], r["mode"]), []).append(r)
@@ -110,8 +113,10 @@ def summarise(rows: list[dict]) -> list[dict]:
     for runs in groups.values():
         top = max(runs, key=lambda r: r["peak_rss_mb"])
         times = [r["round_s"] for r in runs]
+        middle = min(runs, key=lambda r: abs(r["round_s"] - statistics.median(times)))
         out.append({**{k: v for k, v in runs[0].items() if k != "repeat"}, "runs": len(runs),
                     "round_s": statistics.median(times), "round_s_min": min(times), "round_s_max": max(times),
+                    "stages": middle.get("stages", ""), "stage_peaks": top.get("stage_peaks", ""),
                     "peak_rss_mb": top["peak_rss_mb"], "peak_stage": top["peak_stage"],
                     "client_peak_rss_mb": max(r["client_peak_rss_mb"] for r in runs),
                     "bytes_per_param": statistics.median(r["bytes_per_param"] for r in runs),

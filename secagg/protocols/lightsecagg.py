@@ -91,7 +91,7 @@ MAX_CLIENTS = 10_000
 SEAL_OVERHEAD = crypto.NONCE_BYTES + crypto.TAG_BYTES
 WINDOW_BYTES = 64 << 20
 """Paced stages (`send_window`): the large messages a server asks for, or sends, at a time (64 MiB; at
-least two requests, or one when a single message is larger)."""
+least two requests, or one masked input at a time when one is larger)."""
 UNMASK_BLOCK = 1 << 16
 """Columns of the aggregate pieces decoded at a time when the server removes the aggregate mask."""
 PART_FLOOR = 16 << 20
@@ -410,16 +410,18 @@ class LightSecAggServer(ServerProtocol):
         self._coded, self._rows = None, {}
         points = [betas(len(self.clients))[self.position[c]] for c in helpers]
         try:
-            bad = reed_solomon.locate_vector_errors(points, coded, k=self.target)
-        except reed_solomon.UncorrectableError as exc:
-            raise AbortError(stage="recovery", survivors=len(helpers), required=self.target,
-                             detail=f"aggregate coded pieces disagree beyond correction: {exc}") from exc
-        for i in sorted(bad):
-            self.mark_faulty(helpers[i], "sent a wrong aggregate coded piece (located and left out): it lied, or a "
-                                         "client sealed it a wrong piece")
-        good = [i for i in range(len(helpers)) if i not in bad][: self.target]
-        total = self._unmask(self._masked_sum, [self.position[helpers[i]] for i in good], coded.select(good))
-        store.close()
+            try:
+                bad = reed_solomon.locate_vector_errors(points, coded, k=self.target)
+            except reed_solomon.UncorrectableError as exc:
+                raise AbortError(stage="recovery", survivors=len(helpers), required=self.target,
+                                 detail=f"aggregate coded pieces disagree beyond correction: {exc}") from exc
+            for i in sorted(bad):
+                self.mark_faulty(helpers[i], "sent a wrong aggregate coded piece (located and left out): it lied, "
+                                             "or a client sealed it a wrong piece")
+            good = [i for i in range(len(helpers)) if i not in bad][: self.target]
+            total = self._unmask(self._masked_sum, [self.position[helpers[i]] for i in good], coded.select(good))
+        finally:
+            store.close()  # the spill file goes, whether the round finishes or aborts
         index = self.layer_index()
         own = self.excess_from  # survivors that sent their own excess
         layers = self._rebuild_layers({c: replies[c] for c in helpers if helpers.index(c) not in bad},
@@ -481,9 +483,11 @@ class LightSecAggServer(ServerProtocol):
         """Paced stages, so that a server over a network never holds every client's large message at once:
         each share reply and each relay is one part, up to `part_size` sealed pieces of 4 d / (U - T) bytes,
         each masked input 4 d, each aggregate piece 4 d / (U - T). At most `WINDOW_BYTES` of them are asked
-        for at a time: at least two requests while one message fits in it (the next is on its way while the
-        last is folded), one at a time above it (at d = 1e8 a masked input is 400 MB: two unanswered and one
-        being folded would be three beside the sum); None when all of them fit."""
+        for at a time, and at least two requests (the next is on its way while the last is handled), except
+        masked inputs larger than the window, asked for one at a time: each is folded into the sum in memory,
+        and at d = 1e8 (400 MB) two unanswered and one being folded would be three beside the sum. (Share
+        replies go to the relay store and relays are read from it one at a time, so two parts in flight
+        keep two clients encoding on two cores.) None when all of them fit."""
         if not self.pace:
             return None
         if self.stage in ("share", "check"):
@@ -494,7 +498,8 @@ class LightSecAggServer(ServerProtocol):
             per = 4 * (self.code.piece_length + (self.length if self.layers else 0))
         else:
             return None
-        window = max(2 if per <= WINDOW_BYTES else 1, WINDOW_BYTES // per)
+        floor = 1 if self.stage == "masked_input" and per > WINDOW_BYTES else 2
+        window = max(floor, WINDOW_BYTES // per)
         return window if window < len(self._expected) else None
 
     def max_reply_bytes(self) -> int:

@@ -552,10 +552,10 @@ def test_client_spill_auto_spills_only_past_the_threshold_and_bad_values_are_ref
         LightSecAggClient(client_id=1, round_id=1, input_fn=lambda: np.zeros(1, np.uint32), spill="yes")
 
 
-def test_the_window_keeps_two_messages_in_flight_unless_one_alone_is_larger(monkeypatch):
-    """`send_window`: WINDOW_BYTES of a paced stage's messages at a time, at least two while one fits (the
-    next is on its way while the last is folded), one at a time when a single message is larger (a 400 MB
-    masked input at d = 1e8)."""
+def test_the_window_keeps_two_messages_in_flight_unless_one_masked_input_alone_is_larger(monkeypatch):
+    """`send_window`: WINDOW_BYTES of a paced stage's messages at a time, at least two (the next is on its
+    way while the last is handled), but masked inputs one at a time when one is larger than the window (a
+    400 MB input at d = 1e8 is folded in memory); share parts keep two in flight (they go to the store)."""
     from secagg.protocols import lightsecagg
 
     server, clients, _ = make_round(8, 1000, target=6, privacy=3)
@@ -570,6 +570,10 @@ def test_the_window_keeps_two_messages_in_flight_unless_one_alone_is_larger(monk
     assert server.send_window() is None  # all eight fit
     server.pace = False
     assert server.send_window() is None
+    server, clients, _ = make_round(8, 1000, target=6, privacy=3)
+    advance_to("share", server, clients)
+    monkeypatch.setattr(lightsecagg, "WINDOW_BYTES", 1)
+    assert server.stage == "share" and server.send_window() == 2  # larger parts, still two encoding at once
 
 
 # ---- share and check in parts (large pieces) ----------------------------------------------------

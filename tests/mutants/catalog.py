@@ -99,6 +99,21 @@ def _lightsecagg_zero_mask(mp: Patcher) -> None:
     mp.setattr(lsa, "random_vector", lambda ring, length: np.zeros(length, dtype=np.uint32))
 
 
+@mutant("lightsecagg_zero_random_pieces",
+        breaks="LightSecAgg: the code's T random pieces are zero, so any U - T coded pieces (T colluders' own, "
+               "T >= U - T at the default T = N/2, U = 0.8N) determine a client's mask: T-privacy is gone",
+        tests=(f"{PRIVACY}::test_a_coalition_of_t_clients_cannot_recover_an_honest_lightsecagg_input",))
+def _lightsecagg_zero_random_pieces(mp: Patcher) -> None:
+    from secagg import lcc
+    from secagg.protocols import lightsecagg as lsa
+
+    class ZeroNoise(lcc.KeyedNoise):
+        def columns(self, c0: int, c1: int) -> np.ndarray:
+            return np.zeros((self.shape[0], c1 - c0), dtype=np.uint32)
+
+    mp.setattr(lsa, "KeyedNoise", ZeroNoise)
+
+
 @mutant("lightsecagg_piece_in_clear",
         breaks="LightSecAgg: coded mask pieces [~z_i]_j reach the relaying server unsealed, so it holds N-1 >= U "
                "pieces of every mask and decodes each z_i",

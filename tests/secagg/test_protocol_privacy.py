@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from secagg import crypto, shamir
+from secagg import crypto, lcc, shamir
 from secagg.crypto import KeyPair
 from secagg.messages import Message
 from secagg.prg import mask, random_vector
@@ -293,6 +293,15 @@ def lightsecagg_attack(view: View, victim: int) -> tuple[list[np.ndarray], int]:
             raw = lsa.open_sealed(key, sent[0], lsa._piece_aad(3, victim, c))
             pieces[position[c]] = np.frombuffer(raw, dtype="<u4", count=code.piece_length).astype(np.uint32)
     true_pieces = len(pieces)
+    candidates = [y.copy()]
+    k = code.num_nodes - code.privacy
+    if true_pieces >= k:  # were the T random pieces zero, the coalition's own pieces would fix the mask
+        n, nodes_u = len(server.clients), lcc.alphas(len(server.clients), code.num_nodes)
+        own = sorted(pieces)[: code.num_nodes]
+        nodes = tuple(lcc.betas(n)[p] for p in own) + nodes_u[k:][: code.num_nodes - len(own)]
+        values = np.vstack([pieces[p] for p in own] + [np.zeros((len(nodes) - len(own), code.piece_length), np.uint32)])
+        z = lcc.matmul_mod_p(lcc.lagrange_matrix(nodes, nodes_u[:k]), values).reshape(-1)[: code.length]
+        candidates.append(FIELD_P31.sub_(y.copy(), z))
     width = 4 * code.piece_length
     for m in view.replies("pieces"):
         if m.sender != victim:
@@ -300,7 +309,6 @@ def lightsecagg_attack(view: View, victim: int) -> tuple[list[np.ndarray], int]:
         for receiver, blob in sorted(m["pieces"].items()):
             raw = np.frombuffer(blob[crypto.NONCE_BYTES:crypto.NONCE_BYTES + width], dtype="<u4")
             pieces.setdefault(position[receiver], (raw.astype(np.uint64) % MERSENNE_31).astype(np.uint32))
-    candidates = [y.copy()]
     if len(pieces) >= code.num_nodes:
         used = sorted(pieces, key=lambda p: (p not in {position[c] for c in view.coalition}, p))[: code.num_nodes]
         z = code.decode(used, np.stack([pieces[p] for p in used]))
@@ -310,16 +318,17 @@ def lightsecagg_attack(view: View, victim: int) -> tuple[list[np.ndarray], int]:
 
 def test_a_coalition_of_t_clients_cannot_recover_an_honest_lightsecagg_input(monkeypatch) -> None:
     """T colluders hold T < U coded pieces of z_u and the server only sealed ones: y_u = x_u + z_u stays
-    padded. With the mask zeroed, or the pieces relayed unsealed, the same attack recovers x_u."""
+    padded. With the mask zeroed, the pieces relayed unsealed, or the code's T random pieces zero (then
+    the colluders' T >= U - T pieces fix the mask), the same attacks recover x_u."""
     view = run_lightsecagg()
     server = view.server.inner
     assert len(view.coalition) == server.privacy < server.code.num_nodes
     for victim in _honest(view):
         candidates, true_pieces = lightsecagg_attack(view, victim)
-        assert true_pieces == server.privacy and len(candidates) == 2  # the attack decoded something
+        assert true_pieces == server.privacy and len(candidates) == 3  # both attacks decoded something
         assert not any(np.array_equal(c, view.inputs[victim]) for c in candidates), f"client {victim} recovered"
 
-    for name in ("lightsecagg_zero_mask", "lightsecagg_piece_in_clear"):
+    for name in ("lightsecagg_zero_mask", "lightsecagg_piece_in_clear", "lightsecagg_zero_random_pieces"):
         with monkeypatch.context() as mp:
             registry()[name].apply(mp)
             broken = run_lightsecagg()

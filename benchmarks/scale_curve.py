@@ -44,8 +44,9 @@ with its reason. Then one line per secure protocol:
     scale_d protocol=secagg+ d_max=.. n=.. seconds=.. plain_seconds=.. peak_rss_mb=..
 
 (d_max: the largest d it finished at the dropout closest to 10%; n: the largest N there; plain_seconds:
-plain's round at the same point; peak_rss_mb: the child's VmHWM), and `scale_d.png` (round seconds and
-peak RSS against d). --quick adds plain and SecAgg+ at d = 1e7, N = 10, so it always ends with a
+plain's round at the same point; peak_rss_mb: the child's VmHWM), `scale_d.png` (round seconds and
+peak RSS against d) and `scale_d.md` (the same points as a table: plain, SecAgg+ and LightSecAgg side by
+side per d, N and dropout). --quick adds plain and SecAgg+ at d = 1e7, N = 10, so it always ends with a
 `scale_d protocol=secagg+ d_max=1e+07 ...` line.
 
 SecAgg+ is configured per (N, dropout) from the threat model, not with the fixed 2 log2 N degree:
@@ -566,6 +567,34 @@ def plot_d(points: Sequence[Point], path: Path) -> None:
     plt.close(fig)
 
 
+def d_table(points: Sequence[Point]) -> str:
+    """The secure-sums-in-d table (markdown), one row per (d, N, dropout) with a child point: plain, SecAgg+
+    and LightSecAgg round seconds, SecAgg+ / plain, each one's peak RSS against 3 x 4d + 200 MB, and the
+    secure protocols' bytes per parameter; "not run" where a protocol stopped or has no point."""
+    by = {(p.protocol, p.n, p.d, p.dropout): p for p in points if math.isfinite(p.peak_rss_MB) and not p.aborted}
+    keys = sorted({(d, n, r) for _, n, d, r in by})
+
+    def cell(protocol: str, key: tuple, fmt) -> str:
+        d, n, r = key
+        p = by.get((protocol, n, d, r))
+        return fmt(p) if p is not None else "not run"
+
+    lines = ["| d | N | dropout | plain round s | SecAgg+ round s | SecAgg+ / plain | LightSecAgg round s | "
+             "peak RSS MiB plain / SecAgg+ / LightSecAgg | 3 x 4d + 200 MB, in MiB | bytes/param SecAgg+ / LightSecAgg |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for key in keys:
+        d, n, r = key
+        plain, plus = by.get(("plain", n, d, r)), by.get(("secagg+", n, d, r))
+        ratio = f"{plus.round_s / plain.round_s:.1f}x" if plain and plus and plain.round_s > 0 else "-"
+        rss = " / ".join(cell(q, key, lambda p: f"{p.peak_rss_MB:.0f}") for q in ("plain", "secagg+", "lightsecagg"))
+        per = " / ".join(cell(q, key, lambda p: f"{p.up_B / p.d:.3f}") for q in ("secagg+", "lightsecagg"))
+        lines.append(f"| {d:.0e} | {n} | {r:.0%} | {cell('plain', key, lambda p: f'{p.round_s:.2f}')} | "
+                     f"{cell('secagg+', key, lambda p: f'{p.round_s:.2f}')} | {ratio} | "
+                     f"{cell('lightsecagg', key, lambda p: f'{p.round_s:.2f}')} | {rss} | {(12 * d + 200e6) / 2**20:.0f} | "
+                     f"{per} |")
+    return "\n".join(lines) + "\n"
+
+
 def scale_d_lines(points: Sequence[Point], dropouts: Sequence[float]) -> list[str]:
     """One `scale_d protocol=..` line per secure protocol with a child point (measured RSS): its largest d
     finished at the headline dropout (closest to 10%), the largest N finished there, its round seconds,
@@ -659,7 +688,9 @@ def main(argv: Sequence[str] | None = None) -> list[Point]:
         out = Path(args.out)
         write(points, out)
         plot_d(points, out / "scale_d.png")
-        print(f"wrote {out / 'scale.csv'}, {out / 'scale.md'}, {out / 'scale_d.png'} ({len(points)} points)")
+        (out / "scale_d.md").write_text(d_table(points))
+        print(f"wrote {out / 'scale.csv'}, {out / 'scale.md'}, {out / 'scale_d.md'}, {out / 'scale_d.png'} "
+              f"({len(points)} points)")
         for line in scale_d_lines(points, sorted({p.dropout for p in points})):
             print(line, flush=True)
         return points
@@ -693,6 +724,7 @@ def main(argv: Sequence[str] | None = None) -> list[Point]:
     plot(points, out / "scale.png")
     if d_points:
         plot_d([p for p in points if p.protocol in {q.protocol for q in d_points}], out / "scale_d.png")
+        (out / "scale_d.md").write_text(d_table(points))
     flower = (flower_points(sorted(sizes), min(dims), args.cap, dropout=min(dropouts), corrupt_fraction=args.corrupt)
               if args.flower else {})
     by = {(p.protocol, p.n, p.d, p.dropout): p for p in points}

@@ -109,3 +109,20 @@ def test_chunked_inputs_are_driven_chunk_by_chunk_and_summed_exactly(protocol):
     p = run_point(protocol, n=6, d=d, dropout=0.0, lazy=True, chunk=MIN_CHUNK)
     assert not p.aborted and p.survivors == 6
     assert 4 * d <= p.up_B < 4 * d + 64 * 1024 and p.client_max_s > 0
+
+
+def test_the_d_table_puts_the_three_protocols_side_by_side_and_says_what_did_not_run():
+    from benchmarks.scale_curve import Point, d_table
+
+    def point(protocol, d, round_s, rss, up, aborted=""):
+        return Point(protocol=protocol, n=10, d=d, dropout=0.1, server_s=round_s, client_max_s=0.0, round_s=round_s,
+                     up_B=up * d, down_B=0.0, server_peak_MB=float("nan"), survivors=9, aborted=aborted, peak_rss_MB=rss)
+
+    rows = d_table([point("plain", 10**7, 0.5, 175, 4.0), point("secagg+", 10**7, 1.5, 176, 4.0),
+                    point("lightsecagg", 10**7, 3.0, 600, 12.0), point("plain", 10**8, 2.0, 1205, 4.0),
+                    point("secagg+", 10**8, 8.0, 1206, 4.0),
+                    point("lightsecagg", 10**8, float("nan"), 1300, 12.0, aborted="stopped")]).splitlines()
+    assert len(rows) == 4 and rows[0].startswith("| d | N | dropout | plain round s | SecAgg+ round s")
+    assert rows[2] == "| 1e+07 | 10 | 10% | 0.50 | 1.50 | 3.0x | 3.00 | 175 / 176 / 600 | 305 | 4.000 / 12.000 |"
+    assert rows[3] == ("| 1e+08 | 10 | 10% | 2.00 | 8.00 | 4.0x | not run | 1205 / 1206 / not run | 1335 | "
+                       "4.000 / not run |")

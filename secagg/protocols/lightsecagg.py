@@ -517,6 +517,12 @@ class LightSecAggServer(ServerProtocol):
             raise ProtocolError(str(exc)) from exc
 
 
+def _check_part(receivers: Sequence[int], unsent: set[int]) -> None:
+    """A share part names distinct peers whose pieces the client has not sent yet; ProtocolError otherwise."""
+    if len(set(receivers)) != len(receivers) or not set(receivers) <= unsent:
+        raise ProtocolError("a share part must name distinct peers whose pieces this client has not sent yet")
+
+
 class LightSecAggClient(ClientProtocol):
     """Client of one LightSecAgg round. `min_privacy` / `min_survivors` are this client's floor:
     it refuses a round whose T or U is smaller (a weaker guarantee than it accepts)."""
@@ -631,6 +637,7 @@ class LightSecAggClient(ClientProtocol):
             if forged:
                 raise ProtocolError(f"keys relayed for clients {forged[:5]} are not signed by their enrolled keys: "
                                     f"the server substituted or altered them")
+        _check_part(msg["receivers"], set(keys) - {me})  # before any state changes (a refused request leaves none)
         try:
             peer_keys = {c: agree(self._keypair, pk, _piece_key_info(self.round_id, me, c))
                          for c, pk in keys.items() if c != me}
@@ -655,8 +662,7 @@ class LightSecAggClient(ClientProtocol):
         """The sealed pieces of `receivers` (each once, each still unsent; ProtocolError otherwise), encoded
         and sealed now: one part's pieces exist at a time, never all N. `own`: this client's own piece is
         encoded in the same product (each product reads all U pieces of the code once)."""
-        if len(set(receivers)) != len(receivers) or not set(receivers) <= self._unsent:
-            raise ProtocolError("a share part must name distinct peers whose pieces this client has not sent yet")
+        _check_part(receivers, self._unsent)
         me = self.client_id
         positions = [self._position[c] for c in receivers] + ([self._position[me]] if own else [])
         coded = self.code.encode_rows(positions, self._data, self._noise)

@@ -672,6 +672,20 @@ def test_a_client_refuses_a_repeated_part(monkeypatch):
     assert set(clients[1].handle(more)["pieces"]) == {3, 4}
 
 
+def test_a_key_list_with_a_bad_first_part_is_refused_before_the_client_changes_state(monkeypatch):
+    """A refused request leaves the client as it was: the first part is checked before any key is agreed or
+    any mask drawn, so the same client still answers the good key list afterwards."""
+    server, clients, _ = _parts(monkeypatch, 2)
+    deliver(server, clients, server.start())
+    keys = server.advance()
+    for receivers in ((2, 2), (9,), (1,)):  # repeated, outside the key list, itself
+        bad = Message(keys[1].kind, ROUND, SERVER, 1, {**keys[1].fields, "receivers": receivers})
+        with pytest.raises(ProtocolError, match="not sent yet"):
+            clients[1].handle(bad)
+        assert clients[1]._data is None and clients[1]._keypair is not None
+    assert set(clients[1].handle(keys[1])["pieces"]) == {2}
+
+
 @pytest.mark.parametrize("block", [1, 3, 7])
 def test_the_aggregate_mask_is_removed_block_by_block_exactly(monkeypatch, block):
     from secagg.protocols import lightsecagg

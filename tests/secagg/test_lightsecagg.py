@@ -678,9 +678,9 @@ def test_a_key_list_with_a_bad_first_part_is_refused_before_the_client_changes_s
     server, clients, _ = _parts(monkeypatch, 2)
     deliver(server, clients, server.start())
     keys = server.advance()
-    for receivers in ((2, 2), (9,), (1,)):  # repeated, outside the key list, itself
+    for receivers in ((2, 2), (9,), (1,)):  # repeated (the schema's check), outside the key list, itself
         bad = Message(keys[1].kind, ROUND, SERVER, 1, {**keys[1].fields, "receivers": receivers})
-        with pytest.raises(ProtocolError, match="not sent yet"):
+        with pytest.raises(ProtocolError, match="repeated entries|not sent yet"):
             clients[1].handle(bad)
         assert clients[1]._data is None and clients[1]._keypair is not None
     assert set(clients[1].handle(keys[1])["pieces"]) == {2}

@@ -51,8 +51,9 @@ def ours_tcp(*, protocol: str, clients: int, dim: int, rounds: int, params: dict
     `--insecure` (no CurveZMQ, no signed keys) to compare like for like with Flower's SecAgg+ over
     plain gRPC; an enrolled deployment adds transport encryption and one signature per client-round.
     `float_input=False`: clients send the deterministic synthetic ring vectors instead (no encoder, a
-    quarter of the client memory at large d). Also returns the server's peak RSS (VmHWM, MiB) and the
-    largest client process's (ru_maxrss from wait4, MiB).
+    quarter of the client memory at large d). Also returns the server's peak RSS (VmHWM, MiB), the
+    largest client process's (ru_maxrss from wait4, MiB) and the client processes' CPU seconds in all
+    (their whole lives: imports, every round).
     """
     py = [sys.executable, "-m", "transport.cli"]
     extra = [x for k, v in params.items() for x in ("--param", f"{k}={v}")]  # server-side parameters
@@ -80,16 +81,17 @@ def ours_tcp(*, protocol: str, clients: int, dim: int, rounds: int, params: dict
                                         *(drop if i > clients - dropouts else [])],
                                   cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                  for i in range(1, clients + 1)]
-        client_rss = []
+        client_rss, client_cpu = [], []
         try:
             out, _ = server.communicate(timeout=1800)
         finally:
             for p in procs:
-                rss = _wait_rss(p, timeout=30)
-                if rss is None:
+                usage = _wait_usage(p, timeout=30)
+                if usage is None:
                     p.kill()
                 else:
-                    client_rss.append(rss)
+                    client_rss.append(usage.ru_maxrss / 1024)  # KiB on Linux
+                    client_cpu.append(usage.ru_utime + usage.ru_stime)
     lines = [json.loads(l) for l in out.splitlines() if l.startswith("{")]
     done = [l for l in lines if l.get("event") == "round"]
     expected = [clients] * (rounds - 1) + [clients - dropouts]
@@ -101,6 +103,7 @@ def ours_tcp(*, protocol: str, clients: int, dim: int, rounds: int, params: dict
     return {"round_s": statistics.median(l["round_seconds"] for l in measured), "stages": stages,
             "bytes_per_param": per_client / dim, "peak_rss_mb": max(l.get("peak_rss_mb") or 0.0 for l in done),
             "client_peak_rss_mb": max(client_rss, default=0.0), "peak_stage": _peak_stage(done),
+            "client_cpu_s": sum(client_cpu),
             "stage_peak_rss_mb": done[-1].get("stage_peak_rss_mb") or {}}
 
 
@@ -114,15 +117,15 @@ def _peak_stage(rounds: list[dict]) -> str:
     return ""
 
 
-def _wait_rss(proc: subprocess.Popen, *, timeout: float) -> float | None:
-    """Reap `proc` within `timeout` seconds and return its peak RSS in MiB (the kernel's ru_maxrss, from
-    wait4), or None if it is still running."""
+def _wait_usage(proc: subprocess.Popen, *, timeout: float):
+    """Reap `proc` within `timeout` seconds and return its resource usage (from wait4: peak RSS, CPU
+    seconds), or None if it is still running."""
     deadline = time.monotonic() + timeout
     while True:
         pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
         if pid:
             proc.returncode = os.waitstatus_to_exitcode(status)
-            return usage.ru_maxrss / 1024  # KiB on Linux
+            return usage
         if time.monotonic() > deadline:
             return None
         time.sleep(0.05)

@@ -13,7 +13,9 @@ One server process and N client processes over tcp://127.0.0.1 (`benchmarks.seca
   recovery spilled too, which their default does only past 256 MiB). `--lightsecagg-modes` picks them.
 
 Per run: the round's wall time (median of rounds after the first, which pays connection set-up), the
-server process's peak resident memory (VmHWM) and the bytes it received per parameter. Goals (issue 58):
+server process's peak resident memory (VmHWM) and the bytes it received per parameter; the largest client
+process's peak RSS and the client processes' CPU seconds in all (whole lives, from wait4: what N clients
+sharing this host's cores cost it, beside plain's). Goals (issue 58):
 SecAgg+ at most 1.3x the plaintext round, server peak RSS at most 3 x 4d bytes + 200 MB, at most 4.0 bytes
 per parameter.
 
@@ -91,13 +93,14 @@ def run(*, dims: list[int], clients: int, chunk: int, rounds: int, protocols: li
         row = {"d": d, "n": clients, "dropout": dropouts / clients, "protocol": protocol, "mode": mode,
                "repeat": repeat, "chunk": chunk if mode == "chunked" else 0, "round_s": r["round_s"],
                "peak_rss_mb": r["peak_rss_mb"], "bytes_per_param": r["bytes_per_param"],
-               "client_peak_rss_mb": r["client_peak_rss_mb"], "peak_stage": r["peak_stage"],
-               "stages": " ".join(f"{k}={v:.2f}" for k, v in r["stages"].items()),
+               "client_peak_rss_mb": r["client_peak_rss_mb"], "client_cpu_s": r["client_cpu_s"],
+               "peak_stage": r["peak_stage"], "stages": " ".join(f"{k}={v:.2f}" for k, v in r["stages"].items()),
                "stage_peaks": " ".join(f"{k}={v:.0f}" for k, v in r["stage_peak_rss_mb"].items()),
                "wall_s": time.monotonic() - started}
         rows.append(row)
         print(f"  d={d:.0e} {protocol:8s} {mode:8s} round {row['round_s']:.3f} s, server peak {row['peak_rss_mb']:.0f} "
               f"MiB (at the end of {row['peak_stage'] or '?'}), largest client {row['client_peak_rss_mb']:.0f} MiB, "
+              f"clients' CPU {row['client_cpu_s']:.1f} s in all, "
               f"{row['bytes_per_param']:.3f} B/param ({row['wall_s']:.0f} s)", flush=True)
     return rows
 
@@ -119,6 +122,7 @@ def summarise(rows: list[dict]) -> list[dict]:
                     "stages": middle.get("stages", ""), "stage_peaks": top.get("stage_peaks", ""),
                     "peak_rss_mb": top["peak_rss_mb"], "peak_stage": top["peak_stage"],
                     "client_peak_rss_mb": max(r["client_peak_rss_mb"] for r in runs),
+                    "client_cpu_s": statistics.median(r.get("client_cpu_s", float("nan")) for r in runs),
                     "bytes_per_param": statistics.median(r["bytes_per_param"] for r in runs),
                     "wall_s": sum(r["wall_s"] for r in runs)})
     return out

@@ -60,6 +60,10 @@ def test_lightsecagg_bounded_alone_is_measured_and_its_line_says_held_did_not_ru
     line = dict(part.split("=", 1) for part in last.split()[1:])
     assert last.startswith("stream_lightsecagg d=2e+04 n=4 dropout=0.00 ") and line["held_peak_rss_mb"] == "nan"
     assert float(line["bounded_peak_rss_mb"]) > 0 and float(line["bounded_client_rss_mb"]) > 0
+    import csv
+    runs = list(csv.DictReader(open(tmp_path / "stream_runs.csv")))
+    assert len(runs) == 3 and all(float(r["client_cpu_s"]) > 0 for r in runs)  # four client processes' CPU, wait4
+    assert "share=" in runs[-1]["stages"] and "recovery=" in runs[-1]["stage_peaks"]
 
 
 def test_bounded_lightsecagg_clients_spill_the_pieces_they_keep():

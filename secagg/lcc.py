@@ -30,8 +30,8 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-from dataclasses import dataclass
 from collections.abc import Sequence
+from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
@@ -353,18 +353,15 @@ class LagrangeCode:
         if not positions:
             return np.zeros((0, m), dtype=np.uint32)
         rows = _encoding_matrix(self.num_coded, self.num_nodes)[positions]
-        if not (t and keyed):
-            out = matmul_mod_p(rows[:, :k], data)
-            if t:
-                FIELD_P31.add_(out, matmul_mod_p(rows[:, k:], noise))
-            return out
         on_data = _PreparedCoefficients.from_matrix(rows[:, :k])
-        on_noise = _PreparedCoefficients.from_matrix(rows[:, k:])
+        on_noise = _PreparedCoefficients.from_matrix(rows[:, k:]) if t else None
+        step = noise.block if t and keyed else m  # an array of random pieces is one block
         out = np.empty((len(positions), m), dtype=np.uint32)
-        for c0 in range(0, m, noise.block):
-            c1 = min(c0 + noise.block, m)
+        for c0 in range(0, m, step):
+            c1 = min(c0 + step, m)
             block = matmul_mod_p(on_data, data[:, c0:c1])
-            FIELD_P31.add_(block, matmul_mod_p(on_noise, noise.columns(c0, c1)))
+            if t:
+                FIELD_P31.add_(block, matmul_mod_p(on_noise, noise.columns(c0, c1) if keyed else noise[:, c0:c1]))
             out[:, c0:c1] = block
         return out
 

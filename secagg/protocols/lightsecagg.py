@@ -82,7 +82,7 @@ from secagg.noise_layers import MAX_LAYERS, LayerSecrets, LayerSpec
 from secagg.prg import random_vector
 from secagg.protocols.base import MAX_VECTOR_LENGTH, ClientProtocol, InputFn, RoundResult, ServerProtocol
 from secagg.protocols.consistency import Floors, require_signatures, sign_survivors, survivor_statement
-from secagg.protocols.relay import CLIENT_SPILL_FROM, SPILL_FROM, LazyRequests, RowStore, SealedStore
+from secagg.protocols.relay import CLIENT_SPILL_FROM, SPILL_FROM, LazyRequests, RowStore, SealedStore, spills
 from secagg.ring import FIELD_P31, MERSENNE_31, Ring
 
 NAME = "lightsecagg"
@@ -333,7 +333,7 @@ class LightSecAggServer(ServerProtocol):
         self._keys = {c: m["public_key"] for c, m in sorted(replies.items())}
         signatures = {c: m["signature"] for c, m in sorted(replies.items())}
         total = len(self._keys) * (len(self._keys) - 1) * self.blob_bytes
-        self._store = SealedStore(spill=self._spills(total))
+        self._store = SealedStore(spill=spills(self.spill, total, threshold=SPILL_FROM))
         ids = sorted(self._keys)
         self._groups = [tuple(ids[i:i + self.part_size]) for i in range(0, len(ids), self.part_size)]
         self._part = 0
@@ -392,7 +392,7 @@ class LightSecAggServer(ServerProtocol):
                              detail="too few survivors signed the survivor set")
         self._signatures = {c: m["signature"] for c, m in replies.items()}
         m = self.code.piece_length
-        self._coded = RowStore(len(replies), m, spill=self._spills(4 * m * len(replies)))
+        self._coded = RowStore(len(replies), m, spill=spills(self.spill, 4 * m * len(replies), threshold=SPILL_FROM))
         self._rows = {c: i for i, c in enumerate(sorted(replies))}
         return self._enter("recovery", {
             c: self._request(RECOVER.kind, c, survivors=self._survivors, signatures=self._signatures)
@@ -444,10 +444,6 @@ class LightSecAggServer(ServerProtocol):
                 if start < end:
                     self.ring.sub_(total[start:end], block[r, : end - start])
         return total
-
-    def _spills(self, nbytes: int) -> bool:
-        """Whether a store of `nbytes` goes to disk: `spill`, or past `relay.SPILL_FROM` with "auto"."""
-        return nbytes > SPILL_FROM if self.spill == "auto" else bool(self.spill)
 
     def _keep_piece(self, msg: Message) -> None:
         """Write an accepted aggregate piece into its row of the round's piece store (rows by helper id; on
@@ -651,7 +647,7 @@ class LightSecAggClient(ClientProtocol):
         self._layer_bytes, self._unsent = shares, set(peer_keys)
         blob_bytes = 4 * code.piece_length + len(next(iter(shares.values()), b"")) + SEAL_OVERHEAD
         held = blob_bytes * len(peer_keys)
-        self._store = SealedStore(spill=held > CLIENT_SPILL_FROM if self.spill == "auto" else bool(self.spill))
+        self._store = SealedStore(spill=spills(self.spill, held, threshold=CLIENT_SPILL_FROM))
         return self._reply(CODED_PIECES.kind, pieces=self._part(msg["receivers"], own=True)), \
             (MORE_PIECES.kind, RELAY.kind)
 

@@ -30,6 +30,11 @@ CLIENT_SPILL_FROM = SPILL_FROM
 """A LightSecAgg client with ``spill="auto"`` spills the pieces it keeps for recovery past this (256 MiB)."""
 
 
+def spills(spill: bool | str, nbytes: int, *, threshold: int) -> bool:
+    """Whether a store of `nbytes` goes to disk: `spill` itself, or with "auto" past `threshold` bytes."""
+    return nbytes > threshold if spill == "auto" else bool(spill)
+
+
 class SealedStore:
     """Sealed blobs by (sender, receiver): in memory, or appended to an unlinked temporary file."""
 
@@ -165,4 +170,4 @@ class LazyRequests(Mapping[int, Message]):
         return len(self._clients)
 
 
-__all__ = ["CLIENT_SPILL_FROM", "SPILL_FROM", "SealedStore", "RowStore", "LazyRequests"]
+__all__ = ["CLIENT_SPILL_FROM", "SPILL_FROM", "spills", "SealedStore", "RowStore", "LazyRequests"]

@@ -6,12 +6,13 @@ place so that every model (and the frozen-prefix cache) makes the same one.
 """
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from secagg.threads import MAX_THREADS_ENV, thread_cap
 
 
 def fast_bf16(device: torch.device | str = "cpu") -> bool:
@@ -42,20 +43,11 @@ def legacy_fast_bf16(device: torch.device | str = "cpu") -> bool:
         return False
 
 
-MAX_THREADS_ENV = "FEDSECURE_MAX_THREADS"
-"""Caps every torch thread count the toolkit sets (`set_torch_threads`). `make test` runs two pytest workers
-on two cores with it set to 1: an example asking for two threads beside another busy process spins in
-OpenMP's barriers (an ATC example test took 190 s instead of 34 s that way)."""
-
-
 def set_torch_threads(threads: int) -> int:
-    """torch's intra-op threads: `threads`, capped by $FEDSECURE_MAX_THREADS when set. Returns the count set."""
-    cap = os.environ.get(MAX_THREADS_ENV)
-    if cap:
-        try:
-            threads = min(threads, max(1, int(cap)))
-        except ValueError:
-            raise ValueError(f"{MAX_THREADS_ENV} must be a positive integer, got {cap!r}") from None
+    """torch's intra-op threads: `threads`, capped by $FEDSECURE_MAX_THREADS when set (`secagg.threads`, the
+    one cap: an ATC example test asking for two threads beside another busy pytest worker took 190 s instead
+    of 34 s, spinning in OpenMP's barriers). Returns the count set."""
+    threads = thread_cap(threads)
     torch.set_num_threads(threads)
     return threads
 

@@ -112,36 +112,91 @@ def apply_mask_(target: np.ndarray, key: bytes, ring: Ring, *, sign: int = 1) ->
     return target
 
 
-def apply_masks_(target: np.ndarray, masks: Sequence[tuple[bytes, int]], ring: Ring, *, offset: int = 0) -> np.ndarray:
+def apply_masks_(target: np.ndarray, masks: Sequence[tuple[bytes, int]], ring: Ring, *, offset: int = 0,
+                 source: np.ndarray | None = None, threads: int = 1) -> np.ndarray:
     """target <- target + sum_i sign_i * PRG(key_i) (mod ring), in place, for `masks` = [(key_i, sign_i)]:
     the same result as `apply_mask_` once per key, but chunk-major: each chunk of target is read and
     written once for all the masks (it stays in cache while every keystream is added to it), so at large
     d the cost is the keystreams' plus one pass over target instead of one pass per mask. Extra memory:
-    one keystream chunk and one AES context per key.
+    one keystream chunk and one AES context per key (per thread).
 
-    `offset` (power-of-two rings): `target` is the window [offset, offset + len) of a longer vector, and
-    gets that window of each mask: a masked input sent in chunks is masked chunk by chunk."""
+    Power-of-two rings only:
+    `offset`: `target` is the window [offset, offset + len) of a longer vector, and gets that window of
+    each mask: a masked input sent in chunks is masked chunk by chunk.
+    `source`: target <- source + masks instead (target's old values are ignored): no separate copy pass.
+    `threads`: split target into that many contiguous windows masked side by side (AES-CTR and numpy's
+    adds release the GIL), for a server unmasking a d-long sum on several cores."""
     masks = list(masks)
     if any(sign not in (1, -1) for _, sign in masks):
         raise ValueError("sign must be +1 or -1")
-    if offset and not ring.is_power_of_two:
-        raise ValueError("mask windows (offset > 0) are for power-of-two rings only")
-    if not ring.is_power_of_two or (len(masks) < 2 and not offset):
+    if threads < 1:
+        raise ValueError("threads must be >= 1")
+    if not ring.is_power_of_two:
+        if offset or source is not None:
+            raise ValueError("mask windows (offset > 0) and sources are for power-of-two rings only")
         for key, sign in masks:
             apply_mask_(target, key, ring, sign=sign)
         return target
-    streams = [(_keystream(key, offset=offset), ring.add_ if sign == 1 else ring.sub_) for key, sign in masks]
     length = target.shape[0]
-    buf = np.empty(min(CHUNK, max(length, 1)), dtype=np.uint32)
-    raw = memoryview(buf).cast("B")
-    zeros = bytes(raw.nbytes)
-    for start in range(0, length, buf.shape[0]):
-        n = min(buf.shape[0], length - start)
-        segment, ks = target[start : start + n], buf[:n]
-        for enc, op in streams:
-            enc.update_into(zeros[: 4 * n], raw)
-            op(segment, ks)
+    parts = min(threads, max(1, length // CHUNK))
+    if parts == 1:
+        return MaskStream(masks, ring).apply_(target, offset=offset, source=source)
+    bounds = [length * i // parts for i in range(parts + 1)]
+
+    def window(i: int) -> None:
+        a, b = bounds[i], bounds[i + 1]
+        MaskStream(masks, ring).apply_(target[a:b], offset=offset + a, source=None if source is None else source[a:b])
+
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(parts) as pool:
+        list(pool.map(window, range(parts)))
     return target
+
+
+class MaskStream:
+    """sum_i sign_i * PRG(key_i) over a vector masked window by window (a chunked upload), power-of-two
+    rings. Each key's AES-CTR context is kept from one window to the next: windows asked for in order
+    continue the keystreams where the last one ended, and any other window seeks them afresh, so a
+    vector in C chunks costs one context per key, not C (at d = 1e7 in 1 MiB chunks, 7% of masking)."""
+
+    def __init__(self, masks: Sequence[tuple[bytes, int]], ring: Ring) -> None:
+        self.masks = list(masks)
+        if any(sign not in (1, -1) for _, sign in self.masks):
+            raise ValueError("sign must be +1 or -1")
+        if not ring.is_power_of_two:
+            raise ValueError("mask windows (offset > 0) are for power-of-two rings only")
+        self.ring = ring
+        self._streams: list = []
+        self._position = -1  # the word the kept contexts stand at (-1: none kept)
+        self._buf = np.empty(0, dtype=np.uint32)
+
+    def apply_(self, target: np.ndarray, *, offset: int = 0, source: np.ndarray | None = None) -> np.ndarray:
+        """target <- (source if given, else target) + the masks' window [offset, offset + len(target))."""
+        if offset < 0:
+            raise ValueError("keystream offset must be >= 0")
+        length = target.shape[0]
+        if source is not None and source.shape != target.shape:
+            raise ValueError(f"source of shape {source.shape} for a target of shape {target.shape}")
+        if offset != self._position:
+            self._streams = [(_keystream(key, offset=offset), sign) for key, sign in self.masks]
+        if self._buf.shape[0] < min(CHUNK, length):
+            self._buf = np.empty(min(CHUNK, max(length, 1)), dtype=np.uint32)
+        buf = self._buf
+        raw = memoryview(buf).cast("B")
+        zeros = _ZEROS_VIEW
+        for start in range(0, length, buf.shape[0]):
+            n = min(buf.shape[0], length - start)
+            segment, ks = target[start : start + n], buf[:n]
+            base = segment if source is None else source[start : start + n]
+            if not self._streams and source is not None:
+                segment[...] = base
+            for enc, sign in self._streams:
+                enc.update_into(zeros[: 4 * n], raw)
+                (np.add if sign == 1 else np.subtract)(base, ks, out=segment)
+                base = segment
+        self._position = offset + length
+        return target
 
 
 def mask(key: bytes, ring: Ring, length: int) -> np.ndarray:

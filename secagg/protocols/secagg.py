@@ -74,11 +74,12 @@ from secagg.noise_layers import MAX_LAYERS, LayerSecrets, LayerSpec
 from secagg.messages import (
     MAX_CLIENT_ID, AbortError, Array, Bytes, BytesMap, Int, IntList, Message, ProtocolError, Schema,
 )
-from secagg.prg import apply_masks_
+from secagg.prg import MaskStream, apply_masks_
 from secagg.protocols.base import MAX_VECTOR_LENGTH, ClientProtocol, InputFn, RoundResult, ServerProtocol
 from secagg.protocols.chunks import MIN_CHUNK, ChunkFolder, ChunkPlan, plan_for
 from secagg.protocols.consistency import Floors, require_signatures, sign_survivors, survivor_statement
 from secagg.ring import RING_2_32, Ring
+from secagg.threads import thread_cap
 
 MAX_LEN = MAX_VECTOR_LENGTH
 MAX_PEERS = 1 << 16
@@ -472,7 +473,8 @@ class SecAggPlusServer(ServerProtocol):
                 key = crypto.agree(pair, self._keys[u][crypto.PUBLIC_KEY_BYTES:], _mask_info(self.round_id, u, v))
                 # u added sign(u, v) * PRG(s_uv); take it back out.
                 masks.append((key, -_sign(u, v)))
-        apply_masks_(acc, masks, self.ring)   # one pass over the sum for all the masks, in place
+        # One pass over the sum for all the masks, in place, its windows side by side on the server's cores.
+        apply_masks_(acc, masks, self.ring, threads=thread_cap())
         self._result = dataclasses.replace(self._finish(acc, self._u3), layer_index=index, layer_secrets=layers,
                                            layer_excess=self.excess_sum)
         self.excess_sum = None
@@ -692,8 +694,7 @@ class SecAggPlusClient(ClientProtocol):
             self._stream = (ChunkPlan(self.length, chunk), x, masks)
             return (_masked_chunks(self, *self._stream, range(self._stream[0].count)),
                     ("resend_request", "consistency_request"))
-        y = x.copy()
-        apply_masks_(y, masks, self.ring)
+        y = apply_masks_(np.empty_like(x), masks, self.ring, source=x)
         return self._reply("masked_input", vector=y), ("consistency_request",)
 
     def _on_resend_request(self, msg: Message):
@@ -751,11 +752,13 @@ class SecAggPlusClient(ClientProtocol):
 def _masked_chunks(client: SecAggPlusClient, plan: ChunkPlan, x: np.ndarray, masks: list[tuple[bytes, int]],
                    indices) -> Iterator[Message]:
     """`client`'s masked chunks `indices`, each masked with its window of every keystream when asked for:
-    the client never holds a masked copy of its input, and sending one chunk overlaps masking the next."""
+    the client never holds a masked copy of its input, and sending one chunk overlaps masking the next.
+    Chunks in order continue the keystreams (one AES context per mask for the whole upload)."""
+    stream = MaskStream(masks, client.ring)
     for index in indices:
         start, end = plan.bounds(index)
-        y = np.array(x[start:end], dtype=np.uint32)
-        apply_masks_(y, masks, client.ring, offset=start)
+        y = np.empty(end - start, dtype=np.uint32)
+        stream.apply_(y, offset=start, source=x[start:end])
         yield client._reply("masked_chunk", index=index, vector=y)
 
 

@@ -37,7 +37,7 @@ def _secagg_no_pairwise_masks(mp: Patcher) -> None:
 
     pairwise: set[bytes] = set()
     prefix = crypto.context("pairwise-mask")
-    agree, apply_masks_ = crypto.agree, sa.apply_masks_
+    agree = crypto.agree
 
     def recording_agree(own: Any, peer_public: bytes, info: bytes) -> bytes:
         key = agree(own, peer_public, info)
@@ -45,11 +45,8 @@ def _secagg_no_pairwise_masks(mp: Patcher) -> None:
             pairwise.add(key)
         return key
 
-    def skip_pairwise(target: np.ndarray, masks: Any, ring: Any, **window: Any) -> np.ndarray:
-        return apply_masks_(target, [(key, sign) for key, sign in masks if key not in pairwise], ring, **window)
-
     mp.setattr(crypto, "agree", recording_agree)
-    mp.setattr(sa, "apply_masks_", skip_pairwise)
+    _skip_masks(mp, sa, pairwise)
 
 
 @mutant("secagg_no_self_mask",
@@ -61,18 +58,27 @@ def _secagg_no_self_mask(mp: Patcher) -> None:
     from secagg.protocols import secagg as sa
 
     self_masks: set[bytes] = set()
-    self_mask_key, apply_masks_ = sa._self_mask_key, sa.apply_masks_
+    self_mask_key = sa._self_mask_key
 
     def recording_key(round_id: int, client: int, seed: int) -> bytes:
         key = self_mask_key(round_id, client, seed)
         self_masks.add(key)
         return key
 
-    def skip_self(target: np.ndarray, masks: Any, ring: Any, **window: Any) -> np.ndarray:
-        return apply_masks_(target, [(key, sign) for key, sign in masks if key not in self_masks], ring, **window)
-
     mp.setattr(sa, "_self_mask_key", recording_key)
-    mp.setattr(sa, "apply_masks_", skip_self)
+    _skip_masks(mp, sa, self_masks)
+
+
+def _skip_masks(mp: Patcher, sa: Any, skipped: set[bytes]) -> None:
+    """SecAgg(+) applies masks through `apply_masks_` (a whole vector, the server's unmasking) and
+    `MaskStream` (a chunked upload): both leave out the keys in `skipped`, on client and server alike."""
+    apply_masks_, mask_stream = sa.apply_masks_, sa.MaskStream
+
+    def kept(masks: Any) -> list:
+        return [(key, sign) for key, sign in masks if key not in skipped]
+
+    mp.setattr(sa, "apply_masks_", lambda target, masks, ring, **kw: apply_masks_(target, kept(masks), ring, **kw))
+    mp.setattr(sa, "MaskStream", lambda masks, ring: mask_stream(kept(masks), ring))
 
 
 @mutant("secagg_chunks_unmasked",

@@ -213,3 +213,65 @@ def test_mask_windows_are_for_power_of_two_rings_and_non_negative_offsets():
         apply_masks_(np.zeros(4, np.uint32), [(os.urandom(32), 1)], FIELD_P31, offset=4)
     with pytest.raises(ValueError, match="offset"):
         apply_masks_(np.zeros(4, np.uint32), [(os.urandom(32), 1), (os.urandom(32), 1)], RING_2_32, offset=-1)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(1, 3 * CHUNK + 37), st.data(), st.integers(0, 3))
+def test_a_mask_stream_gives_each_window_of_the_whole_masks_in_order_or_not(length, data, keys):
+    """`MaskStream` keeps each key's AES context between windows: windows asked for in order continue the
+    keystreams, any other window seeks them afresh; either way each window is that slice of the whole,
+    and `source=` (target <- source + masks) equals copying then masking."""
+    masks = [(os.urandom(32), s) for s in data.draw(st.lists(st.sampled_from([1, -1]), min_size=keys, max_size=keys))]
+    x = random_vector(RING_2_32, length)
+    whole = apply_masks_(x.copy(), masks, RING_2_32)
+    cuts = sorted(set(data.draw(st.lists(st.integers(1, length - 1), max_size=6)) if length > 1 else []))
+    windows = list(zip([0, *cuts], [*cuts, length]))
+    order = data.draw(st.permutations(windows)) if data.draw(st.booleans()) else windows
+    stream = prg.MaskStream(masks, RING_2_32)
+    out = np.full(length, 7, dtype=np.uint32)  # garbage the source must overwrite
+    for a, b in order:
+        stream.apply_(out[a:b], offset=a, source=x[a:b])
+    assert np.array_equal(out, whole)
+    assert np.array_equal(apply_masks_(np.empty_like(x), masks, RING_2_32, source=x), whole)
+
+
+def test_a_mask_stream_reuses_its_contexts_only_for_the_next_window(monkeypatch):
+    """In order: one AES context per key for the whole vector; out of order: a fresh one per key per window."""
+    made = []
+    keystream = prg._keystream
+    monkeypatch.setattr(prg, "_keystream", lambda key, offset=0: made.append(offset) or keystream(key, offset=offset))
+    masks = [(os.urandom(32), 1), (os.urandom(32), -1)]
+    stream = prg.MaskStream(masks, RING_2_32)
+    y = np.zeros(3 * 1000, dtype=np.uint32)
+    for a in (0, 1000, 2000):
+        stream.apply_(y[a : a + 1000], offset=a)
+    assert made == [0, 0]
+    stream.apply_(y[:1000], offset=0)
+    assert made == [0, 0, 0, 0]
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.integers(1, 5 * CHUNK + 11), st.integers(2, 5), st.integers(0, 100), st.booleans())
+def test_masks_applied_by_several_threads_equal_one_thread(length, threads, offset, with_source):
+    """`threads=`: contiguous windows masked side by side give the same vector as one pass (the server's unmasking)."""
+    masks = [(os.urandom(32), s) for s in (1, -1, -1)]
+    x = random_vector(RING_2_32, length)
+    one = apply_masks_(x.copy(), masks, RING_2_32, offset=offset)
+    if with_source:
+        many = apply_masks_(np.empty_like(x), masks, RING_2_32, offset=offset, source=x, threads=threads)
+    else:
+        many = apply_masks_(x.copy(), masks, RING_2_32, offset=offset, threads=threads)
+    assert np.array_equal(many, one)
+
+
+def test_mask_streams_and_sources_are_checked():
+    with pytest.raises(ValueError, match="power-of-two"):
+        prg.MaskStream([(os.urandom(32), 1)], FIELD_P31)
+    with pytest.raises(ValueError, match="sign"):
+        prg.MaskStream([(os.urandom(32), 0)], RING_2_32)
+    with pytest.raises(ValueError, match="shape"):
+        prg.MaskStream([(os.urandom(32), 1)], RING_2_32).apply_(np.zeros(4, np.uint32), source=np.zeros(5, np.uint32))
+    with pytest.raises(ValueError, match="power-of-two"):
+        apply_masks_(np.zeros(4, np.uint32), [(os.urandom(32), 1)], FIELD_P31, source=np.zeros(4, np.uint32))
+    with pytest.raises(ValueError, match="threads"):
+        apply_masks_(np.zeros(4, np.uint32), [(os.urandom(32), 1)], RING_2_32, threads=0)

@@ -103,7 +103,7 @@ def ours_tcp(*, protocol: str, clients: int, dim: int, rounds: int, params: dict
     return {"round_s": statistics.median(l["round_seconds"] for l in measured), "stages": stages,
             "bytes_per_param": per_client / dim, "peak_rss_mb": max(l.get("peak_rss_mb") or 0.0 for l in done),
             "client_peak_rss_mb": max(client_rss, default=0.0), "peak_stage": _peak_stage(done),
-            "client_cpu_s": sum(client_cpu),
+            "client_cpu_s": sum(client_cpu), "setting": done[-1].get("setting", ""),
             "stage_peak_rss_mb": done[-1].get("stage_peak_rss_mb") or {}}
 
 

@@ -19,25 +19,40 @@ sharing this host's cores cost it, beside plain's). Goals (issue 58):
 SecAgg+ at most 1.3x the plaintext round, server peak RSS at most 3 x 4d bytes + 200 MB, at most 4.0 bytes
 per parameter.
 
+`mask_cpu_s` is what the SecAgg+ round's masks cost in CPU on this host: (N - dropped)(k + 1) masks on the
+clients, N - dropped self masks and dropped x k rebuilt pairwise ones on the server (k from the server's
+round line), each one d-word mask applied as the protocol applies it (`secagg.prg.MaskStream`, AES-256-CTR
+and an add), timed here after the runs. With every client on this host's C cores the masks need at least
+mask_cpu_s / C seconds of wall time somewhere in the round: set beside `gap_s` (the SecAgg+ round minus the
+plain one) it says how much of the gap is masking that clients on hosts of their own would do side by side.
+
     python -m benchmarks.stream_tcp                      # d = 1e7 and 1e8, N = 10 (about 3 minutes)
     python -m benchmarks.stream_tcp --quick              # d = 1e6, N = 5 (under a minute)
     python -m benchmarks.stream_tcp --dropout 0.1        # 10% of clients crash at the masked-input stage
 
 Last lines, one per d and protocol (chunked), then one per d:
     stream protocol=secagg+ d=.. n=.. dropout=.. mode=chunked round_s=.. peak_rss_mb=.. bytes_per_param=..
-    stream_goal d=.. n=.. dropout=.. secaggplus_vs_plain=.. peak_rss_mb=.. goal_rss_mb=.. whole_peak_rss_mb=..
+    stream_goal d=.. n=.. dropout=.. secaggplus_vs_plain=.. peak_rss_mb=.. goal_rss_mb=.. whole_peak_rss_mb=.. gap_s=.. mask_cpu_s=.. cores=..
     stream_lightsecagg d=.. n=.. dropout=.. held_peak_rss_mb=.. bounded_peak_rss_mb=.. held_round_s=.. bounded_round_s=.. bounded_client_rss_mb=..
 """
 from __future__ import annotations
 
 import argparse
 import csv
+import os
+import re
 import statistics
 import time
 from pathlib import Path
 
+import numpy as np
+
+from benchmarks.mask_floor import secagg_plus_mask_count
 from benchmarks.secagg_vs_flower import ours_tcp
 from secagg.protocols.lightsecagg import LightSecAggServer
+from secagg.prg import MaskStream
+from secagg.ring import RING_2_32
+from secagg.threads import available_cores
 
 MIB = 1 << 20
 DEFAULT_CHUNK = 1 << 18
@@ -74,6 +89,28 @@ def goal_rss_mb(d: int) -> float:
     return (3 * 4 * d + 200e6) / MIB
 
 
+def degree_of(setting: str) -> int | None:
+    """The neighbours per client a SecAgg(+) server's round line reports (`describe()`), None without one."""
+    found = re.search(r"\bdegree=(\d+)", setting)
+    return int(found.group(1)) if found else None
+
+
+def mask_seconds(d: int, *, repeats: int = 3) -> float:
+    """Median seconds of one d-word mask applied as the protocol applies it (one key, `MaskStream`, in place)."""
+    target = np.zeros(d, dtype=np.uint32)
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        MaskStream([(os.urandom(32), 1)], RING_2_32).apply_(target)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def mask_cpu_seconds(*, clients: int, degree: int, dropped: int, mask_s: float) -> float:
+    """CPU seconds of a SecAgg+ round's masks, clients' and server's, at `mask_s` a mask."""
+    return secagg_plus_mask_count(clients=clients, degree=degree, dropped_after_share=dropped) * mask_s
+
+
 def run(*, dims: list[int], clients: int, chunk: int, rounds: int, protocols: list[str],
         dropout: float = 0.0, lightsecagg_modes: tuple[str, ...] = ("held", "bounded"), repeats: int = 1) -> list[dict]:
     """One row per run; with `repeats`, every protocol and mode runs that many times, interleaved (all of
@@ -94,6 +131,7 @@ def run(*, dims: list[int], clients: int, chunk: int, rounds: int, protocols: li
                "repeat": repeat, "chunk": chunk if mode == "chunked" else 0, "round_s": r["round_s"],
                "peak_rss_mb": r["peak_rss_mb"], "bytes_per_param": r["bytes_per_param"],
                "client_peak_rss_mb": r["client_peak_rss_mb"], "client_cpu_s": r["client_cpu_s"],
+               "degree": degree_of(r.get("setting", "")),
                "peak_stage": r["peak_stage"], "stages": " ".join(f"{k}={v:.2f}" for k, v in r["stages"].items()),
                "stage_peaks": " ".join(f"{k}={v:.0f}" for k, v in r["stage_peak_rss_mb"].items()),
                "wall_s": time.monotonic() - started}
@@ -204,8 +242,13 @@ def main(argv: list[str] | None = None) -> int:
         if secure is None:
             continue
         s, p, w = by[(d, secure, "chunked")], by[(d, "plain", "chunked")], by[(d, secure, "whole")]
+        masking = float("nan")
+        if s.get("degree") is not None:
+            masking = mask_cpu_seconds(clients=clients, degree=s["degree"], dropped=round(s["dropout"] * clients),
+                                       mask_s=mask_seconds(d))
         print(f"stream_goal d={d:.0e} n={clients} dropout={s['dropout']:.2f} {secure.replace('+', 'plus')}_vs_plain={s['round_s'] / p['round_s']:.2f} "
-              f"peak_rss_mb={s['peak_rss_mb']:.0f} goal_rss_mb={goal_rss_mb(d):.0f} whole_peak_rss_mb={w['peak_rss_mb']:.0f}")
+              f"peak_rss_mb={s['peak_rss_mb']:.0f} goal_rss_mb={goal_rss_mb(d):.0f} whole_peak_rss_mb={w['peak_rss_mb']:.0f} "
+              f"gap_s={s['round_s'] - p['round_s']:.3f} mask_cpu_s={masking:.3g} cores={available_cores()}")
     return 0
 
 

@@ -1,4 +1,6 @@
 """The streaming benchmark over real sockets, at a size a test can afford: its rows and result lines."""
+import csv
+
 import pytest
 
 pytest.importorskip("zmq")
@@ -17,6 +19,12 @@ def test_whole_and_chunked_rounds_are_measured_and_the_goal_line_is_printed(tmp_
     goal = dict(part.split("=", 1) for part in lines[-1].split()[1:])
     assert lines[-1].startswith("stream_goal ") and float(goal["secaggplus_vs_plain"]) > 0
     assert float(goal["peak_rss_mb"]) > 0 and float(goal["goal_rss_mb"]) == pytest.approx((12 * 20000 + 200e6) / 2**20, abs=1)
+    assert float(goal["mask_cpu_s"]) > 0 and int(goal["cores"]) >= 1  # the round line gave the degree; masks cost time
+    plain, secure = (float(dict(part.split("=", 1) for part in lines[i].split()[1:])["round_s"]) for i in (-3, -2))
+    assert float(goal["gap_s"]) == pytest.approx(secure - plain, abs=2e-3)
+    with open(tmp_path / "stream.csv") as f:
+        degrees = {(r["protocol"], r["mode"]): r["degree"] for r in csv.DictReader(f)}
+    assert degrees[("secagg+", "chunked")] == "2" and degrees[("plain", "chunked")] == ""  # N = 3: k = N - 1
 
 
 def test_the_baseline_is_required():
@@ -96,3 +104,13 @@ def test_repeated_runs_are_summarised_by_their_median_round_and_largest_peaks():
 def test_repeats_must_be_positive():
     with pytest.raises(SystemExit):
         stream_tcp.main(["--repeats", "0"])
+
+
+def test_the_degree_comes_from_the_round_line_and_the_masks_are_all_counted():
+    assert stream_tcp.degree_of("secagg+ n=50 degree=12 threshold=7 colluders=0") == 12
+    assert stream_tcp.degree_of("plain") is None
+    # N = 10, k = 4, no dropout: 10 x 5 client masks and 10 server self masks
+    assert stream_tcp.mask_cpu_seconds(clients=10, degree=4, dropped=0, mask_s=0.01) == pytest.approx(60 * 0.01)
+    # two dropped after sharing: 8 x 5 + 8 self + 2 x 4 rebuilt pairwise = 56
+    assert stream_tcp.mask_cpu_seconds(clients=10, degree=4, dropped=2, mask_s=0.01) == pytest.approx(56 * 0.01)
+    assert stream_tcp.mask_seconds(1000, repeats=1) > 0

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
@@ -146,8 +147,6 @@ def apply_masks_(target: np.ndarray, masks: Sequence[tuple[bytes, int]], ring: R
     def window(i: int) -> None:
         a, b = bounds[i], bounds[i + 1]
         MaskStream(masks, ring).apply_(target[a:b], offset=offset + a, source=None if source is None else source[a:b])
-
-    from concurrent.futures import ThreadPoolExecutor
 
     with ThreadPoolExecutor(parts) as pool:
         list(pool.map(window, range(parts)))

@@ -1,5 +1,6 @@
 """Two network namespaces joined by a veth pair: the server in one, the clients in the other, so that
-every message crosses a real (virtual) network link, optionally delayed with tc netem.
+every message crosses a real (virtual) network link, optionally delayed with tc netem or limited in rate
+with tc tbf (the server's link: every client's upload shares it).
 
     with NetnsPair(delay_ms=10) as net:          # 10 ms each way: 20 ms round-trip time
         server = net.popen("server", [python, "-m", "transport.cli", "server", "--host", net.server_ip, ...])
@@ -51,12 +52,19 @@ def unavailable() -> str | None:
 
 class NetnsPair:
     """Namespaces '<tag>-srv' and '<tag>-cli', veth '<tag>s' <-> '<tag>c', addresses 10.77.N.1 and
-    10.77.N.2; `delay_ms` of netem on each end (round-trip time twice that). Removed on exit."""
+    10.77.N.2; `delay_ms` of netem on each end (round-trip time twice that), or `rate_mbit`: a token
+    bucket (tbf) on each end, so each direction carries at most that many megabits a second (10 ms of
+    traffic, at least 1 MiB, may burst above it). Removed on exit."""
 
-    def __init__(self, *, delay_ms: float = 0.0, subnet: int | None = None) -> None:
+    def __init__(self, *, delay_ms: float = 0.0, rate_mbit: float | None = None, subnet: int | None = None) -> None:
         if delay_ms < 0:
             raise ValueError("delay_ms must be non-negative")
+        if rate_mbit is not None and not rate_mbit > 0:
+            raise ValueError("rate_mbit must be positive (None: the veth link's own speed)")
+        if rate_mbit is not None and delay_ms > 0:
+            raise ValueError("give delay_ms or rate_mbit, not both: netem and tbf on one device need a qdisc tree")
         self.delay_ms = delay_ms
+        self.rate_mbit = rate_mbit
         self.tag = f"fsn{secrets.token_hex(3)}"
         octet = subnet if subnet is not None else secrets.randbelow(200) + 20
         self.server_ip, self.client_ip = SUBNET.format(octet, 1), SUBNET.format(octet, 2)
@@ -89,6 +97,10 @@ class NetnsPair:
                     if done.returncode != 0:
                         raise NetemUnavailable(f"tc netem failed ({done.stderr.strip()}): this kernel has no "
                                                "sch_netem; use a delay relay (benchmarks.delay_relay) instead")
+                if self.rate_mbit is not None:
+                    burst = max(1 << 20, int(self.rate_mbit * 1e6 / 8 / 100))
+                    self._must("ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", dev, "root", "tbf",
+                               "rate", f"{self.rate_mbit:g}mbit", "burst", str(burst), "latency", "50ms")
         except BaseException:
             self.__exit__(None, None, None)
             raise

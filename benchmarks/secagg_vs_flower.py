@@ -43,8 +43,9 @@ def _loadavg() -> float:
 
 def ours_tcp(*, protocol: str, clients: int, dim: int, rounds: int, params: dict[str, str], dropouts: int = 0,
              float_input: bool = True, max_message_mib: int | None = None,
-             client_params: dict[str, str] | None = None) -> dict:
+             client_params: dict[str, str] | None = None, net=None) -> dict:
     """Server and `clients` client processes over loopback tcp; median round wall time after round 1.
+    `net` (a `benchmarks.netns.NetnsPair`): the server in its namespace, the clients in theirs, over its link.
 
     `params` go to the server's `--param`, `client_params` to every client's. With `dropouts`, that many
     clients crash at the masked-input stage of the last round. Runs
@@ -62,12 +63,19 @@ def ours_tcp(*, protocol: str, clients: int, dim: int, rounds: int, params: dict
     client_extra = [x for k, v in (client_params or {}).items() for x in ("--param", f"{k}={v}")]
     floats = ["--float-input"] if float_input else []
     env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+
+    def start(side: str, argv: list[str], **kwargs) -> subprocess.Popen:
+        if net is None:
+            return subprocess.Popen(argv, cwd=ROOT, env=env, **kwargs)
+        return net.popen(side, ["env", f"PYTHONPATH={ROOT}", *argv], cwd=ROOT, env=env, **kwargs)
+
+    host = ["--host", net.server_ip] if net is not None else []
     with tempfile.TemporaryDirectory() as tmp:
         ep_file = Path(tmp) / "endpoint"
-        server = subprocess.Popen(py + ["server", "--insecure", "--protocol", protocol, "--clients", str(clients), "--dim", str(dim),
-                                        "--port", "0", "--endpoint-file", str(ep_file), "--rounds", str(rounds),
-                                        *floats, "--stage-timeout", "600", "--register-timeout", "300", *extra],
-                                  cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        server = start("server", py + ["server", "--insecure", "--protocol", protocol, "--clients", str(clients), "--dim", str(dim),
+                                       "--port", "0", "--endpoint-file", str(ep_file), "--rounds", str(rounds), *host,
+                                       *floats, "--stage-timeout", "600", "--register-timeout", "300", *extra],
+                       stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         deadline = time.monotonic() + 60
         while not ep_file.exists() or not ep_file.read_text():
             if time.monotonic() > deadline or server.poll() is not None:
@@ -76,10 +84,10 @@ def ours_tcp(*, protocol: str, clients: int, dim: int, rounds: int, params: dict
             time.sleep(0.05)
         endpoint = ep_file.read_text().strip()
         drop = ["--drop-at-input", "--drop-round", str(rounds)]
-        procs = [subprocess.Popen(py + ["client", "--insecure", "--id", str(i), "--connect", endpoint, "--dim", str(dim),
-                                        "--protocol", protocol, *floats, "--max-clients", str(clients), *limit, *client_extra,
-                                        *(drop if i > clients - dropouts else [])],
-                                  cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        procs = [start("client", py + ["client", "--insecure", "--id", str(i), "--connect", endpoint, "--dim", str(dim),
+                                       "--protocol", protocol, *floats, "--max-clients", str(clients), *limit, *client_extra,
+                                       *(drop if i > clients - dropouts else [])],
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                  for i in range(1, clients + 1)]
         client_rss, client_cpu = [], []
         try:

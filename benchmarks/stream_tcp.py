@@ -29,15 +29,21 @@ plain one) it says how much of the gap is masking that clients on hosts of their
     python -m benchmarks.stream_tcp                      # d = 1e7 and 1e8, N = 10 (about 3 minutes)
     python -m benchmarks.stream_tcp --quick              # d = 1e6, N = 5 (under a minute)
     python -m benchmarks.stream_tcp --dropout 0.1        # 10% of clients crash at the masked-input stage
+    python -m benchmarks.stream_tcp --link-mbit 1000     # across a 1 Gbit/s link (network namespaces, root)
+
+`--link-mbit R` puts the server in one network namespace and the clients in another, joined by a veth
+link limited to R Mbit/s each way (`benchmarks.netns`, tc tbf): the server's link, which all uploads share,
+as in a deployment. Every process still runs on this host's cores.
 
 Last lines, one per d and protocol (chunked), then one per d:
     stream protocol=secagg+ d=.. n=.. dropout=.. mode=chunked round_s=.. peak_rss_mb=.. bytes_per_param=..
-    stream_goal d=.. n=.. dropout=.. secaggplus_vs_plain=.. peak_rss_mb=.. goal_rss_mb=.. whole_peak_rss_mb=.. gap_s=.. mask_cpu_s=.. cores=..
+    stream_goal d=.. n=.. dropout=.. secaggplus_vs_plain=.. peak_rss_mb=.. goal_rss_mb=.. whole_peak_rss_mb=.. gap_s=.. mask_cpu_s=.. cores=.. link_mbit=..
     stream_lightsecagg d=.. n=.. dropout=.. held_peak_rss_mb=.. bounded_peak_rss_mb=.. held_round_s=.. bounded_round_s=.. bounded_client_rss_mb=..
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import os
 import re
@@ -47,6 +53,7 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks import netns
 from benchmarks.mask_floor import secagg_plus_mask_count
 from benchmarks.secagg_vs_flower import ours_tcp
 from secagg.protocols.lightsecagg import LightSecAggServer
@@ -89,6 +96,13 @@ def goal_rss_mb(d: int) -> float:
     return (3 * 4 * d + 200e6) / MIB
 
 
+def link_mbit(net) -> str:
+    """The link a run crossed: its tbf rate in Mbit/s, "veth" for namespaces at the link's own speed, or "loopback"."""
+    if net is None:
+        return "loopback"
+    return "veth" if net.rate_mbit is None else f"{net.rate_mbit:g}"
+
+
 def degree_of(setting: str) -> int | None:
     """The neighbours per client a SecAgg(+) server's round line reports (`describe()`), None without one."""
     found = re.search(r"\bdegree=(\d+)", setting)
@@ -112,26 +126,28 @@ def mask_cpu_seconds(*, clients: int, degree: int, dropped: int, mask_s: float) 
 
 
 def run(*, dims: list[int], clients: int, chunk: int, rounds: int, protocols: list[str],
-        dropout: float = 0.0, lightsecagg_modes: tuple[str, ...] = ("held", "bounded"), repeats: int = 1) -> list[dict]:
+        dropout: float = 0.0, lightsecagg_modes: tuple[str, ...] = ("held", "bounded"), repeats: int = 1,
+        net=None, upload_modes: tuple[str, ...] = ("whole", "chunked")) -> list[dict]:
     """One row per run; with `repeats`, every protocol and mode runs that many times, interleaved (all of
-    them once, then all again), so that a drift in the machine's load falls on every row alike."""
+    them once, then all again), so that a drift in the machine's load falls on every row alike. `net`: a
+    `benchmarks.netns.NetnsPair` whose link the runs cross (None: loopback)."""
     rows = []
     dropouts = round(clients * dropout)
     runs = [(d, repeat, protocol, mode, params) for d in dims for repeat in range(repeats) for protocol in protocols
             for mode, params in modes(protocol, chunk).items()
-            if protocol != "lightsecagg" or mode in lightsecagg_modes]
+            if mode in (lightsecagg_modes if protocol == "lightsecagg" else upload_modes)]
     for d, repeat, protocol, mode, params in runs:
         started = time.monotonic()
         limit = message_mib(protocol, mode, d, clients)
         secure = dict(params, planned_dropout=str(dropout)) if protocol == "secagg+" and dropouts else params
         r = ours_tcp(protocol=protocol, clients=clients, dim=d, rounds=rounds, params=secure,
                      float_input=False, max_message_mib=limit, dropouts=dropouts,
-                     client_params=client_params(protocol, mode))
+                     client_params=client_params(protocol, mode), net=net)
         row = {"d": d, "n": clients, "dropout": dropouts / clients, "protocol": protocol, "mode": mode,
                "repeat": repeat, "chunk": chunk if mode == "chunked" else 0, "round_s": r["round_s"],
                "peak_rss_mb": r["peak_rss_mb"], "bytes_per_param": r["bytes_per_param"],
                "client_peak_rss_mb": r["client_peak_rss_mb"], "client_cpu_s": r["client_cpu_s"],
-               "degree": degree_of(r.get("setting", "")),
+               "degree": degree_of(r.get("setting", "")), "link_mbit": link_mbit(net),
                "peak_stage": r["peak_stage"], "stages": " ".join(f"{k}={v:.2f}" for k, v in r["stages"].items()),
                "stage_peaks": " ".join(f"{k}={v:.0f}" for k, v in r["stage_peak_rss_mb"].items()),
                "wall_s": time.monotonic() - started}
@@ -197,6 +213,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lightsecagg-modes", default="held,bounded",
                     help="LightSecAgg's modes to run, comma-separated (default held,bounded)")
     ap.add_argument("--quick", action="store_true", help="d = 1e6, N = 5")
+    ap.add_argument("--modes", default="whole,chunked",
+                    help="plain's and SecAgg(+)'s upload modes, comma-separated (default whole,chunked; chunked is "
+                         "the goal's and must be run)")
+    ap.add_argument("--link-mbit", type=float, default=None,
+                    help="run the server and the clients in two network namespaces whose link carries at most this "
+                         "many Mbit/s each way (tc tbf; needs root): the server's link, which every upload shares. "
+                         "Default: loopback")
     ap.add_argument("--out", default="results/stream_tcp", help="where stream.csv and stream.md go")
     args = ap.parse_args(argv)
     dims = [int(float(x)) for x in (args.dims or ("1e6" if args.quick else "1e7,1e8")).split(",")]
@@ -206,15 +229,27 @@ def main(argv: list[str] | None = None) -> int:
             or args.rounds < 1 or args.repeats < 1:
         ap.error("--protocols must include plain (the baseline) and name plain, secagg+, secagg or lightsecagg; "
                  "--clients >= 3")
+    upload_modes = tuple(m.strip() for m in args.modes.split(",") if m.strip())
+    if "chunked" not in upload_modes or set(upload_modes) - {"whole", "chunked"}:
+        ap.error("--modes names chunked (the goal's mode) and optionally whole")
     lsa_modes = tuple(m.strip() for m in args.lightsecagg_modes.split(",") if m.strip())
     if not lsa_modes or set(lsa_modes) - {"held", "bounded"}:
         ap.error("--lightsecagg-modes names held and/or bounded")
     if not 0.0 <= args.dropout < 0.5:
         ap.error("--dropout must be in [0, 0.5)")
+    if args.link_mbit is not None:
+        if not args.link_mbit > 0:
+            ap.error("--link-mbit must be positive")
+        if (reason := netns.unavailable()) is not None:
+            ap.error(f"--link-mbit needs network namespaces: {reason}")
+    link = "tcp://127.0.0.1" if args.link_mbit is None else f"a {args.link_mbit:g} Mbit/s link (tc tbf, each way)"
     print(f"# {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: N={clients}, chunk={args.chunk}, "
-          f"{args.rounds} rounds, dropout {args.dropout:.0%}, tcp://127.0.0.1, one process per party", flush=True)
-    rows = run(dims=dims, clients=clients, chunk=args.chunk, rounds=args.rounds, protocols=protocols,
-               dropout=args.dropout, lightsecagg_modes=lsa_modes, repeats=args.repeats)
+          f"{args.rounds} rounds, dropout {args.dropout:.0%}, {link}, one process per party", flush=True)
+    with contextlib.ExitStack() as stack:
+        net = None if args.link_mbit is None else stack.enter_context(netns.NetnsPair(rate_mbit=args.link_mbit))
+        rows = run(dims=dims, clients=clients, chunk=args.chunk, rounds=args.rounds, protocols=protocols,
+                   dropout=args.dropout, lightsecagg_modes=lsa_modes, repeats=args.repeats, net=net,
+                   upload_modes=upload_modes)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     for name, data in (("stream_runs.csv", rows), ("stream.csv", rows := summarise(rows))):
@@ -241,14 +276,15 @@ def main(argv: list[str] | None = None) -> int:
         secure = next((p for p in protocols if p not in ("plain", "lightsecagg")), None)
         if secure is None:
             continue
-        s, p, w = by[(d, secure, "chunked")], by[(d, "plain", "chunked")], by[(d, secure, "whole")]
+        s, p, w = by[(d, secure, "chunked")], by[(d, "plain", "chunked")], by.get((d, secure, "whole"), {})
         masking = float("nan")
         if s.get("degree") is not None:
             masking = mask_cpu_seconds(clients=clients, degree=s["degree"], dropped=round(s["dropout"] * clients),
                                        mask_s=mask_seconds(d))
         print(f"stream_goal d={d:.0e} n={clients} dropout={s['dropout']:.2f} {secure.replace('+', 'plus')}_vs_plain={s['round_s'] / p['round_s']:.2f} "
-              f"peak_rss_mb={s['peak_rss_mb']:.0f} goal_rss_mb={goal_rss_mb(d):.0f} whole_peak_rss_mb={w['peak_rss_mb']:.0f} "
-              f"gap_s={s['round_s'] - p['round_s']:.3f} mask_cpu_s={masking:.3g} cores={available_cores()}")
+              f"peak_rss_mb={s['peak_rss_mb']:.0f} goal_rss_mb={goal_rss_mb(d):.0f} whole_peak_rss_mb={w.get('peak_rss_mb', float('nan')):.0f} "
+              f"gap_s={s['round_s'] - p['round_s']:.3f} mask_cpu_s={masking:.3g} cores={available_cores()} "
+              f"link_mbit={s['link_mbit']}")
     return 0
 
 

@@ -114,3 +114,27 @@ def test_the_degree_comes_from_the_round_line_and_the_masks_are_all_counted():
     # two dropped after sharing: 8 x 5 + 8 self + 2 x 4 rebuilt pairwise = 56
     assert stream_tcp.mask_cpu_seconds(clients=10, degree=4, dropped=2, mask_s=0.01) == pytest.approx(56 * 0.01)
     assert stream_tcp.mask_seconds(1000, repeats=1) > 0
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(stream_tcp.netns.unavailable() is not None, reason="network namespaces unavailable here")
+def test_runs_cross_a_rate_limited_link_when_asked(tmp_path, capsys):
+    """--link-mbit: the server and the clients in two namespaces over a tbf link. A round moves 3 x 4d bytes
+    of uploads through it, so it cannot be faster than that at the rate (a lower bound load cannot break)."""
+    assert stream_tcp.main(["--dims", "100000", "--clients", "3", "--rounds", "2", "--link-mbit", "50",
+                            "--modes", "chunked", "--out", str(tmp_path)]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    goal = dict(part.split("=", 1) for part in lines[-1].split()[1:])
+    assert goal["link_mbit"] == "50"
+    plain = float(dict(part.split("=", 1) for part in lines[-3].split()[1:])["round_s"])
+    assert plain >= (3 * 4 * 100_000 - (1 << 20)) * 8 / 50e6
+    assert goal["whole_peak_rss_mb"] == "nan"  # --modes chunked: whole uploads not run
+    with open(tmp_path / "stream.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert {r["link_mbit"] for r in rows} == {"50"} and {r["mode"] for r in rows} == {"chunked"}
+
+
+@pytest.mark.parametrize("bad", [["--link-mbit", "0"], ["--modes", "whole"], ["--modes", "chunked,sideways"]])
+def test_link_rates_and_modes_are_checked(bad):
+    with pytest.raises(SystemExit):
+        stream_tcp.main(bad)

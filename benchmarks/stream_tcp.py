@@ -33,11 +33,14 @@ plain one) it says how much of the gap is masking that clients on hosts of their
 
 `--link-mbit R` puts the server in one network namespace and the clients in another, joined by a veth
 link limited to R Mbit/s each way (`benchmarks.netns`, tc tbf): the server's link, which all uploads share,
-as in a deployment. Every process still runs on this host's cores.
+as in a deployment. Every process still runs on this host's cores. `link_s` is the time that link needs to
+carry one round's uploads (bytes received x 8 / R), a floor for any protocol's round, plaintext included,
+and `secaggplus_vs_link` the SecAgg+ round over it: an upper bound on SecAgg+ / plain that does not lean on
+the plain round's own timing (nan on loopback).
 
 Last lines, one per d and protocol (chunked), then one per d:
     stream protocol=secagg+ d=.. n=.. dropout=.. mode=chunked round_s=.. peak_rss_mb=.. bytes_per_param=..
-    stream_goal d=.. n=.. dropout=.. secaggplus_vs_plain=.. peak_rss_mb=.. goal_rss_mb=.. whole_peak_rss_mb=.. gap_s=.. mask_cpu_s=.. cores=.. link_mbit=..
+    stream_goal d=.. n=.. dropout=.. secaggplus_vs_plain=.. peak_rss_mb=.. goal_rss_mb=.. whole_peak_rss_mb=.. gap_s=.. mask_cpu_s=.. cores=.. link_mbit=.. link_s=.. secaggplus_vs_link=..
     stream_lightsecagg d=.. n=.. dropout=.. held_peak_rss_mb=.. bounded_peak_rss_mb=.. held_round_s=.. bounded_round_s=.. bounded_client_rss_mb=..
 """
 from __future__ import annotations
@@ -101,6 +104,16 @@ def link_mbit(net) -> str:
     if net is None:
         return "loopback"
     return "veth" if net.rate_mbit is None else f"{net.rate_mbit:g}"
+
+
+def link_seconds(row: dict, *, d: int, clients: int) -> float:
+    """The time a run's link needs to carry one round's uploads at its rate (the bytes the server received per
+    round, `bytes_per_param` x d x N): no protocol's round over it can be shorter. nan off a rate-limited link."""
+    try:
+        rate = float(row["link_mbit"]) * 1e6
+    except ValueError:  # "loopback", "veth"
+        return float("nan")
+    return row["bytes_per_param"] * d * clients * 8 / rate
 
 
 def degree_of(setting: str) -> int | None:
@@ -284,7 +297,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"stream_goal d={d:.0e} n={clients} dropout={s['dropout']:.2f} {secure.replace('+', 'plus')}_vs_plain={s['round_s'] / p['round_s']:.2f} "
               f"peak_rss_mb={s['peak_rss_mb']:.0f} goal_rss_mb={goal_rss_mb(d):.0f} whole_peak_rss_mb={w.get('peak_rss_mb', float('nan')):.0f} "
               f"gap_s={s['round_s'] - p['round_s']:.3f} mask_cpu_s={masking:.3g} cores={available_cores()} "
-              f"link_mbit={s['link_mbit']}")
+              f"link_mbit={s['link_mbit']} link_s={link_seconds(s, d=d, clients=clients):.3f} "
+              f"{secure.replace('+', 'plus')}_vs_link={s['round_s'] / link_seconds(s, d=d, clients=clients):.2f}")
     return 0
 
 

@@ -18,6 +18,7 @@ def test_whole_and_chunked_rounds_are_measured_and_the_goal_line_is_printed(tmp_
     assert lines[-2].startswith("stream protocol=secagg+ d=2e+04 n=3 dropout=0.00 mode=chunked ")
     goal = dict(part.split("=", 1) for part in lines[-1].split()[1:])
     assert lines[-1].startswith("stream_goal ") and float(goal["secaggplus_vs_plain"]) > 0
+    assert goal["link_mbit"] == "loopback" and goal["link_s"] == goal["secaggplus_vs_link"] == "nan"
     assert float(goal["peak_rss_mb"]) > 0 and float(goal["goal_rss_mb"]) == pytest.approx((12 * 20000 + 200e6) / 2**20, abs=1)
     assert float(goal["mask_cpu_s"]) > 0 and int(goal["cores"]) >= 1  # the round line gave the degree; masks cost time
     plain, secure = (float(dict(part.split("=", 1) for part in lines[i].split()[1:])["round_s"]) for i in (-3, -2))
@@ -129,6 +130,10 @@ def test_runs_cross_a_rate_limited_link_when_asked(tmp_path, capsys):
     plain = float(dict(part.split("=", 1) for part in lines[-3].split()[1:])["round_s"])
     assert plain >= (3 * 4 * 100_000 - (1 << 20)) * 8 / 50e6
     assert goal["whole_peak_rss_mb"] == "nan"  # --modes chunked: whole uploads not run
+    link_s = 3 * 4 * 100_000 * 8 / 50e6  # three uploads of 4d bytes at 50 Mbit/s (each a few bytes more)
+    assert link_s <= float(goal["link_s"]) < 1.01 * link_s
+    secure = float(dict(part.split("=", 1) for part in lines[-2].split()[1:])["round_s"])
+    assert float(goal["secaggplus_vs_link"]) == pytest.approx(secure / float(goal["link_s"]), abs=0.01)
     with open(tmp_path / "stream.csv") as f:
         rows = list(csv.DictReader(f))
     assert {r["link_mbit"] for r in rows} == {"50"} and {r["mode"] for r in rows} == {"chunked"}

@@ -69,11 +69,13 @@ DEFAULT_CHUNK = 1 << 18
 """Values per chunk (1 MiB of uint32): small against d, large against a message's fixed costs."""
 
 
-def modes(protocol: str, chunk: int) -> dict[str, dict[str, str]]:
-    """Upload modes -> the server parameters that select them."""
+def modes(protocol: str, chunk: int, max_streams: int | None = None) -> dict[str, dict[str, str]]:
+    """Upload modes -> the server parameters that select them (`max_streams`: chunked uploads paced to that
+    many clients at once, plain's and SecAgg(+)'s alike)."""
     if protocol == "lightsecagg":
         return {"held": {"spill": "false", "pace": "false"}, "bounded": {"spill": "true", "pace": "true"}}
-    return {"whole": {"chunk": "none"}, "chunked": {"chunk": str(chunk)}}  # whole: never the auto chunks
+    paced = {} if max_streams is None else {"max_streams": str(max_streams)}
+    return {"whole": {"chunk": "none"}, "chunked": {"chunk": str(chunk), **paced}}  # whole: never the auto chunks
 
 
 def client_params(protocol: str, mode: str) -> dict[str, str]:
@@ -140,14 +142,14 @@ def mask_cpu_seconds(*, clients: int, degree: int, dropped: int, mask_s: float) 
 
 def run(*, dims: list[int], clients: int, chunk: int, rounds: int, protocols: list[str],
         dropout: float = 0.0, lightsecagg_modes: tuple[str, ...] = ("held", "bounded"), repeats: int = 1,
-        net=None, upload_modes: tuple[str, ...] = ("whole", "chunked")) -> list[dict]:
+        net=None, upload_modes: tuple[str, ...] = ("whole", "chunked"), max_streams: int | None = None) -> list[dict]:
     """One row per run; with `repeats`, every protocol and mode runs that many times, interleaved (all of
     them once, then all again), so that a drift in the machine's load falls on every row alike. `net`: a
     `benchmarks.netns.NetnsPair` whose link the runs cross (None: loopback)."""
     rows = []
     dropouts = round(clients * dropout)
     runs = [(d, repeat, protocol, mode, params) for d in dims for repeat in range(repeats) for protocol in protocols
-            for mode, params in modes(protocol, chunk).items()
+            for mode, params in modes(protocol, chunk, max_streams).items()
             if mode in (lightsecagg_modes if protocol == "lightsecagg" else upload_modes)]
     for d, repeat, protocol, mode, params in runs:
         started = time.monotonic()
@@ -161,6 +163,7 @@ def run(*, dims: list[int], clients: int, chunk: int, rounds: int, protocols: li
                "peak_rss_mb": r["peak_rss_mb"], "bytes_per_param": r["bytes_per_param"],
                "client_peak_rss_mb": r["client_peak_rss_mb"], "client_cpu_s": r["client_cpu_s"],
                "degree": degree_of(r.get("setting", "")), "link_mbit": link_mbit(net),
+               "max_streams": params.get("max_streams", ""),
                "peak_stage": r["peak_stage"], "stages": " ".join(f"{k}={v:.2f}" for k, v in r["stages"].items()),
                "stage_peaks": " ".join(f"{k}={v:.0f}" for k, v in r["stage_peak_rss_mb"].items()),
                "wall_s": time.monotonic() - started}
@@ -229,6 +232,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--modes", default="whole,chunked",
                     help="plain's and SecAgg(+)'s upload modes, comma-separated (default whole,chunked; chunked is "
                          "the goal's and must be run)")
+    ap.add_argument("--max-streams", type=int, default=None,
+                    help="chunked uploads paced to this many clients at once (the servers' max_streams), plain's "
+                         "and SecAgg(+)'s alike; default: every client at once")
     ap.add_argument("--link-mbit", type=float, default=None,
                     help="run the server and the clients in two network namespaces whose link carries at most this "
                          "many Mbit/s each way (tc tbf; needs root): the server's link, which every upload shares. "
@@ -250,6 +256,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--lightsecagg-modes names held and/or bounded")
     if not 0.0 <= args.dropout < 0.5:
         ap.error("--dropout must be in [0, 0.5)")
+    if args.max_streams is not None and args.max_streams < 1:
+        ap.error("--max-streams must be at least 1")
     if args.link_mbit is not None:
         if not args.link_mbit > 0:
             ap.error("--link-mbit must be positive")
@@ -262,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
         net = None if args.link_mbit is None else stack.enter_context(netns.NetnsPair(rate_mbit=args.link_mbit))
         rows = run(dims=dims, clients=clients, chunk=args.chunk, rounds=args.rounds, protocols=protocols,
                    dropout=args.dropout, lightsecagg_modes=lsa_modes, repeats=args.repeats, net=net,
-                   upload_modes=upload_modes)
+                   upload_modes=upload_modes, max_streams=args.max_streams)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     for name, data in (("stream_runs.csv", rows), ("stream.csv", rows := summarise(rows))):

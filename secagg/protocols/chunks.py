@@ -52,6 +52,22 @@ def plan_for(chunk: int | str | None, length: int, *, max_length: int) -> "Chunk
     return ChunkPlan(length, chunk) if chunk < length else None
 
 
+def check_max_streams(max_streams: int | None) -> int | None:
+    """A server's `max_streams`: None (every client streams at once) or a positive integer."""
+    if max_streams is not None and (isinstance(max_streams, bool) or not isinstance(max_streams, int) or max_streams < 1):
+        raise ValueError(f"max_streams must be a positive integer or None, got {max_streams!r}")
+    return max_streams
+
+
+def stream_window(max_streams: int | None, *, streaming: bool, expected: int) -> int | None:
+    """`ServerProtocol.send_window` for a stage of chunked uploads paced to `max_streams` clients at once: a
+    network driver asks the next client as one finishes, so the chunks queued at the server are bounded by
+    that many connections' windows whatever N (fewer uploads side by side). None: not paced."""
+    if max_streams is None or not streaming or max_streams >= expected:
+        return None
+    return max_streams
+
+
 @dataclass(frozen=True)
 class ChunkPlan:
     """How a vector of `length` values is cut: chunks of `size` values, the last one shorter."""

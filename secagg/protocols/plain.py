@@ -13,7 +13,7 @@ import numpy as np
 
 from secagg.messages import AbortError, Array, Int, IntList, Message, ProtocolError, Schema
 from secagg.protocols.base import MAX_VECTOR_LENGTH, ClientProtocol, RoundResult, ServerProtocol
-from secagg.protocols.chunks import MIN_CHUNK, ChunkFolder, ChunkPlan, plan_for
+from secagg.protocols.chunks import MIN_CHUNK, ChunkFolder, ChunkPlan, check_max_streams, plan_for, stream_window
 from secagg.ring import RING_2_32, Ring
 
 MAX_LEN = MAX_VECTOR_LENGTH
@@ -29,11 +29,13 @@ class PlainServer(ServerProtocol):
     schemas = {"collect": INPUT}
 
     def __init__(self, *, round_id: int, clients, length: int, ring: Ring = RING_2_32, min_clients: int = 1,
-                 chunk: int | str | None = "auto") -> None:
+                 chunk: int | str | None = "auto", max_streams: int | None = None) -> None:
         """`chunk`: inputs in chunks of this many values, each folded as it arrives (None, or at least the
-        length: one message; "auto", the default: chunks from 2^22 values on, `chunks.plan_for`)."""
+        length: one message; "auto", the default: chunks from 2^22 values on, `chunks.plan_for`).
+        `max_streams`: at most this many clients stream at once, as SecAgg+'s (`chunks.stream_window`)."""
         super().__init__(round_id=round_id, clients=clients, length=length, ring=ring)
         self.min_clients = min_clients
+        self.max_streams = check_max_streams(max_streams)
         self.chunks = plan_for(chunk, length, max_length=MAX_LEN)
         self._folder: ChunkFolder | None = ChunkFolder(self.chunks, ring) if self.chunks is not None else None
         self.resent: tuple[int, ...] = ()
@@ -61,6 +63,10 @@ class PlainServer(ServerProtocol):
 
     def replies_expected(self, client: int) -> int:
         return self._folder.need if self._folder is not None else 1
+
+    def send_window(self) -> int | None:
+        return stream_window(self.max_streams, streaming=self._folder is not None and self.stage == "collect",
+                             expected=len(self._expected))
 
     def quorum(self) -> int:
         return len(self._expected)

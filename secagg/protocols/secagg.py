@@ -76,7 +76,7 @@ from secagg.messages import (
 )
 from secagg.prg import MaskStream, apply_masks_
 from secagg.protocols.base import MAX_VECTOR_LENGTH, ClientProtocol, InputFn, RoundResult, ServerProtocol
-from secagg.protocols.chunks import MIN_CHUNK, ChunkFolder, ChunkPlan, plan_for
+from secagg.protocols.chunks import MIN_CHUNK, ChunkFolder, ChunkPlan, check_max_streams, plan_for, stream_window
 from secagg.protocols.consistency import Floors, require_signatures, sign_survivors, survivor_statement
 from secagg.ring import RING_2_32, Ring
 from secagg.threads import thread_cap
@@ -172,6 +172,7 @@ class SecAggPlusServer(ServerProtocol):
         degree: int | None = None, threshold_fraction: float = 0.5, min_clients: int = 2,
         colluders: int = 0, planned_dropout: float | None = None, corrupt_fraction: float = 0.05,
         roster: Roster | None = None, noise_layers: LayerSpec | None = None, chunk: int | str | None = "auto",
+        max_streams: int | None = None,
     ) -> None:
         """`min_clients`: g, the fewest honest clients whose sum may be opened; `colluders`: c, the
         colluding clients the round withstands (c < t); the round needs max(t, g + c) survivors.
@@ -184,9 +185,12 @@ class SecAggPlusServer(ServerProtocol):
         XNoise) each client shares with its unmasking shares; the survivors' revealed layer secrets
         come back in `RoundResult.layer_secrets`. `chunk`: masked inputs in chunks of this many values,
         each folded into the sum as it arrives (None, or at least the length: one message; "auto", the
-        default: 262,144-value chunks for inputs of 2^22 values or more, `chunks.plan_for`)."""
+        default: 262,144-value chunks for inputs of 2^22 values or more, `chunks.plan_for`). `max_streams`
+        (chunked rounds): at most this many clients stream their masked inputs at once
+        (`chunks.stream_window`); None, the default: every client at once."""
         super().__init__(round_id=round_id, clients=clients, length=length, ring=ring)
         self.chunks = plan_for(chunk, length, max_length=MAX_LEN)
+        self.max_streams = check_max_streams(max_streams)
         self._folder: ChunkFolder | None = None
         self.resent: tuple[int, ...] = ()
         """Chunk indices rebuilt from resends in this round (a stream broke), for reports and tests."""
@@ -243,6 +247,11 @@ class SecAggPlusServer(ServerProtocol):
         if self.stage == "resend":
             return len(self._expected)
         return min(len(self._expected), max(self.min_clients, -(-len(self._expected) // 2)))
+
+    def send_window(self) -> int | None:
+        """With `max_streams`, the masked stage of a chunked round is paced: that many clients stream at once."""
+        return stream_window(self.max_streams, streaming=self._folder is not None and self.stage == "masked",
+                             expected=len(self._expected))
 
     def replies_expected(self, client: int) -> int:
         """Messages the current stage's request asks of `client`: its chunks in a chunked stage, else 1
@@ -537,10 +546,10 @@ class SecAggServer(SecAggPlusServer):
     def __init__(self, *, round_id: int, clients: Sequence[int], length: int, ring: Ring = RING_2_32,
                  threshold_fraction: float = 0.5, min_clients: int = 2, colluders: int = 0,
                  roster: Roster | None = None, noise_layers: LayerSpec | None = None,
-                 chunk: int | str | None = "auto") -> None:  # complete graph
+                 chunk: int | str | None = "auto", max_streams: int | None = None) -> None:  # complete graph
         super().__init__(round_id=round_id, clients=clients, length=length, ring=ring, degree=None,
                          threshold_fraction=threshold_fraction, min_clients=min_clients, colluders=colluders,
-                         roster=roster, noise_layers=noise_layers, chunk=chunk)
+                         roster=roster, noise_layers=noise_layers, chunk=chunk, max_streams=max_streams)
 
     def _make_graph(self, degree: int) -> dict[int, frozenset[int]]:
         return complete_graph(self.clients)

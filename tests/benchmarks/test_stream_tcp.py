@@ -28,6 +28,13 @@ def test_whole_and_chunked_rounds_are_measured_and_the_goal_line_is_printed(tmp_
     assert degrees[("secagg+", "chunked")] == "2" and degrees[("plain", "chunked")] == ""  # N = 3: k = N - 1
 
 
+def test_max_streams_reaches_the_chunked_modes_of_plain_and_secagg_only():
+    assert stream_tcp.modes("plain", 4096, 3)["chunked"] == {"chunk": "4096", "max_streams": "3"}
+    assert stream_tcp.modes("secagg+", 4096, 3)["whole"] == {"chunk": "none"}
+    assert stream_tcp.modes("secagg+", 4096)["chunked"] == {"chunk": "4096"}
+    assert "max_streams" not in stream_tcp.modes("lightsecagg", 4096, 3)["bounded"]
+
+
 def test_the_baseline_is_required():
     with pytest.raises(SystemExit):
         stream_tcp.main(["--protocols", "secagg+"])
@@ -139,7 +146,8 @@ def test_runs_cross_a_rate_limited_link_when_asked(tmp_path, capsys):
     assert {r["link_mbit"] for r in rows} == {"50"} and {r["mode"] for r in rows} == {"chunked"}
 
 
-@pytest.mark.parametrize("bad", [["--link-mbit", "0"], ["--modes", "whole"], ["--modes", "chunked,sideways"]])
+@pytest.mark.parametrize("bad", [["--link-mbit", "0"], ["--modes", "whole"], ["--modes", "chunked,sideways"],
+                                 ["--max-streams", "0"]])
 def test_link_rates_and_modes_are_checked(bad):
     with pytest.raises(SystemExit):
         stream_tcp.main(bad)

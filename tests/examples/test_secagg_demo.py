@@ -39,7 +39,7 @@ demo = _load_demo()
     (["--drop-stage", "masked"], "--drop-stage is 'input' or a positive integer"),
     (["--clients", "3", "--dropout", "3"], "--dropout must be between 0 and --clients - 1 = 2"),
     (["--param", "threshold=5"], "--param threshold: secagg+ has no such parameter; "
-                                 "it takes ['chunk', 'colluders', 'corrupt_fraction', 'degree', 'min_clients', 'planned_dropout', "
+                                 "it takes ['chunk', 'colluders', 'corrupt_fraction', 'degree', 'max_streams', 'min_clients', 'planned_dropout', "
                                  "'threshold_fraction']"),
     (["--param", "nonsense"], "--param takes NAME=VALUE, got 'nonsense'"),
     (["--param", "threshold_fraction=1.5"], "threshold_fraction must be in [0, 1)"),

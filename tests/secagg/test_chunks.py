@@ -235,3 +235,40 @@ def test_the_plain_baseline_streams_the_same_way(keep):
     assert result.contributors == kept and np.array_equal(result.ring_sum, total(inputs, kept))
     assert server.resent == ((0, 1) if keep == 2 else ())
     assert all(clients[c].finished for c in kept)
+
+
+def test_max_streams_paces_only_a_chunked_upload_stage_and_only_below_n():
+    """`max_streams`: the masked (SecAgg+) or collect (plain) stage of a chunked round asks that many clients at
+    a time; other stages, whole uploads and a window of N or more are not paced."""
+    from secagg.protocols.chunks import stream_window
+    from secagg.protocols.plain import PlainServer
+
+    assert stream_window(3, streaming=True, expected=10) == 3
+    assert stream_window(10, streaming=True, expected=10) is None
+    assert stream_window(None, streaming=True, expected=10) is None
+    assert stream_window(3, streaming=False, expected=10) is None
+    plain = PlainServer(round_id=1, clients=range(1, 11), length=4 * MIN_CHUNK, chunk=MIN_CHUNK, max_streams=3)
+    plain.start()
+    assert plain.stage == "collect" and plain.send_window() == 3
+    whole = PlainServer(round_id=1, clients=range(1, 11), length=4 * MIN_CHUNK, chunk=None, max_streams=3)
+    whole.start()
+    assert whole.send_window() is None
+    ids = list(range(1, 8))
+    server = SecAggPlusServer(round_id=1, clients=ids, length=4 * MIN_CHUNK, chunk=MIN_CHUNK, max_streams=2)
+    clients = {c: SecAggPlusClient(client_id=c, round_id=1, input_fn=lambda: np.zeros(4 * MIN_CHUNK, np.uint32))
+               for c in ids}
+    windows: dict[str, int | None] = {}
+    requests = server.start()
+    while requests:
+        windows[server.stage] = server.send_window()
+        for cid, req in requests.items():
+            for part in reply_messages(clients[cid].handle(req)):
+                server.accept(part)
+        requests = server.advance()
+    assert windows == {"advertise": None, "share": None, "check": None, "masked": 2, "consistency": None, "unmask": None}
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, True, "2"])
+def test_max_streams_is_a_positive_integer(bad):
+    with pytest.raises(ValueError, match="max_streams"):
+        SecAggPlusServer(round_id=1, clients=range(1, 8), length=4 * MIN_CHUNK, chunk=MIN_CHUNK, max_streams=bad)

@@ -8,6 +8,9 @@ import pytest
 
 from secagg.protocols import lightsecagg
 from secagg.protocols.lightsecagg import LightSecAggClient, LightSecAggServer
+from secagg.protocols.chunks import MIN_CHUNK
+from secagg.protocols.plain import PlainClient, PlainServer
+from secagg.protocols.secagg import SecAggPlusClient, SecAggPlusServer
 from transport.cli import synthetic_input, synthetic_sum
 from transport.server import ServerDriver
 from transport.simulation import InprocFederation
@@ -82,6 +85,65 @@ def test_a_paced_lightsecagg_round_keeps_its_window_and_is_exact(monkeypatch, tm
             floor = 1 if stage == "masked_input" else 2  # every message larger than the window
             assert most_unanswered(log, st) <= floor + (crash and stage == "masked_input"), st
     assert most_unanswered(log, "advertise:0") == len(ids)  # small messages: all at once
+
+
+class LoggedPlus(SecAggPlusServer):
+    """Records each client whose whole (chunked) reply is in, by stage, next to the driver's sends."""
+
+    log: list[tuple[str, str, int]] = []
+
+    def accept(self, msg):
+        stage = self.stage
+        super().accept(msg)
+        if self.replied(msg.sender):
+            self.log.append(("replied", stage, msg.sender))
+
+
+class LoggedPlain(PlainServer):
+    log: list[tuple[str, str, int]] = []
+
+    def accept(self, msg):
+        stage = self.stage
+        super().accept(msg)
+        if self.replied(msg.sender):
+            self.log.append(("replied", stage, msg.sender))
+
+
+@pytest.mark.parametrize("crash", [False, True])
+@pytest.mark.parametrize("protocol", ["secagg+", "plain"])
+def test_chunked_uploads_paced_by_max_streams_keep_their_window_and_are_exact(monkeypatch, tmp_path, crash, protocol):
+    """`max_streams=2`: the upload stage asks two clients at a time for their chunks (and the next as one
+    finishes, or dies), so at most two streams are owed at once, whatever N; the sum stays exact."""
+    server_cls, client_cls, stage = {"secagg+": (LoggedPlus, SecAggPlusClient, "masked"),
+                                     "plain": (LoggedPlain, PlainClient, "collect")}[protocol]
+    log: list[tuple[str, str, int]] = []
+    monkeypatch.setattr(server_cls, "log", log)
+    send = ServerDriver._send_requests
+
+    def logged_send(self, requests, sent, protocol=None, *, ids=None):
+        ids = list(requests if ids is None else ids)
+        log.extend(("sent", protocol.stage, cid) for cid in ids)
+        return send(self, requests, sent, protocol, ids=ids)
+
+    monkeypatch.setattr(ServerDriver, "_send_requests", logged_send)
+    ids, crashing = [1, 2, 3, 4, 5, 6, 7], 3
+
+    def factory(cid: int, round_id: int):
+        def input_fn():
+            if crash and cid == crashing:
+                raise Crash(cid)
+            return synthetic_input(cid, round_id, 4 * MIN_CHUNK)
+        return client_cls(client_id=cid, round_id=round_id, input_fn=input_fn)
+
+    fed = InprocFederation(client_ids=ids, factory=factory, endpoint=f"ipc://{tmp_path}/{protocol}.sock")
+    with fed as driver:
+        server = server_cls(round_id=1, clients=ids, length=4 * MIN_CHUNK, chunk=MIN_CHUNK, max_streams=2)
+        report = driver.run_round(server, stage_timeout=30.0)
+    kept = [c for c in ids if not (crash and c == crashing)]
+    assert report.result.contributors == frozenset(kept)
+    assert np.array_equal(report.result.ring_sum, synthetic_sum(kept, 1, 4 * MIN_CHUNK))
+    assert sum(1 for what, st, _ in log if what == "sent" and st == stage) == len(ids)  # every request sent
+    assert most_unanswered(log, stage) == 2 + crash  # paced: two streams (a dead one holds its place a moment)
 
 
 @pytest.mark.skipif(not __import__("sys").platform.startswith("linux"), reason="glibc's mallopt: Linux only")

@@ -44,29 +44,38 @@ def most_unanswered(log, stage: str) -> int:
     return most
 
 
+def log_sends(monkeypatch, log: list, stage_of) -> None:
+    """Record every request the driver sends, as ("sent", stage_of(protocol), client), in `log`."""
+    send = ServerDriver._send_requests
+
+    def logged_send(self, requests, sent, protocol=None, *, ids=None):
+        ids = list(requests if ids is None else ids)
+        log.extend(("sent", stage_of(protocol), cid) for cid in ids)
+        return send(self, requests, sent, protocol, ids=ids)
+
+    monkeypatch.setattr(ServerDriver, "_send_requests", logged_send)
+
+
+def crashing_factory(client_cls, length: int, crashing: int | None):
+    """Clients of `client_cls` with synthetic inputs; `crashing` dies when asked for its input."""
+    def factory(cid: int, round_id: int):
+        def input_fn():
+            if cid == crashing:
+                raise Crash(cid)
+            return synthetic_input(cid, round_id, length)
+        return client_cls(client_id=cid, round_id=round_id, input_fn=input_fn)
+    return factory
+
+
 @pytest.mark.parametrize("parts", [False, True])
 @pytest.mark.parametrize("crash", [False, True])
 def test_a_paced_lightsecagg_round_keeps_its_window_and_is_exact(monkeypatch, tmp_path, crash, parts):
     monkeypatch.setattr(lightsecagg, "WINDOW_BYTES", 1)  # every message larger than the window: the floors
     log: list[tuple[str, str, int]] = []
     monkeypatch.setattr(Logged, "log", log)
-    send = ServerDriver._send_requests
-
-    def logged_send(self, requests, sent, protocol=None, *, ids=None):
-        ids = list(requests if ids is None else ids)
-        log.extend(("sent", f"{protocol.stage}:{protocol._part}", cid) for cid in ids)
-        return send(self, requests, sent, protocol, ids=ids)
-
-    monkeypatch.setattr(ServerDriver, "_send_requests", logged_send)
+    log_sends(monkeypatch, log, lambda protocol: f"{protocol.stage}:{protocol._part}")
     ids, crashing = [1, 2, 3, 4, 5, 6, 7], 3
-
-    def factory(cid: int, round_id: int):
-        def input_fn():
-            if crash and cid == crashing:
-                raise Crash(cid)
-            return synthetic_input(cid, round_id, D)
-        return LightSecAggClient(client_id=cid, round_id=round_id, input_fn=input_fn)
-
+    factory = crashing_factory(LightSecAggClient, D, crashing if crash else None)
     fed = InprocFederation(client_ids=ids, factory=factory, endpoint=f"ipc://{tmp_path}/lsa.sock")
     with fed as driver:
         protocol = Logged(round_id=1, clients=ids, length=D, target_survivors=5, privacy=2)
@@ -87,7 +96,7 @@ def test_a_paced_lightsecagg_round_keeps_its_window_and_is_exact(monkeypatch, tm
     assert most_unanswered(log, "advertise:0") == len(ids)  # small messages: all at once
 
 
-class LoggedPlus(SecAggPlusServer):
+class LoggedReplies:
     """Records each client whose whole (chunked) reply is in, by stage, next to the driver's sends."""
 
     log: list[tuple[str, str, int]] = []
@@ -99,14 +108,12 @@ class LoggedPlus(SecAggPlusServer):
             self.log.append(("replied", stage, msg.sender))
 
 
-class LoggedPlain(PlainServer):
-    log: list[tuple[str, str, int]] = []
+class LoggedPlus(LoggedReplies, SecAggPlusServer):
+    pass
 
-    def accept(self, msg):
-        stage = self.stage
-        super().accept(msg)
-        if self.replied(msg.sender):
-            self.log.append(("replied", stage, msg.sender))
+
+class LoggedPlain(LoggedReplies, PlainServer):
+    pass
 
 
 @pytest.mark.parametrize("crash", [False, True])
@@ -118,23 +125,9 @@ def test_chunked_uploads_paced_by_max_streams_keep_their_window_and_are_exact(mo
                                      "plain": (LoggedPlain, PlainClient, "collect")}[protocol]
     log: list[tuple[str, str, int]] = []
     monkeypatch.setattr(server_cls, "log", log)
-    send = ServerDriver._send_requests
-
-    def logged_send(self, requests, sent, protocol=None, *, ids=None):
-        ids = list(requests if ids is None else ids)
-        log.extend(("sent", protocol.stage, cid) for cid in ids)
-        return send(self, requests, sent, protocol, ids=ids)
-
-    monkeypatch.setattr(ServerDriver, "_send_requests", logged_send)
+    log_sends(monkeypatch, log, lambda protocol: protocol.stage)
     ids, crashing = [1, 2, 3, 4, 5, 6, 7], 3
-
-    def factory(cid: int, round_id: int):
-        def input_fn():
-            if crash and cid == crashing:
-                raise Crash(cid)
-            return synthetic_input(cid, round_id, 4 * MIN_CHUNK)
-        return client_cls(client_id=cid, round_id=round_id, input_fn=input_fn)
-
+    factory = crashing_factory(client_cls, 4 * MIN_CHUNK, crashing if crash else None)
     fed = InprocFederation(client_ids=ids, factory=factory, endpoint=f"ipc://{tmp_path}/{protocol}.sock")
     with fed as driver:
         server = server_cls(round_id=1, clients=ids, length=4 * MIN_CHUNK, chunk=MIN_CHUNK, max_streams=2)

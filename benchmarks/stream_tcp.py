@@ -298,15 +298,14 @@ def main(argv: list[str] | None = None) -> int:
         if secure is None:
             continue
         s, p, w = by[(d, secure, "chunked")], by[(d, "plain", "chunked")], by.get((d, secure, "whole"), {})
-        masking = float("nan")
+        masking, link_s = float("nan"), link_seconds(s, d=d, clients=clients)
         if s.get("degree") is not None:
             masking = mask_cpu_seconds(clients=clients, degree=s["degree"], dropped=round(s["dropout"] * clients),
                                        mask_s=mask_seconds(d))
         print(f"stream_goal d={d:.0e} n={clients} dropout={s['dropout']:.2f} {secure.replace('+', 'plus')}_vs_plain={s['round_s'] / p['round_s']:.2f} "
               f"peak_rss_mb={s['peak_rss_mb']:.0f} goal_rss_mb={goal_rss_mb(d):.0f} whole_peak_rss_mb={w.get('peak_rss_mb', float('nan')):.0f} "
               f"gap_s={s['round_s'] - p['round_s']:.3f} mask_cpu_s={masking:.3g} cores={available_cores()} "
-              f"link_mbit={s['link_mbit']} link_s={link_seconds(s, d=d, clients=clients):.3f} "
-              f"{secure.replace('+', 'plus')}_vs_link={s['round_s'] / link_seconds(s, d=d, clients=clients):.2f}")
+              f"link_mbit={s['link_mbit']} link_s={link_s:.3f} {secure.replace('+', 'plus')}_vs_link={s['round_s'] / link_s:.2f}")
     return 0
 
 

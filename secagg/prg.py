@@ -163,9 +163,8 @@ class MaskStream:
         self.masks = list(masks)
         if any(sign not in (1, -1) for _, sign in self.masks):
             raise ValueError("sign must be +1 or -1")
-        if not ring.is_power_of_two:
+        if not ring.is_power_of_two:  # the adds below wrap mod 2^32: uint32 arithmetic is the ring's
             raise ValueError("mask windows (offset > 0) are for power-of-two rings only")
-        self.ring = ring
         self._streams: list = []
         self._position = -1  # the word the kept contexts stand at (-1: none kept)
         self._buf = np.empty(0, dtype=np.uint32)

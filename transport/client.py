@@ -26,7 +26,7 @@ from secagg.messages import SERVER, Message, ProtocolError
 from secagg.protocols.base import ClientProtocol, reply_messages
 from transport import session
 from transport.framing import DEFAULT_LIMITS, WIRE_VERSION, FrameLimits, decode, encode, wire_size
-from transport.sockets import CurveClientKeys, SocketOptions, apply_options, is_inproc, make_curve_client
+from transport.sockets import CurveClientKeys, SocketOptions, apply_options, is_inproc, make_curve_client, send_whole
 
 log = logging.getLogger(__name__)
 
@@ -238,7 +238,7 @@ class ClientSession:
     # ---- plumbing -------------------------------------------------------------------------
     def _send(self, msg: Message) -> None:
         frames = encode(msg)
-        self._sock.send_multipart(frames, copy=False)
+        send_whole(self._sock, frames)
         self.bytes_sent += wire_size(frames)
 
     def _receive(self, timeout: float, *, registering: bool = False) -> Message | None:

@@ -61,7 +61,7 @@ from secagg.protocols.base import RoundResult, ServerProtocol
 from transport import session
 from transport.framing import (DEFAULT_LIMITS, WIRE_VERSION, FrameLimits, decode, encode,
                                encode_header, encode_payload, wire_size)
-from transport.sockets import (CurveServerKeys, SocketOptions, apply_options, is_inproc,
+from transport.sockets import (CurveServerKeys, SocketOptions, apply_options, is_inproc, send_whole,
                                make_curve_server, start_authenticator)
 
 log = logging.getLogger(__name__)
@@ -706,7 +706,7 @@ class ServerDriver:
         if expects_reply and self._guard is not None:  # before sending: the answer may come at once
             self._guard.sent(peer.ino, replies=replies)
         try:
-            self._sock.send_multipart([peer.identity, *frames], flags=zmq.NOBLOCK, copy=False)
+            send_whole(self._sock, [peer.identity, *frames], flags=zmq.NOBLOCK)
         except zmq.Again:
             log.warning("client %d is not draining its queue; message not sent", cid)
             return None
@@ -819,7 +819,7 @@ class ServerDriver:
             self._reject("evicted" if evicted else "registration", cid, reason)
             refusal = session.to_client(session.REJECT, cid, reason=reason.encode()[:256])
             try:
-                self._sock.send_multipart([identity, *encode(refusal)], flags=zmq.NOBLOCK)
+                send_whole(self._sock, [identity, *encode(refusal)], flags=zmq.NOBLOCK, copy=True)
             except zmq.ZMQError:
                 pass  # the refused peer is gone or not reading: nothing more to tell it
             return

@@ -4,6 +4,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+import signal
+import threading
 
 import zmq
 import zmq.auth
@@ -24,6 +26,25 @@ class SocketOptions:
     heartbeat_ms: int = 2000
     """ZMTP heartbeat interval (0 = off); a dead TCP peer is disconnected after heartbeat_timeout_ms."""
     heartbeat_timeout_ms: int = 20000
+
+
+def send_whole(sock: zmq.Socket, frames: list, *, flags: int = 0, copy: bool = False):
+    """`sock.send_multipart(frames)` that Ctrl-C cannot cut in two. pyzmq sends a message frame by frame
+    from Python, so a KeyboardInterrupt between two frames left a partial message, and the next send (the
+    server's "interrupted" notice) completed it: the peer dropped the malformed whole and never heard why
+    the run ended. SIGINT is blocked in the main thread for the send; one that arrives meanwhile raises
+    when the send is complete (Python checks for signals as the mask is restored)."""
+    if threading.current_thread() is not threading.main_thread():   # Python handles signals in the main thread only
+        return sock.send_multipart(frames, flags=flags, copy=copy)
+    try:
+        old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    except KeyboardInterrupt:   # raised by the call itself, for a signal that came before it: nothing sent
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+        raise
+    try:
+        return sock.send_multipart(frames, flags=flags, copy=copy)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 def apply_options(sock: zmq.Socket, opts: SocketOptions, *, max_message_bytes: int) -> None:

@@ -1,6 +1,8 @@
 """CurveZMQ: only allowlisted keys connect, and a key can only register as its own client id."""
 from __future__ import annotations
 
+import os
+import signal
 import threading
 import time
 
@@ -12,7 +14,7 @@ from transport.cli import synthetic_sum
 from transport.client import ClientConfig, RegistrationError, run_client
 from transport.server import ServerDriver
 from transport.sockets import (CurveClientKeys, CurveServerKeys, curve_keypair, load_client_keys,
-                               load_server_keys, write_keys)
+                               load_server_keys, send_whole, write_keys)
 
 D = 16
 
@@ -64,3 +66,54 @@ def test_key_files_round_trip(tmp_path) -> None:
     assert len(server.secret_key) == len(client.secret_key) == 40  # Z85 of 32 bytes
     with pytest.raises(OSError, match=r"client-3\.key_secret"):
         load_client_keys(tmp_path, 3)
+
+
+# ---- send_whole: Ctrl-C cannot cut a message in two ---------------------------------------------
+
+class _FrameRecorder:
+    """A socket stand-in that records frames and, after the first, delivers SIGINT to this process (the
+    moment at which a KeyboardInterrupt used to leave a partial message on the socket)."""
+
+    def __init__(self) -> None:
+        self.frames: list = []
+
+    def send_multipart(self, frames, flags=0, copy=True):
+        for i, frame in enumerate(frames):
+            self.frames.append(frame)
+            if i == 0:
+                os.kill(os.getpid(), signal.SIGINT)
+                sum(range(10_000))   # bytecode runs: a pending KeyboardInterrupt would be raised here
+
+
+@pytest.fixture
+def sigint_raises(monkeypatch):
+    """SIGINT as a terminal delivers it (a suite run in the background inherits it ignored)."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
+def test_a_sigint_during_a_send_is_raised_once_the_whole_message_is_sent(sigint_raises):
+    sock = _FrameRecorder()
+    with pytest.raises(KeyboardInterrupt):
+        send_whole(sock, [b"identity", b"header", b"payload"])
+    assert sock.frames == [b"identity", b"header", b"payload"]
+    assert signal.SIGINT not in signal.pthread_sigmask(signal.SIG_BLOCK, set())   # the mask is restored
+
+
+def test_a_sigint_already_pending_sends_nothing_and_leaves_sigint_unblocked(monkeypatch, sigint_raises):
+    sock = _FrameRecorder()
+    real = signal.pthread_sigmask
+
+    def interrupted_block(how, mask):   # Python raises a pending KeyboardInterrupt as the call returns
+        real(how, mask)
+        if how == signal.SIG_BLOCK and mask:
+            raise KeyboardInterrupt
+        return set()
+
+    monkeypatch.setattr(signal, "pthread_sigmask", interrupted_block)
+    with pytest.raises(KeyboardInterrupt):
+        send_whole(sock, [b"a", b"b"])
+    monkeypatch.undo()
+    assert sock.frames == []
+    assert signal.SIGINT not in signal.pthread_sigmask(signal.SIG_BLOCK, set())

@@ -168,7 +168,7 @@ DEFAULT_MAX_GIB = 6.0
 
 
 def lazy_input(seed: int, client: int, ring, d: int) -> np.ndarray:
-    """Client `client`'s input: uniform on the ring, regenerated from (seed, client) by AES-CTR whenever it
+    """Client `client`'s input: uniform on the ring, regenerated from (seed, client) by the mask PRG whenever it
     is asked for, so a lazy round holds only the input of the client that is running."""
     key = hashlib.sha256(f"scale_curve input {seed} {client}".encode()).digest()
     return field_mask(key, ring, d)

@@ -21,8 +21,8 @@ per parameter.
 
 `mask_cpu_s` is what the SecAgg+ round's masks cost in CPU on this host: (N - dropped)(k + 1) masks on the
 clients, N - dropped self masks and dropped x k rebuilt pairwise ones on the server (k from the server's
-round line), each one d-word mask applied as the protocol applies it (`secagg.prg.MaskStream`, AES-256-CTR
-and an add), timed here after the runs. With every client on this host's C cores the masks need at least
+round line), each one d-word mask applied as the protocol applies it (`secagg.prg.MaskStream`, the AES-256
+keystream and an add), timed here after the runs. With every client on this host's C cores the masks need at least
 mask_cpu_s / C seconds of wall time somewhere in the round: set beside `gap_s` (the SecAgg+ round minus the
 plain one) it says how much of the gap is masking that clients on hosts of their own would do side by side.
 

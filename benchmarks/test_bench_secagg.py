@@ -29,7 +29,7 @@ SIZE_IDS = ["d1e5", "d1e6"]
 # ---- primitives ----------------------------------------------------------------------------------
 @pytest.mark.parametrize("d", SIZES, ids=SIZE_IDS)
 def test_bench_mask_apply_2_32(benchmark, d):
-    """One pairwise mask: AES-256-CTR keystream added in place mod 2^32 (T3: <= 1.0 ms at 1e6)."""
+    """One pairwise mask: AES-256 keystream added in place mod 2^32 (T3: <= 1.0 ms at 1e6)."""
     target = np.zeros(d, dtype=np.uint32)
     key = os.urandom(32)
     benchmark.extra_info.update(d=d, bytes=4 * d)

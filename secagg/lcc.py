@@ -212,7 +212,7 @@ class KeyedNoise:
     time, and made again identically when asked again: a party that encodes its coded pieces part by part
     keeps 32 bytes instead of T m words (T / (U - T) times its mask).
 
-    Block b of row r is `field_mask` under HKDF(key, (r, b)): exact rejection sampling from AES-256-CTR, so
+    Block b of row r is `field_mask` under HKDF(key, (r, b)): exact rejection sampling from the AES-256 keystream, so
     each block is uniform and the blocks are independent (HKDF-SHA256 and AES as PRFs). The key comes from
     the OS CSPRNG; pass one only in tests."""
 

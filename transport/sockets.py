@@ -1,11 +1,11 @@
 """Socket options and optional CurveZMQ security shared by the server and client drivers."""
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
 import os
 import signal
 import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import zmq

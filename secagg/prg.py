@@ -84,16 +84,6 @@ class _Keystream:
             self._position += n
             self._left -= n
 
-    def read(self, nbytes: int) -> bytes:
-        """The next `nbytes` bytes of the stream (small draws)."""
-        if nbytes <= min(self._left, len(_ZEROS)):
-            self._position += nbytes
-            self._left -= nbytes
-            return self._enc.update(_ZEROS_VIEW[:nbytes])
-        out = bytearray(nbytes)
-        self.into(memoryview(out), nbytes)
-        return bytes(out)
-
 
 def _keystream(key: bytes, *, offset: int = 0) -> _Keystream:
     """`key`'s mask keystream from uint32 word `offset` on (the same stream, sought: a window needs no
